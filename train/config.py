@@ -1,0 +1,304 @@
+"""One typed training config: defaults < TOML file (--config) < command line.
+
+Every field is one flag (`--batch-size` for `batch_size`) and one TOML key (a file may put
+them at the top level or under a `[train]` table, so a launcher job file can carry them).
+Validation raises ConfigError with the problem and the fix; `python -m train` turns that
+into one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+EXIT_BAD_INPUT = 2
+# "Saved a checkpoint after a preemption signal, please requeue" (EX_TEMPFAIL from sysexits.h).
+EXIT_REQUEUE = 75
+
+
+class ConfigError(ValueError):
+    """Bad user input: the message names the problem and the fix."""
+
+
+@dataclass
+class TrainConfig:
+    # --- what to train ---
+    name: str = "default"  # run name; the run dir defaults to runs/<name>
+    model: Literal["mlp", "mlp-deep", "resnet18", "gpt"] = "mlp"  # mlp: 784-256-10; mlp-deep: 8x2048
+    dataset: Literal["synthetic", "mnist", "cifar10", "imagefolder", "tokens"] = "synthetic"
+    data_dir: str = "data"  # where mnist/cifar10/imagefolder/tokens files live
+    download: bool = True  # let torchvision download mnist/cifar10 when the network allows
+    synthetic_samples: int = 8192  # size of the synthetic training set (a held-out set is 1/8 of it)
+    synthetic_classes: int = 10
+    # gpt shape (ignored by other models)
+    seq_len: int = 128
+    vocab_size: int = 512
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 128
+    dropout: float = 0.0
+    # --- parallelism ---
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    sharding: Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"] | None = None
+    replicate_degree: int | None = None  # HYBRID_SHARD: replicas; default = number of nodes
+    mixed_precision: Literal["none", "bf16", "fp16"] = "none"
+    # --- optimisation ---
+    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
+    batch_size: int = 64  # per rank, per micro-step
+    grad_accum: int = 1  # micro-steps per optimizer step
+    steps: int | None = None  # optimizer steps; wins over epochs
+    epochs: int | None = None  # full passes over the data (used when steps is unset)
+    lr: float = 1e-3  # base LR, at base_batch_size when lr_scaling is not none
+    weight_decay: float = 0.0
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+    base_batch_size: int | None = None  # global batch the base LR was tuned for
+    warmup_steps: int = 0
+    lr_decay: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
+    clip_grad: float | None = None  # max global grad norm; unset = no clipping
+    seed: int = 0
+    # --- data loading, logging, outputs ---
+    num_workers: int = 0
+    log_interval: int = 10
+    eval: bool = True  # evaluate on the held-out split at the end
+    run_dir: str | None = None  # default runs/<name>
+    tensorboard: bool = False
+    progress: Literal["auto", "bar", "plain"] = "auto"
+    # --- checkpoints and fault tolerance ---
+    ckpt_dir: str | None = None  # default <run_dir>/checkpoints
+    ckpt_interval: int = 0  # steps between checkpoints; 0 = only at the end and on signals
+    ckpt_keep: int = 3  # keep the newest K complete checkpoints
+    ckpt_async: bool = False  # dcp.async_save: training continues while it writes
+    ckpt_final: bool = True  # save a checkpoint when training ends
+    resume: str = "auto"  # auto | never | PATH to a step-N checkpoint directory
+    timeout_s: float = 600.0  # a collective that waits longer fails the job
+    shutdown_timeout_s: float = 30.0  # torchrun's --shutdown-timeout: a signal save must fit in it
+    # --- CUDA path ---
+    compile: bool = False  # torch.compile each block
+    activation_checkpointing: bool = False
+    peak_tflops: float | None = None  # for MFU; default from the device table
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+
+
+# --- parsing -------------------------------------------------------------------------------
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _base_type(tp: Any) -> tuple[type, tuple[str, ...] | None]:
+    """(python type, choices) of a field annotation, unwrapping `X | None` and Literal."""
+    args = [a for a in get_args(tp) if a is not type(None)] if get_origin(tp) else []
+    if args and get_origin(tp) is not Literal:
+        tp = args[0]
+    if get_origin(tp) is Literal:
+        return str, tuple(get_args(tp))
+    return tp, None
+
+
+def _hints() -> dict[str, Any]:
+    return get_type_hints(TrainConfig)
+
+
+def _convert(name: str, value: Any, where: str) -> Any:
+    """Check a TOML value against the field type (the CLI path is checked by argparse)."""
+    tp, choices = _base_type(_hints()[name])
+    if value is None:
+        return None
+    if choices is not None:
+        if value not in choices:
+            raise ConfigError(
+                f"{where}: {name} = {value!r} is not one of {', '.join(choices)}; pick one of them"
+            )
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: {name} must be true or false, got {value!r}")
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float, str) and not isinstance(value, tp):
+        raise ConfigError(
+            f"{where}: {name} must be {tp.__name__}, got {value!r}; fix the value in the file"
+        )
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+        raise ConfigError(f"{message} (see python -m train --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m train",
+        description="ddpkit training: DDP or FSDP2 under torchrun (or a single process).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--config", help="TOML file with the same keys (top level or [train])")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config, exit")
+    defaults = TrainConfig()
+    for f in fields(TrainConfig):
+        if f.metadata.get("cli") is False:
+            continue
+        tp, choices = _base_type(_hints()[f.name])
+        default = getattr(defaults, f.name)
+        if tp is bool:
+            p.add_argument(
+                _flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=None
+            )
+            continue
+        p.add_argument(
+            _flag(f.name),
+            dest=f.name,
+            type=tp,
+            choices=choices,
+            default=None,
+            help=f"(default: {default})",
+        )
+    return p
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--config {path}: no such file; pass an existing TOML file")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--config {path}: not valid TOML ({e}); fix the syntax") from None
+    # A launcher job file (configs/*.toml) keeps the training keys under [train] beside
+    # [slurm], [k8s], ... sections; a plain training file has them at the top level.
+    if isinstance(data.get("train"), dict):
+        table = dict(data["train"])
+        if "name" in data and "name" not in table:
+            table["name"] = data["name"]
+    else:
+        table = data
+    known = {f.name for f in fields(TrainConfig)} - {"extra"}
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise ConfigError(
+                f"--config {path}: unknown key {key!r}; valid keys: {', '.join(sorted(known))}"
+            )
+        out[name] = _convert(name, value, f"--config {path}")
+    return out
+
+
+def parse_config(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
+    """Resolve defaults < --config file < flags. Returns (config, print_only)."""
+    args = build_parser().parse_args(argv)
+    values: dict[str, Any] = {}
+    if args.config:
+        values.update(load_toml(args.config))
+    for f in fields(TrainConfig):
+        v = getattr(args, f.name, None)
+        if v is not None:
+            values[f.name] = v
+    cfg = TrainConfig(**values)
+    validate(cfg)
+    return cfg, bool(args.print_config)
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Checks that need no process group. World-size checks live in train.parallel."""
+
+    def positive(name: str, allow_none: bool = False) -> None:
+        v = getattr(cfg, name)
+        if v is None and allow_none:
+            return
+        if v is None or v < 1:
+            raise ConfigError(f"{_flag(name)} must be >= 1, got {v}; pass a positive integer")
+
+    positive("batch_size")
+    positive("grad_accum")
+    positive("log_interval")
+    positive("steps", allow_none=True)
+    positive("epochs", allow_none=True)
+    positive("base_batch_size", allow_none=True)
+    positive("replicate_degree", allow_none=True)
+    positive("ckpt_keep")
+    if cfg.lr <= 0:
+        raise ConfigError(f"--lr must be > 0, got {cfg.lr}")
+    if cfg.warmup_steps < 0 or cfg.ckpt_interval < 0 or cfg.num_workers < 0:
+        raise ConfigError("--warmup-steps, --ckpt-interval and --num-workers must be >= 0")
+    if cfg.timeout_s <= 0:
+        raise ConfigError(f"--timeout-s must be > 0 seconds, got {cfg.timeout_s}")
+    if cfg.clip_grad is not None and cfg.clip_grad <= 0:
+        raise ConfigError(f"--clip-grad must be > 0, got {cfg.clip_grad}; omit it to not clip")
+    if cfg.parallel == "ddp" and cfg.sharding is not None:
+        raise ConfigError(
+            f"--sharding {cfg.sharding} needs --parallel fsdp (DDP does not shard); "
+            "add --parallel fsdp or drop --sharding"
+        )
+    if cfg.replicate_degree is not None and cfg.sharding != "HYBRID_SHARD":
+        raise ConfigError(
+            "--replicate-degree only applies to --sharding HYBRID_SHARD; drop it or add "
+            "--parallel fsdp --sharding HYBRID_SHARD"
+        )
+    if cfg.parallel == "fsdp" and cfg.sharding is None:
+        cfg.sharding = "FULL_SHARD"
+    if cfg.lr_scaling != "none" and cfg.base_batch_size is None:
+        raise ConfigError(
+            f"--lr-scaling {cfg.lr_scaling} needs --base-batch-size (the global batch "
+            "the base --lr was tuned for)"
+        )
+    if cfg.model == "gpt" and cfg.dataset not in ("synthetic", "tokens"):
+        raise ConfigError(
+            f"--model gpt trains on token data; use --dataset tokens or synthetic, not {cfg.dataset}"
+        )
+    if cfg.dataset == "tokens" and cfg.model != "gpt":
+        raise ConfigError("--dataset tokens is for --model gpt")
+    if cfg.model == "gpt" and cfg.d_model % cfg.n_head:
+        raise ConfigError(
+            f"--d-model {cfg.d_model} is not divisible by --n-head {cfg.n_head}; "
+            "pick a head count that divides it"
+        )
+    if cfg.dataset in ("imagefolder", "tokens") and not Path(cfg.data_dir).exists():
+        raise ConfigError(
+            f"--data-dir {cfg.data_dir} does not exist; point it at your {cfg.dataset} data"
+        )
+    if cfg.resume not in ("auto", "never") and not Path(cfg.resume).exists():
+        raise ConfigError(
+            f"--resume {cfg.resume}: no such checkpoint directory; pass a step-N directory "
+            "under the checkpoint dir, or auto / never"
+        )
+    if cfg.run_dir is None:
+        cfg.run_dir = str(Path("runs") / cfg.name)
+    if cfg.ckpt_dir is None:
+        cfg.ckpt_dir = str(Path(cfg.run_dir) / "checkpoints")
+
+
+def dump(cfg: TrainConfig) -> str:
+    return json.dumps(cfg.to_dict(), indent=2, sort_keys=False)
+
+
+def fail(message: str) -> None:
+    """Print one clear line and exit 2 (bad input)."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_BAD_INPUT)
+
+
+__all__ = [
+    "ConfigError",
+    "EXIT_BAD_INPUT",
+    "EXIT_REQUEUE",
+    "TrainConfig",
+    "dataclasses",
+    "dump",
+    "fail",
+    "parse_config",
+    "validate",
+]
