@@ -1,0 +1,501 @@
+"""The job spec every backend renders from: one TOML file (configs/*.toml) plus overrides.
+
+Precedence, stated once: dataclass defaults < the TOML file < `--set key=value` (dotted keys
+of the file, e.g. `slurm.partition=gpu`, `train.lr=3e-4`) < `--nodes` / `--gpus`.
+`[train]` holds the training flags (train.config.TrainConfig's fields); the backend
+sections `[slurm]`, `[k8s]`, `[docker]` hold what only that backend has.
+
+Bad input raises SpecError with the problem and the fix; the CLI prints it on one line and
+exits 2. Rendering reads nothing but a JobSpec, so everything a backend needs is here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+import tomllib
+
+from train.config import ConfigError, TrainConfig
+from train.config import _convert as _convert_train_value
+
+DebugPreset = Literal["off", "warn", "info", "trace"]
+
+# Names land in file names, SLURM job names, Kubernetes object names and container names.
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MEM_RE = re.compile(r"^[0-9]+[KMGT]?$")
+SIZE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?([kmgtKMGT]i?[bB]?)?$")
+SBATCH_SIGNALS = ("USR1", "USR2", "TERM")
+
+
+class SpecError(ValueError):
+    """Bad user input: the message names the problem and the fix."""
+
+
+@dataclass
+class SlurmSpec:
+    partition: str | None = None  # -p; unset = the cluster's default partition
+    account: str | None = None  # -A
+    qos: str | None = None
+    constraint: str | None = None  # -C, node features, e.g. "a100|h100"
+    exclusive: bool = False  # whole nodes (recommended for multi-GPU training)
+    container: Literal["none", "pyxis", "apptainer"] = "none"  # run torchrun inside `image`
+    container_mounts: list[str] = field(default_factory=list)  # "host:ctr[:ro]"; cwd is added
+    signal: Literal["USR1", "USR2", "TERM"] = "USR1"  # preemption/time-limit warning signal
+    grace_s: int = 120  # send `signal` this long before the time limit; the save must fit
+    requeue_limit: int = 3  # requeues after "saved, please requeue"; 0 = never requeue
+    log_dir: str | None = None  # default <run_dir>/slurm: sbatch and per-node logs
+    extra_sbatch: list[str] = field(default_factory=list)  # extra "#SBATCH" option lines
+
+
+@dataclass
+class ElasticSpec:
+    min: int | None = None  # minimum nodes (replicas); unset = not elastic
+    max: int | None = None  # maximum nodes
+
+
+@dataclass
+class K8sSpec:
+    namespace: str = "default"
+    api: Literal["pytorchjob", "trainjob"] = "pytorchjob"  # kubeflow.org/v1 or Trainer v2
+    elastic: ElasticSpec = field(default_factory=ElasticSpec)
+    pvc: str | None = None  # PersistentVolumeClaim mounted for runs/checkpoints
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    priority_class: str | None = None
+    service_account: str | None = None
+    image_pull_secrets: list[str] = field(default_factory=list)
+    queue: str | None = None  # Kueue LocalQueue / Volcano queue name
+    scheduler: str | None = None  # schedulerName, e.g. "volcano"
+    shm_size: str = "16Gi"  # /dev/shm as a memory-backed emptyDir
+    rdma: bool = False  # request RDMA/InfiniBand devices and IPC_LOCK
+
+
+@dataclass
+class DockerSpec:
+    shm_size: str = "16g"  # --shm-size (or use --ipc=host)
+    data_dir: str | None = None  # host dir mounted read-only at the container's data dir
+    out_dir: str | None = None  # host dir mounted for runs/ (outputs and checkpoints)
+    extra_args: list[str] = field(default_factory=list)  # extra `docker run` arguments
+
+
+@dataclass
+class JobSpec:
+    name: str = "default"  # job name: lowercase letters, digits, '-'
+    image: str = "ddpkit:latest"  # container image (docker, k8s, slurm pyxis/apptainer)
+    nodes: int = 1
+    nproc_per_node: int = 1  # processes per node (one per GPU; gloo processes on CPU); --gpus
+    accelerator: Literal["gpu", "cpu"] = "gpu"  # gpu: request one GPU per process; cpu: gloo
+    cpus_per_proc: int = 4
+    mem: str | None = None  # per node, SLURM style: "64G", "0" = all; unset = site default
+    time: str = "01:00:00"  # limit: MM, HH:MM:SS, D-HH, D-HH:MM[:SS]
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for every rank
+    debug: DebugPreset = "off"  # NCCL/torch.distributed debug preset
+    nccl_socket_ifname: str | None = None  # NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME
+    nccl_ib_hca: str | None = None  # NCCL_IB_HCA, e.g. "mlx5"
+    nccl_ib_disable: bool = False  # NCCL_IB_DISABLE=1 (TCP sockets only)
+    rdzv_port: int = 29500  # c10d rendezvous port on the head node
+    max_restarts: int = 0  # torchrun --max-restarts (whole-group restarts on a failure)
+    ckpt_dir: str | None = None  # checkpoint location; default <run_dir>/checkpoints
+    train: dict[str, Any] = field(default_factory=dict)  # TrainConfig keys ([train] table)
+    train_args: list[str] = field(default_factory=list)  # extra raw flags for `python -m train`
+    slurm: SlurmSpec = field(default_factory=SlurmSpec)
+    k8s: K8sSpec = field(default_factory=K8sSpec)
+    docker: DockerSpec = field(default_factory=DockerSpec)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.nproc_per_node
+
+    @property
+    def run_dir(self) -> str:
+        return str(self.train.get("run_dir") or f"runs/{self.name}")
+
+    @property
+    def time_minutes(self) -> int:
+        return parse_time_minutes(self.time)
+
+    def train_argv(self) -> list[str]:
+        """`python -m train` flags: the [train] table, name, ckpt_dir, then train_args."""
+        args = ["--name", self.name]
+        for key, value in self.train.items():
+            if key == "name":
+                continue
+            flag = "--" + key.replace("_", "-")
+            if isinstance(value, bool):
+                args.append(flag if value else "--no-" + key.replace("_", "-"))
+            elif value is not None:
+                args += [flag, str(value)]
+        if self.ckpt_dir:
+            args += ["--ckpt-dir", self.ckpt_dir]
+        return args + list(self.train_args)
+
+    def debug_env(self) -> dict[str, str]:
+        return debug_env(self.debug)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _drop_none(dataclasses.asdict(self))
+
+
+# --- small pure helpers ------------------------------------------------------------------
+
+
+def debug_env(preset: DebugPreset) -> dict[str, str]:
+    """The environment of a debug preset. warn and up also dump the NCCL flight recorder
+    when a collective times out, so a hang leaves evidence of which rank stopped where."""
+    if preset == "off":
+        return {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    env = {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "NCCL_DEBUG": "WARN",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_BUFFER_SIZE": "20000",
+        "TORCH_DISTRIBUTED_DEBUG": "OFF",
+    }
+    if preset in ("info", "trace"):
+        env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET", TORCH_DISTRIBUTED_DEBUG="INFO")
+    if preset == "trace":
+        env.update(
+            NCCL_DEBUG="TRACE",
+            NCCL_DEBUG_SUBSYS="ALL",
+            TORCH_DISTRIBUTED_DEBUG="DETAIL",
+            TORCH_CPP_LOG_LEVEL="INFO",
+        )
+    return env
+
+
+_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def parse_time_minutes(text: str) -> int:
+    """SLURM time formats (sbatch --time) to whole minutes, rounded up; raises ValueError."""
+    m = _TIME_RE.match(text.strip())
+    if not m or text.strip() in ("", "0"):
+        raise ValueError(text)
+    days, a, b, c = m.groups()
+    parts = [int(x) for x in (a, b, c) if x is not None]
+    if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
+        hh, mm, ss = (parts + [0, 0])[:3]
+        seconds = int(days) * 86400 + hh * 3600 + mm * 60 + ss
+    elif len(parts) == 1:  # MM
+        seconds = parts[0] * 60
+    elif len(parts) == 2:  # MM:SS
+        seconds = parts[0] * 60 + parts[1]
+    else:  # HH:MM:SS
+        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
+    if seconds <= 0:
+        raise ValueError(text)
+    return -(-seconds // 60)
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value]
+    return value
+
+
+# --- typed loading -------------------------------------------------------------------------
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return tp, False
+
+
+def _type_name(tp: Any) -> str:
+    tp, optional = _unwrap_optional(tp)
+    if get_origin(tp) is Literal:
+        name = " | ".join(repr(a) for a in get_args(tp))
+    elif dataclasses.is_dataclass(tp):
+        name = "table"
+    else:
+        name = getattr(tp, "__name__", str(tp))
+        if get_origin(tp) is list:
+            name = "array"
+        elif get_origin(tp) is dict:
+            name = "table"
+    return name + (" (or unset)" if optional else "")
+
+
+def _check_value(tp: Any, value: Any, where: str) -> Any:
+    """Check one TOML value against a field annotation; returns the (converted) value."""
+    tp, optional = _unwrap_optional(tp)
+    if value is None and optional:
+        return None
+    origin = get_origin(tp)
+    bad = SpecError(f"{where} must be {_type_name(tp)}, got {value!r}; fix the value")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise bad
+        return _build(tp, value, where)
+    if origin is Literal:
+        if value not in get_args(tp):
+            choices = ", ".join(str(a) for a in get_args(tp))
+            raise SpecError(f"{where} = {value!r} is not one of {choices}; pick one of them")
+        return value
+    if origin is list:
+        (item_tp,) = get_args(tp)
+        if not isinstance(value, list):
+            raise bad
+        return [_check_value(item_tp, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _, val_tp = get_args(tp)
+        if not isinstance(value, dict):
+            raise bad
+        return {str(k): _check_value(val_tp, v, f"{where}.{k}") for k, v in value.items()}
+    if tp is Any:
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float, str) and (not isinstance(value, tp) or isinstance(value, bool)):
+        raise bad
+    return value
+
+
+def _build(cls: type, table: dict[str, Any], where: str) -> Any:
+    hints = get_type_hints(cls)
+    known = [f.name for f in fields(cls)]
+    kwargs: dict[str, Any] = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        dotted = f"{where}.{key}" if where else key
+        if name not in known:
+            section = f"[{where}]" if where else "the top level"
+            raise SpecError(f"unknown key {dotted!r}; valid keys in {section}: {', '.join(known)}")
+        if name == "train" and cls is JobSpec:
+            kwargs[name] = _check_train(value)
+        else:
+            kwargs[name] = _check_value(hints[name], value, dotted)
+    return cls(**kwargs)
+
+
+_TRAIN_KEYS = [f.name for f in fields(TrainConfig) if f.name != "extra"]
+
+
+def _check_train(table: Any) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise SpecError(f"train must be a table of training flags, got {table!r}")
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name not in _TRAIN_KEYS:
+            raise SpecError(
+                f"unknown key 'train.{key}'; valid keys in [train]: {', '.join(_TRAIN_KEYS)}"
+            )
+        try:
+            out[name] = _convert_train_value(name, value, "train")
+        except ConfigError as e:
+            raise SpecError(str(e)) from None
+    return out
+
+
+# --- overrides -------------------------------------------------------------------------------
+
+
+def _field_type(path: list[str]) -> Any:
+    """The annotation at a dotted path (train.* from TrainConfig), or raise SpecError."""
+    cls: Any = JobSpec
+    for i, part in enumerate(path):
+        name = part.replace("-", "_")
+        if cls is TrainConfig:
+            if name not in _TRAIN_KEYS or i != len(path) - 1:
+                raise SpecError(
+                    f"--set {'.'.join(path)}: unknown key; valid keys in [train]: "
+                    + ", ".join(_TRAIN_KEYS)
+                )
+            return get_type_hints(TrainConfig)[name]
+        names = [f.name for f in fields(cls)]
+        if name not in names:
+            where = f"[{'.'.join(path[:i])}]" if i else "the top level"
+            raise SpecError(
+                f"--set {'.'.join(path)}: unknown key {part!r}; valid keys in {where}: "
+                + ", ".join(names)
+            )
+        tp = TrainConfig if (cls is JobSpec and name == "train") else get_type_hints(cls)[name]
+        tp, _ = _unwrap_optional(tp)
+        if i == len(path) - 1:
+            return tp
+        if get_origin(tp) is dict:  # env.FOO=bar, k8s.node_selector.x=y
+            if i != len(path) - 2:
+                raise SpecError(f"--set {'.'.join(path)}: too many dots")
+            return get_args(tp)[1]
+        if not (dataclasses.is_dataclass(tp) or tp is TrainConfig):
+            raise SpecError(f"--set {'.'.join(path)}: {part} is not a table")
+        cls = tp
+    return cls
+
+
+def parse_override_value(tp: Any, raw: str) -> Any:
+    """A --set value for a field of type tp: strings stay verbatim, the rest parse as TOML."""
+    base, optional = _unwrap_optional(tp)
+    if optional and raw in ("", "none", "null"):
+        return None
+    if base is str or get_origin(base) is Literal:
+        return raw
+    if base is bool:
+        low = raw.lower()
+        if low in ("true", "1", "yes", "on"):
+            return True
+        if low in ("false", "0", "no", "off"):
+            return False
+        raise SpecError(f"expected true or false, got {raw!r}")
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        if get_origin(base) is list:  # a,b,c as a list of strings
+            return [s for s in raw.split(",") if s]
+        raise SpecError(f"cannot parse {raw!r} as {_type_name(base)}") from None
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Apply one `dotted.key=value` to the raw TOML dict (checked again when built)."""
+    key, sep, raw = assignment.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise SpecError(f"--set {assignment!r}: expected key=value, e.g. --set slurm.partition=gpu")
+    path = key.split(".")
+    try:
+        value = parse_override_value(_field_type(path), raw)
+    except SpecError as e:
+        if str(e).startswith("--set"):
+            raise
+        raise SpecError(f"--set {key}: {e}; fix the value") from None
+    node = data
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise SpecError(f"--set {key}: {part} is not a table in the file")
+        node = child
+    node[path[-1]] = value
+
+
+# --- validation ----------------------------------------------------------------------------
+
+
+def validate(spec: JobSpec) -> JobSpec:
+    """Checks across fields. Each message names the value and the fix."""
+    if not NAME_RE.match(spec.name):
+        raise SpecError(
+            f"name {spec.name!r} is not safe: use 1-52 lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit (e.g. mnist-ddp)"
+        )
+    if spec.nodes < 1:
+        raise SpecError(f"nodes must be >= 1, got {spec.nodes}; pass --nodes N with N >= 1")
+    if spec.nproc_per_node < 1:
+        raise SpecError(
+            f"processes per node must be >= 1, got {spec.nproc_per_node}; pass --gpus N with N >= 1"
+        )
+    if spec.cpus_per_proc < 1:
+        raise SpecError(f"cpus_per_proc must be >= 1, got {spec.cpus_per_proc}")
+    try:
+        parse_time_minutes(spec.time)
+    except ValueError:
+        raise SpecError(
+            f"time {spec.time!r} does not parse; use MM, HH:MM:SS or D-HH:MM:SS (e.g. 02:00:00)"
+        ) from None
+    if spec.mem is not None and not MEM_RE.match(spec.mem):
+        raise SpecError(f"mem {spec.mem!r} does not parse; use e.g. 64G, 512M or 0 (all)")
+    if not 1 <= spec.rdzv_port <= 65535:
+        raise SpecError(f"rdzv_port {spec.rdzv_port} is not a port; use 1-65535 (e.g. 29500)")
+    if spec.max_restarts < 0:
+        raise SpecError(f"max_restarts must be >= 0, got {spec.max_restarts}")
+    for key in spec.env:
+        if not ENV_NAME_RE.match(key):
+            raise SpecError(f"env key {key!r} is not a variable name; use [A-Za-z_][A-Za-z0-9_]*")
+    _validate_train(spec)
+    s = spec.slurm
+    if s.grace_s < 0 or s.requeue_limit < 0:
+        raise SpecError("slurm.grace_s and slurm.requeue_limit must be >= 0")
+    for line in s.extra_sbatch:
+        if "\n" in line or not line.startswith("--"):
+            raise SpecError(
+                f"slurm.extra_sbatch entry {line!r}: give one sbatch option per entry, "
+                'starting with --, e.g. "--mail-type=END"'
+            )
+    for size_name, size in (
+        ("k8s.shm_size", spec.k8s.shm_size),
+        ("docker.shm_size", spec.docker.shm_size),
+    ):
+        if not SIZE_RE.match(size):
+            raise SpecError(f"{size_name} {size!r} does not parse; use e.g. 16Gi / 16g")
+    e = spec.k8s.elastic
+    if (e.min is None) != (e.max is None) or (e.min is not None and not 1 <= e.min <= e.max):
+        raise SpecError(
+            f"k8s.elastic min={e.min} max={e.max}: set both, with 1 <= min <= max, or neither"
+        )
+    return spec
+
+
+def _validate_train(spec: JobSpec) -> None:
+    t = spec.train
+    if t.get("sharding") == "HYBRID_SHARD":
+        world = spec.world_size
+        degree = t.get("replicate_degree") or spec.nodes
+        if degree < 1 or world % degree:
+            raise SpecError(
+                f"HYBRID_SHARD replicate degree {degree} does not divide nodes({spec.nodes}) * "
+                f"processes per node({spec.nproc_per_node}) = {world}; set "
+                "train.replicate_degree to a divisor of the world size"
+            )
+    if t.get("sharding") and t.get("parallel", "ddp") != "fsdp":
+        raise SpecError(f'train.sharding = {t["sharding"]} needs train.parallel = "fsdp"')
+    for key in ("run_dir", "ckpt_dir"):
+        if isinstance(t.get(key), str) and "\n" in t[key]:
+            raise SpecError(f"train.{key} contains a newline; use a plain path")
+
+
+def load_spec(
+    path: str | Path | None,
+    sets: list[str] | None = None,
+    nodes: int | None = None,
+    gpus: int | None = None,
+    train_args: list[str] | None = None,
+) -> JobSpec:
+    """Load, override, type-check and validate a job file. Raises SpecError."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise SpecError(f"--config {path}: no such file; pass an existing TOML file")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise SpecError(f"--config {path}: not valid TOML ({e}); fix the syntax") from None
+    for assignment in sets or []:
+        apply_override(data, assignment)
+    if nodes is not None:
+        data["nodes"] = nodes
+    if gpus is not None:
+        data["nproc_per_node"] = gpus
+    if train_args:
+        data["train_args"] = list(data.get("train_args", [])) + list(train_args)
+    spec = _build(JobSpec, data, "")
+    return validate(spec)
+
+
+__all__ = [
+    "DockerSpec",
+    "ElasticSpec",
+    "JobSpec",
+    "K8sSpec",
+    "SlurmSpec",
+    "SpecError",
+    "debug_env",
+    "load_spec",
+    "parse_time_minutes",
+    "validate",
+]
