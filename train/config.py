@@ -12,10 +12,11 @@ import argparse
 import dataclasses
 import json
 import sys
-import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+import tomllib
 
 EXIT_BAD_INPUT = 2
 # "Saved a checkpoint after a preemption signal, please requeue" (EX_TEMPFAIL from sysexits.h).
@@ -30,11 +31,15 @@ class ConfigError(ValueError):
 class TrainConfig:
     # --- what to train ---
     name: str = "default"  # run name; the run dir defaults to runs/<name>
-    model: Literal["mlp", "mlp-deep", "resnet18", "gpt"] = "mlp"  # mlp: 784-256-10; mlp-deep: 8x2048
+    model: Literal["mlp", "mlp-deep", "resnet18", "gpt"] = (
+        "mlp"  # mlp: 784-256-10; mlp-deep: 8x2048
+    )
     dataset: Literal["synthetic", "mnist", "cifar10", "imagefolder", "tokens"] = "synthetic"
     data_dir: str = "data"  # where mnist/cifar10/imagefolder/tokens files live
     download: bool = True  # let torchvision download mnist/cifar10 when the network allows
-    synthetic_samples: int = 8192  # size of the synthetic training set (a held-out set is 1/8 of it)
+    synthetic_samples: int = (
+        8192  # size of the synthetic training set (a held-out set is 1/8 of it)
+    )
     synthetic_classes: int = 10
     # gpt shape (ignored by other models)
     seq_len: int = 128

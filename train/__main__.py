@@ -1,0 +1,45 @@
+"""`python -m train`: parse, validate, set up the process group, train, exit with a status.
+
+Exit status: 0 done; 2 bad input (one line on stderr, no traceback); 75 a preemption signal
+was received and a checkpoint saved: requeue and run the same command again (see README).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from train.config import EXIT_BAD_INPUT, ConfigError, dump, parse_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg, print_only = parse_config(argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if print_only:
+        print(dump(cfg))
+        return 0
+
+    # Heavy imports after the config is known good: --help and bad flags stay fast.
+    from train import distributed
+    from train.trainer import CollectiveFailure, Trainer, set_threads_from_env
+
+    set_threads_from_env()
+    world = None
+    try:
+        world = distributed.init(cfg)
+        return Trainer(cfg, world).train()
+    except ConfigError as e:
+        if world is None or world.is_main:
+            print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except CollectiveFailure as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        distributed.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""Datasets and the resumable, world-size-independent sampler.
+
+The sampler is the heart of exactly-once data: every rank computes the same permutation of
+the dataset for an epoch (seed + epoch), the epoch is cut into global batches of
+`batch * world` samples, and rank r takes slice r of each. The only state is (epoch,
+samples consumed in the epoch), so a checkpoint taken with one world size resumes on another
+at the same sample: nothing seen twice, nothing skipped. A partial global batch at the end of
+an epoch is dropped (like DistributedSampler(drop_last=True)): every rank runs the same number
+of steps, so an uneven tail can never hang a collective.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from train.config import ConfigError, TrainConfig
+
+
+@dataclass
+class DataBundle:
+    train: Dataset
+    val: Dataset | None
+    in_shape: tuple[int, ...]
+    num_classes: int  # vocabulary size for token data
+    tokens_per_sample: int = 0  # > 0 for language-model data (tokens/s logging)
+
+
+class GlobalBatchSampler:
+    """Yields this rank's index list per micro-batch; state = (epoch, consumed)."""
+
+    def __init__(self, n: int, batch: int, world: int, rank: int, seed: int, shuffle: bool = True):
+        self.n, self.batch, self.world, self.rank = n, batch, world, rank
+        self.seed, self.shuffle = seed, shuffle
+        self.epoch = 0
+        self.consumed = 0  # samples of this epoch already handed out, summed over ranks
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch * self.world
+
+    def batches_per_epoch(self) -> int:
+        return self.n // self.global_batch
+
+    def permutation(self, epoch: int) -> torch.Tensor:
+        if not self.shuffle:
+            return torch.arange(self.n)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(self.n, generator=g)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "consumed": self.consumed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+
+    def advance(self) -> None:
+        """Mark one global batch as consumed (called by the trainer after each micro-step)."""
+        self.consumed += self.global_batch
+        if self.consumed + self.global_batch > self.n:  # the rest is a dropped partial batch
+            self.epoch, self.consumed = self.epoch + 1, 0
+
+    def epoch_indices(self) -> Iterator[list[int]]:
+        """This rank's batches for the rest of the current epoch (does not mutate state)."""
+        perm = self.permutation(self.epoch)
+        start = self.consumed
+        while start + self.global_batch <= self.n:
+            lo = start + self.rank * self.batch
+            yield perm[lo : lo + self.batch].tolist()
+            start += self.global_batch
+
+
+# --- datasets -------------------------------------------------------------------------------
+
+
+def synthetic_classification(cfg: TrainConfig) -> DataBundle:
+    """Gaussian clusters around per-class prototypes in a 28x28 'image': learnable in seconds."""
+    g = torch.Generator().manual_seed(10_007 + cfg.seed)
+    k, shape = cfg.synthetic_classes, (1, 28, 28)
+    protos = torch.randn(k, *shape, generator=g)
+    n_val = max(cfg.synthetic_samples // 8, k)
+
+    def make(n: int) -> TensorDataset:
+        y = torch.randint(0, k, (n,), generator=g)
+        x = 0.15 * protos[y] + torch.randn(n, *shape, generator=g)
+        return TensorDataset(x, y)
+
+    return DataBundle(make(cfg.synthetic_samples), make(n_val), shape, k)
+
+
+class TokenChunks(Dataset):
+    """Non-overlapping (input, target) chunks of seq_len tokens from a 1-D token array."""
+
+    def __init__(self, tokens: np.ndarray | torch.Tensor, seq_len: int):
+        self.tokens = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
+        self.seq_len = seq_len
+
+    def __len__(self) -> int:
+        return (len(self.tokens) - 1) // self.seq_len
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        chunk = self.tokens[i * self.seq_len : (i + 1) * self.seq_len + 1]
+        return chunk[:-1], chunk[1:]
+
+
+def synthetic_tokens(cfg: TrainConfig) -> DataBundle:
+    """A Markov chain where each token has two likely successors: a learnable language."""
+    g = torch.Generator().manual_seed(20_011 + cfg.seed)
+    v = cfg.vocab_size
+    succ = torch.randint(0, v, (v, 2), generator=g).tolist()
+    n = cfg.synthetic_samples * cfg.seq_len + 1
+    choice = torch.randint(0, 2, (n,), generator=g).tolist()
+    out = [0] * n
+    for i in range(1, n):  # a chain is sequential; plain lists make 1M tokens take ~0.3 s
+        out[i] = succ[out[i - 1]][choice[i]]
+    toks = torch.tensor(out, dtype=torch.int64)
+    split = int(n * 7 / 8)
+    return DataBundle(
+        TokenChunks(toks[:split], cfg.seq_len),
+        TokenChunks(toks[split:], cfg.seq_len),
+        (cfg.seq_len,),
+        v,
+        cfg.seq_len,
+    )
+
+
+def token_file(cfg: TrainConfig) -> DataBundle:
+    """nanoGPT's format: a flat binary file of uint16 token ids (train.bin, optional val.bin)."""
+    p = Path(cfg.data_dir)
+    train_path = p / "train.bin" if p.is_dir() else p
+    if not train_path.is_file():
+        raise ConfigError(f"--data-dir {cfg.data_dir}: no token file (expected {train_path})")
+    toks = np.memmap(train_path, dtype=np.uint16, mode="r")
+    if len(toks) < cfg.seq_len + 1:
+        raise ConfigError(
+            f"token file {train_path} has {len(toks)} tokens, fewer than one sequence "
+            f"(--seq-len {cfg.seq_len} + 1); use a larger file or a smaller --seq-len"
+        )
+    if int(toks.max()) >= cfg.vocab_size:
+        raise ConfigError(
+            f"token file {train_path} holds id {int(toks.max())} >= --vocab-size "
+            f"{cfg.vocab_size}; raise --vocab-size"
+        )
+    val_path = train_path.with_name("val.bin")
+    val = None
+    if val_path.is_file() and val_path != train_path:
+        vt = np.memmap(val_path, dtype=np.uint16, mode="r")
+        val = TokenChunks(vt, cfg.seq_len) if len(vt) > cfg.seq_len else None
+    return DataBundle(
+        TokenChunks(toks, cfg.seq_len), val, (cfg.seq_len,), cfg.vocab_size, cfg.seq_len
+    )
+
+
+def _read_idx(path: Path) -> torch.Tensor:
+    """Read an IDX file (MNIST's format), gzipped or not."""
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    zero, dtype_code, ndim = struct.unpack(">HBB", raw[:4])
+    if zero != 0 or dtype_code != 0x08:
+        raise ConfigError(f"{path} is not an IDX file of unsigned bytes; re-download it")
+    dims = struct.unpack(f">{ndim}I", raw[4 : 4 + 4 * ndim])
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    return torch.from_numpy(data.copy()).view(*dims)
+
+
+_MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "val": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def _find(raw: Path, stem: str) -> Path | None:
+    for cand in (raw / stem, raw / f"{stem}.gz"):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def mnist(cfg: TrainConfig, rank0_download: bool) -> DataBundle:
+    raw = Path(cfg.data_dir) / "MNIST" / "raw"
+    if _find(raw, _MNIST_FILES["train"][0]) is None and cfg.download and rank0_download:
+        try:
+            from torchvision.datasets import MNIST
+
+            MNIST(cfg.data_dir, train=True, download=True)
+            MNIST(cfg.data_dir, train=False, download=True)
+        except Exception as e:  # no network: fall through to the clear error below
+            print(f"warning: MNIST download failed ({type(e).__name__}: {e})", flush=True)
+    splits = {}
+    for split, (img_stem, lbl_stem) in _MNIST_FILES.items():
+        img, lbl = _find(raw, img_stem), _find(raw, lbl_stem)
+        if img is None or lbl is None:
+            if split == "val":
+                continue
+            raise ConfigError(
+                f"MNIST not found under {raw}; put train-images-idx3-ubyte(.gz) and "
+                f"train-labels-idx1-ubyte(.gz) there (from yann.lecun.com/exdb/mnist), "
+                "or allow the download"
+            )
+        # The article's transform: ToTensor() scales to [0, 1].
+        x = _read_idx(img).float().div_(255.0).unsqueeze(1)
+        splits[split] = TensorDataset(x, _read_idx(lbl).long())
+    return DataBundle(splits["train"], splits.get("val"), (1, 28, 28), 10)
+
+
+def torchvision_dataset(cfg: TrainConfig, rank0_download: bool) -> DataBundle:
+    from torchvision import datasets, transforms
+
+    tf = transforms.ToTensor()
+    if cfg.dataset == "cifar10":
+        try:
+            train = datasets.CIFAR10(
+                cfg.data_dir, True, tf, download=cfg.download and rank0_download
+            )
+            val = datasets.CIFAR10(cfg.data_dir, False, tf, download=False)
+        except RuntimeError as e:
+            raise ConfigError(
+                f"CIFAR-10 not found under {cfg.data_dir} ({e}); put cifar-10-batches-py "
+                "there (extract cifar-10-python.tar.gz) or allow the download"
+            ) from None
+        return DataBundle(train, val, (3, 32, 32), 10)
+    tf = transforms.Compose([transforms.Resize((64, 64)), transforms.ToTensor()])
+    root = Path(cfg.data_dir)
+    train_root = root / "train" if (root / "train").is_dir() else root
+    try:
+        train = datasets.ImageFolder(str(train_root), tf)
+    except (FileNotFoundError, RuntimeError) as e:
+        raise ConfigError(
+            f"--data-dir {cfg.data_dir}: not an image folder ({e}); use <dir>/<class>/<image> "
+            "(optionally under train/ and val/)"
+        ) from None
+    val = datasets.ImageFolder(str(root / "val"), tf) if (root / "val").is_dir() else None
+    return DataBundle(train, val, (3, 64, 64), len(train.classes))
+
+
+def build_data(cfg: TrainConfig, rank0_download: bool = True) -> DataBundle:
+    if cfg.dataset == "synthetic":
+        return synthetic_tokens(cfg) if cfg.model == "gpt" else synthetic_classification(cfg)
+    if cfg.dataset == "tokens":
+        return token_file(cfg)
+    if cfg.dataset == "mnist":
+        return mnist(cfg, rank0_download)
+    return torchvision_dataset(cfg, rank0_download)

@@ -1,0 +1,138 @@
+"""Fault tolerance: preemption signals, hang diagnosis, and the test-only fault injector."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+# SIGTERM: SLURM preemption and time limits, Kubernetes pod deletion, docker stop, torchrun's
+# shutdown. SIGUSR1/SIGUSR2: what sites configure with `#SBATCH --signal` (submitit uses USR2).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class StopRequest:
+    """Records a stop signal; ranks agree on it at a step boundary through a collective."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self.received_at = 0.0
+        self._flag = torch.zeros(1, dtype=torch.int32)
+        for s in STOP_SIGNALS:
+            signal.signal(s, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if not self.signum:  # the first one counts; torchrun may forward a second
+            self.signum, self.received_at = signum, time.time()
+
+    def agreed(self, device: torch.device) -> int:
+        """The signal number if any rank got one (MAX over ranks), else 0. Collective.
+
+        One int all-reduce per step: every rank leaves the loop after the same step, so
+        the checkpoint they write together is consistent.
+        """
+        self._flag.fill_(self.signum)
+        flag = self._flag.to(device, non_blocking=True)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        got = int(flag.item())
+        if got and not self.signum:  # another rank got it: time the save from now
+            self.signum, self.received_at = got, time.time()
+        return got
+
+
+# --- hang diagnosis ---------------------------------------------------------------------------
+
+
+def _store() -> dist.Store | None:
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:
+        return None
+
+
+def diagnose_collective_failure(phase: str, step: int, timeout_s: float, err: BaseException) -> str:
+    """Build the message for a collective that failed or timed out.
+
+    Each rank that sees the failure records itself in the rendezvous store; after a short
+    grace period the ranks that never reported are the ones that stopped participating.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = _store()
+    reported: list[int] = []
+    if store is not None:
+        try:
+            store.set(f"ddpkit/failed/{step}/{rank}", phase)
+            deadline = time.time() + min(5.0, timeout_s)
+            while time.time() < deadline:
+                reported = [r for r in range(world) if store.check([f"ddpkit/failed/{step}/{r}"])]
+                if len(reported) == world:
+                    break
+                time.sleep(0.2)
+        except Exception:
+            reported = []
+    missing = [r for r in range(world) if r not in reported] if reported else []
+    first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+    msg = (
+        f"collective {phase} at step {step} failed on rank {rank} of {world} "
+        f"(--timeout-s {timeout_s:g}): {first}."
+    )
+    if missing:
+        msg += (
+            f" Ranks {missing} never reached it (stuck, crashed, or on a different code path);"
+            f" ranks {reported} did."
+        )
+    msg += (
+        " Check those ranks' logs; rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL"
+        " (and NCCL_DEBUG=INFO on GPUs) to see every rank's collective sequence."
+    )
+    return msg
+
+
+# --- fault injection (tests and drills only) --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fault:
+    """DDPKIT_FAULT=kind@step[:rank[:arg]]: kill (SIGKILL itself), hang (sleep arg seconds),
+    signal (send SIGNAME to the torchrun agent, or to itself without torchrun).
+    Fires once per job: only in the first torchrun attempt (TORCHELASTIC_RESTART_COUNT=0)."""
+
+    kind: str
+    step: int
+    rank: int
+    arg: str
+
+    @staticmethod
+    def from_env() -> Fault | None:
+        spec = os.environ.get("DDPKIT_FAULT", "")
+        if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+            return None
+        kind, _, rest = spec.partition("@")
+        parts = rest.split(":")
+        return Fault(
+            kind,
+            int(parts[0]),
+            int(parts[1]) if len(parts) > 1 else 0,
+            parts[2] if len(parts) > 2 else "",
+        )
+
+    def maybe_fire(self, step: int, rank: int) -> None:
+        if step != self.step or rank != self.rank:
+            return
+        print(
+            f"[fault injection] {self.kind} on rank {rank} at step {step}",
+            file=sys.stderr,
+            flush=True,
+        )
+        if self.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif self.kind == "hang":
+            time.sleep(float(self.arg or 3600))
+        elif self.kind == "signal":
+            target = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid()
+            os.kill(target, getattr(signal, self.arg or "SIGTERM"))

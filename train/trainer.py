@@ -1,0 +1,420 @@
+"""The training loop: state up front, `train()` short, one step in `train_step`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from train.checkpoint import Checkpointer
+from train.config import EXIT_REQUEUE, TrainConfig, dump
+from train.data import DataBundle, GlobalBatchSampler, build_data
+from train.distributed import World
+from train.fault import Fault, StopRequest, diagnose_collective_failure
+from train.metrics import Reporter, gather_objects, memory_bytes, param_digest, state_bytes
+from train.models import build_model
+from train.parallel import DTYPES, parallelize, set_grad_sync
+from train.schedule import lr_multiplier, scaled_lr
+
+
+class CollectiveFailure(RuntimeError):
+    pass
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, world: World):
+        self.cfg, self.world = cfg, world
+        self.t_start = time.perf_counter()
+        self.run_dir = Path(cfg.run_dir)
+        if world.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "requeue.json").unlink(missing_ok=True)
+            (self.run_dir / "config.json").write_text(dump(cfg) + "\n")
+        self.data = self._load_data()
+        # Same seed on every rank: identical initial weights without a broadcast.
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg, self.data.in_shape, self.data.num_classes)
+        self.num_params = sum(p.numel() for p in model.parameters())
+        self.model, self.raw_model = parallelize(model, cfg, world)
+        self.optimizer = self._build_optimizer()
+        # Per-rank seed from here on: dropout and augmentation differ across ranks.
+        torch.manual_seed(cfg.seed + 1 + world.rank)
+        self.sampler = GlobalBatchSampler(
+            len(self.data.train), cfg.batch_size, world.size, world.rank, cfg.seed
+        )
+        per_epoch = self.sampler.batches_per_epoch() // cfg.grad_accum
+        if per_epoch < 1:
+            from train.config import ConfigError
+
+            raise ConfigError(
+                f"the dataset has {len(self.data.train)} samples, fewer than one global batch "
+                f"(batch {cfg.batch_size} x world {world.size} x grad-accum {cfg.grad_accum}); "
+                "lower --batch-size or --grad-accum"
+            )
+        self.total_steps = cfg.steps or (cfg.epochs or 1) * per_epoch
+        self.global_batch = cfg.batch_size * world.size * cfg.grad_accum
+        self.peak_lr = scaled_lr(cfg.lr, cfg.lr_scaling, self.global_batch, cfg.base_batch_size)
+        self.step = 0
+        self.phase = "startup"
+        self.stop = StopRequest()
+        self.fault = Fault.from_env()
+        self.reporter = Reporter(
+            self.run_dir, world.is_main, self.total_steps, cfg.progress, cfg.tensorboard
+        )
+        self.ckpt = Checkpointer(cfg.ckpt_dir, cfg.ckpt_keep, cfg.ckpt_async, self.reporter.info)
+        self.scaler = (
+            torch.amp.GradScaler(world.device.type) if cfg.mixed_precision == "fp16" else None
+        )
+        self.first_loss: float | None = None
+        self.last_loss: float | None = None
+        self.throughputs: list[float] = []
+        self.resumed_from: str | None = None
+        self.time_to_first_step: float | None = None
+
+    # --- setup helpers -----------------------------------------------------------------
+
+    def _load_data(self) -> DataBundle:
+        # Rank 0 downloads (where allowed) while the others wait, then everyone reads.
+        if self.world.is_main:
+            data = build_data(self.cfg, rank0_download=True)
+        dist.barrier()
+        if not self.world.is_main:
+            data = build_data(self.cfg, rank0_download=False)
+        return data
+
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        cfg, params = self.cfg, self.model.parameters()
+        if cfg.optimizer == "sgd":
+            return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
+        if cfg.optimizer == "adam":
+            return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        # FSDP2 casts parameters itself (MixedPrecisionPolicy); DDP needs autocast.
+        if self.cfg.mixed_precision in DTYPES and self.cfg.parallel == "ddp":
+            return torch.autocast(self.world.device.type, dtype=DTYPES[self.cfg.mixed_precision])
+        return contextlib.nullcontext()
+
+    def _batches(self):
+        """Micro-batches forever, epoch after epoch, from the sampler's current position."""
+        ds, dev = self.data.train, self.world.device
+        while True:
+            index_lists = list(self.sampler.epoch_indices())
+            if isinstance(ds, TensorDataset) and self.cfg.num_workers == 0:
+                # In-memory tensors: one gather per batch instead of per-sample collation.
+                for idx in index_lists:
+                    t = torch.tensor(idx)
+                    yield tuple(x[t].to(dev, non_blocking=True) for x in ds.tensors)
+                continue
+            loader = DataLoader(
+                ds,
+                batch_sampler=index_lists,
+                num_workers=self.cfg.num_workers,
+                pin_memory=dev.type == "cuda",
+                persistent_workers=False,
+            )
+            for batch in loader:
+                yield tuple(x.to(dev, non_blocking=True) for x in batch)
+
+    def _train_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            **self.sampler.state_dict(),
+            "world_size": self.world.size,
+            "global_batch": self.global_batch,
+            "peak_lr": self.peak_lr,
+        }
+
+    def _ckpt_info(self) -> dict[str, Any]:
+        c = self.cfg
+        return {
+            "step": self.step,
+            "world_size": self.world.size,
+            "parallel": c.parallel,
+            "sharding": c.sharding,
+            "model": c.model,
+            "global_batch": self.global_batch,
+            "epoch": self.sampler.epoch,
+            "consumed": self.sampler.consumed,
+        }
+
+    # --- the loop ----------------------------------------------------------------------
+
+    def train(self) -> int:
+        self.maybe_resume()
+        batches = self._batches()
+        timer_t, timer_step = time.perf_counter(), self.step
+        while self.step < self.total_steps:
+            if self.fault:
+                self.fault.maybe_fire(self.step + 1, self.world.rank)
+            loss, gnorm = self.guarded(self.train_step, batches)
+            self.step += 1
+            if self.time_to_first_step is None:
+                self.time_to_first_step = time.perf_counter() - self.t_start
+            if self.step % self.cfg.log_interval == 0 or self.step in (1, self.total_steps):
+                now = time.perf_counter()
+                self.log_step(loss, gnorm, (now - timer_t) / max(1, self.step - timer_step))
+                timer_t, timer_step = time.perf_counter(), self.step
+            self.ckpt.poll()
+            if self.cfg.ckpt_interval and self.step % self.cfg.ckpt_interval == 0:
+                self.save()
+            self.phase = "stop-signal all_reduce"
+            signum = self.stop.agreed(self.world.device)
+            if signum and self.step < self.total_steps:
+                return self.preempted(signum)
+        if self.cfg.ckpt_final:
+            self.save(force_sync=True)
+        self.ckpt.wait()
+        return self.finish()
+
+    def train_step(self, batches) -> tuple[torch.Tensor, torch.Tensor | None]:
+        cfg, model, opt = self.cfg, self.model, self.optimizer
+        lr = self.peak_lr * lr_multiplier(
+            self.step, cfg.warmup_steps, self.total_steps, cfg.lr_decay, cfg.min_lr_ratio
+        )
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=self.world.device)
+        for micro in range(cfg.grad_accum):
+            x, y = next(batches)
+            self.sampler.advance()
+            set_grad_sync(model, micro == cfg.grad_accum - 1)
+            self.phase = f"forward/backward ({self._collective_name()})"
+            with self._autocast():
+                out = model(x)
+                loss = F.cross_entropy(out.flatten(0, -2).float(), y.flatten()) / cfg.grad_accum
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            loss_sum += loss.detach()
+        if self.scaler:
+            self.scaler.unscale_(opt)
+        gnorm = None
+        logging_now = (self.step + 1) % cfg.log_interval == 0 or self.step + 1 in (
+            1,
+            self.total_steps,
+        )
+        if cfg.clip_grad or logging_now:
+            self.phase = "grad-norm all_reduce"
+            # max_norm=inf measures the norm without clipping (collective under FSDP).
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad or math.inf)
+        self.phase = "optimizer step"
+        if self.scaler:
+            self.scaler.step(opt)
+            self.scaler.update()
+        else:
+            opt.step()
+        return loss_sum, gnorm
+
+    def _collective_name(self) -> str:
+        if self.cfg.parallel == "ddp":
+            return "DDP gradient all_reduce"
+        return f"FSDP2 {self.cfg.sharding} all_gather/reduce_scatter"
+
+    def guarded(self, fn, *args):
+        """Run a step; turn a failed or timed-out collective into one clear message."""
+        try:
+            return fn(*args)
+        except (RuntimeError, dist.DistError) as e:
+            if not _is_collective_error(e):
+                raise
+            raise CollectiveFailure(
+                diagnose_collective_failure(self.phase, self.step + 1, self.cfg.timeout_s, e)
+            ) from None
+
+    def log_step(self, loss: torch.Tensor, gnorm: torch.Tensor | None, step_time: float) -> None:
+        self.phase = "loss all_reduce (logging)"
+        stats = torch.stack([loss.float().detach(), torch.as_tensor(0.0, device=loss.device)])
+        if gnorm is not None:
+            g = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
+            stats[1] = g.float()
+        dist.all_reduce(stats)  # the one host sync of a logging step
+        loss_avg = float(stats[0]) / self.world.size
+        gn = float(stats[1]) / self.world.size
+        self.first_loss = loss_avg if self.first_loss is None else self.first_loss
+        self.last_loss = loss_avg
+        per_sample = self.data.tokens_per_sample or 1
+        throughput = self.global_batch * per_sample / step_time
+        if self.step > 1:
+            self.throughputs.append(throughput)
+        self.reporter.log(
+            {
+                "step": self.step,
+                "loss": loss_avg,
+                "lr": self.optimizer.param_groups[0]["lr"],
+                "grad_norm": gn,
+                "throughput": throughput,
+                "throughput_unit": "tokens/s" if self.data.tokens_per_sample else "samples/s",
+                "samples_per_s": self.global_batch / step_time,
+                "step_time_s": step_time,
+                "mem_bytes": memory_bytes(self.world.device),
+                "epoch": self.sampler.epoch,
+                "time_s": time.perf_counter() - self.t_start,
+            }
+        )
+
+    # --- checkpoints, resume, preemption -------------------------------------------------
+
+    def save(self, force_sync: bool = False) -> float:
+        self.phase = "checkpoint save"
+        return self.ckpt.save(
+            self.step,
+            self.raw_model,
+            self.optimizer,
+            self._train_state(),
+            self._ckpt_info(),
+            force_sync=force_sync,
+        )
+
+    def maybe_resume(self) -> None:
+        path = self.ckpt.find(self.cfg.resume)
+        if path is None:
+            return
+        self.phase = "checkpoint load"
+        state, info = self.ckpt.load(path, self.raw_model, self.optimizer, self._train_state())
+        self.step = int(state["step"])
+        self.sampler.load_state_dict(state)
+        self.resumed_from = str(path)
+        old_world, old_gb = int(state["world_size"]), int(state["global_batch"])
+        msg = (
+            f"resumed from {path} at step {self.step} (epoch {self.sampler.epoch}, "
+            f"{self.sampler.consumed} samples into it)"
+        )
+        if old_world != self.world.size or old_gb != self.global_batch:
+            # Rule: the per-rank batch is what the user set, so the global batch follows the
+            # world size; the peak LR is re-derived from it by --lr-scaling (unchanged for
+            # none); step count and data position carry over sample-exactly.
+            msg += (
+                f"; world size {old_world} -> {self.world.size}: global batch "
+                f"{old_gb} -> {self.global_batch}, peak lr {float(state['peak_lr']):.3e} -> "
+                f"{self.peak_lr:.3e} (--lr-scaling {self.cfg.lr_scaling})"
+            )
+        self.reporter.info(msg)
+
+    def preempted(self, signum: int) -> int:
+        import signal as _signal
+
+        name = _signal.Signals(signum).name
+        self.reporter.info(f"{name} received: saving a checkpoint at step {self.step}")
+        self.save(force_sync=True)
+        self.ckpt.wait()
+        took = time.time() - self.stop.received_at
+        budget = self.cfg.shutdown_timeout_s
+        if took <= budget:
+            self.reporter.info(
+                f"preemption save finished {took:.1f} s after {name}, within the "
+                f"{budget:g} s shutdown timeout; exiting {EXIT_REQUEUE} (requeue)"
+            )
+        else:
+            self.reporter.info(
+                f"warning: preemption save took {took:.1f} s after {name}, MORE "
+                f"than the {budget:g} s shutdown timeout: raise torchrun's "
+                "--shutdown-timeout or the scheduler's grace time"
+            )
+        if self.world.is_main:
+            (self.run_dir / "requeue.json").write_text(
+                json.dumps(
+                    {
+                        "signal": name,
+                        "step": self.step,
+                        "save_s": round(took, 3),
+                        "checkpoint": str(Path(self.cfg.ckpt_dir) / f"step-{self.step}"),
+                    }
+                )
+                + "\n"
+            )
+        self.reporter.close()
+        return EXIT_REQUEUE
+
+    # --- the end -------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        val = self.data.val
+        if not self.cfg.eval or val is None or len(val) < self.world.size:
+            return {}
+        self.model.eval()
+        n = len(val) // self.world.size  # same count on every rank: FSDP needs lockstep
+        idx = list(range(self.world.rank * n, (self.world.rank + 1) * n))
+        stats = torch.zeros(3, device=self.world.device)
+        for lo in range(0, n, 256):
+            batch = [val[i] for i in idx[lo : lo + 256]]
+            x = torch.stack([b[0] for b in batch]).to(self.world.device)
+            y = torch.stack([torch.as_tensor(b[1]) for b in batch]).to(self.world.device)
+            with self._autocast():
+                out = self.model(x).float()
+            stats[0] += F.cross_entropy(out.flatten(0, -2), y.flatten(), reduction="sum")
+            stats[1] += (out.argmax(-1) == y).sum()
+            stats[2] += y.numel()
+        dist.all_reduce(stats)
+        self.model.train()
+        return {
+            "eval_loss": float(stats[0] / stats[2]),
+            "eval_accuracy": float(stats[1] / stats[2]),
+        }
+
+    def finish(self) -> int:
+        ev = self.evaluate()
+        per_rank = gather_objects(state_bytes(self.model, self.optimizer))
+        digest = param_digest(self.raw_model)
+        if self.world.is_main:
+            summary = {
+                "world_size": self.world.size,
+                "nnodes": self.world.nnodes,
+                "backend": self.world.backend,
+                "parallel": self.cfg.parallel,
+                "sharding": self.cfg.sharding,
+                "mixed_precision": self.cfg.mixed_precision,
+                "model": self.cfg.model,
+                "num_params": self.num_params,
+                "steps": self.step,
+                "global_batch": self.global_batch,
+                "peak_lr": self.peak_lr,
+                "first_loss": self.first_loss,
+                "final_loss": self.last_loss,
+                **ev,
+                "samples_per_s": statistics.median(self.throughputs)
+                / (self.data.tokens_per_sample or 1)
+                if self.throughputs
+                else None,
+                "tokens_per_s": statistics.median(self.throughputs)
+                if self.throughputs and self.data.tokens_per_sample
+                else None,
+                "time_to_first_step_s": self.time_to_first_step,
+                "total_time_s": time.perf_counter() - self.t_start,
+                "resumed_from": self.resumed_from,
+                "state_bytes_per_rank": per_rank,
+                "param_digest": digest,
+            }
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            self.reporter.info(
+                f"done: {self.step} steps, loss {self.first_loss:.4f} -> {self.last_loss:.4f}"
+                + (f", eval accuracy {ev['eval_accuracy']:.3f}" if "eval_accuracy" in ev else "")
+                + f"; outputs in {self.run_dir}"
+            )
+        self.reporter.close()
+        return 0
+
+
+def _is_collective_error(e: BaseException) -> bool:
+    text = f"{type(e).__name__} {e}".lower()
+    return isinstance(e, dist.DistError) or any(
+        k in text for k in ("timed out", "timeout", "gloo", "nccl", "connection", "peer")
+    )
+
+
+def set_threads_from_env() -> None:
+    """torchrun sets OMP_NUM_THREADS=1; honour it for intra-op threads too."""
+    n = os.environ.get("OMP_NUM_THREADS")
+    if n and n.isdigit():
+        torch.set_num_threads(int(n))
