@@ -1,0 +1,151 @@
+"""The model side of the memory planner: a train/ model built on the meta device.
+
+Nothing is allocated: parameter shapes give the exact FSDP2 shard sizes, the model's
+`blocks()` give the FSDP units (the largest one bounds the in-flight all-gathers), and one
+forward pass on meta tensors, with a saved-tensors hook, measures what autograd keeps for
+backward: the activation estimate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from tools.memory import PlanError
+
+# Input shape and classes per dataset, as train/data.py builds them.
+DATASET_SHAPES: dict[str, tuple[tuple[int, ...], int | None]] = {
+    "synthetic": ((1, 28, 28), None),  # classes: cfg.synthetic_classes
+    "mnist": ((1, 28, 28), 10),
+    "cifar10": ((3, 32, 32), 10),
+    "imagefolder": ((3, 64, 64), 10),  # classes depend on the folder; 10 assumed
+}
+
+
+@dataclass
+class ModelDesc:
+    name: str
+    shapes: list[tuple[int, ...]]
+    unit_params: int  # the largest FSDP unit: one block, or what the root keeps
+    root_params: int  # parameters no block owns (embeddings, head): the root unit
+    batch_size: int
+    dtype: str
+    optimizer: str
+    cfg: Any = None
+    _act: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def num_params(self) -> int:
+        return sum(math.prod(s) for s in self.shapes)
+
+    def activation_bytes(self, dtype: str) -> int:
+        """Bytes autograd saves for backward in one forward at --batch-size (an estimate:
+        backward's temporaries and allocator slack come on top)."""
+        if dtype not in self._act:
+            self._act[dtype] = saved_activation_bytes(self.cfg, self.batch_size, dtype)
+        return self._act[dtype]
+
+
+def load_cfg(args: argparse.Namespace) -> Any:
+    from train.config import ConfigError, TrainConfig, load_toml
+
+    values: dict[str, Any] = {}
+    try:
+        if args.config:
+            values.update(load_toml(args.config))
+    except ConfigError as e:
+        raise PlanError(str(e)) from None
+    if args.model:
+        values["model"] = args.model
+    for key in ("batch_size", "seq_len", "vocab_size", "n_layer", "n_head", "d_model", "dataset"):
+        if getattr(args, key, None) is not None:
+            values[key] = getattr(args, key)
+    values.pop("extra", None)
+    try:
+        cfg = TrainConfig(**values)
+    except TypeError as e:
+        raise PlanError(f"bad model settings: {e}") from None
+    if cfg.model == "gpt" and cfg.d_model % cfg.n_head:
+        raise PlanError(f"--d-model {cfg.d_model} is not divisible by --n-head {cfg.n_head}")
+    for key in ("batch_size", "seq_len", "vocab_size", "n_layer", "n_head", "d_model"):
+        if getattr(cfg, key) < 1:
+            raise PlanError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(cfg, key)}")
+    if cfg.model != "gpt" and cfg.dataset not in DATASET_SHAPES:
+        raise PlanError(
+            f"--dataset {cfg.dataset} does not fit --model {cfg.model}; "
+            f"use one of {', '.join(DATASET_SHAPES)}"
+        )
+    return cfg
+
+
+def in_shape(cfg: Any) -> tuple[tuple[int, ...], int]:
+    if cfg.model == "gpt":
+        return (cfg.seq_len,), cfg.vocab_size
+    shape, classes = DATASET_SHAPES[cfg.dataset]
+    return shape, classes or cfg.synthetic_classes
+
+
+def build_meta(cfg: Any, dtype: str = "fp32") -> Any:
+    import torch
+
+    from train.models import build_model
+
+    shape, classes = in_shape(cfg)
+    with torch.device("meta"):
+        model = build_model(cfg, shape, classes)
+    if dtype != "fp32":
+        model = model.to({"bf16": torch.bfloat16, "fp16": torch.float16}[dtype])
+    return model
+
+
+def saved_activation_bytes(cfg: Any, batch: int, dtype: str) -> int:
+    """One training-mode forward (and the loss) on meta tensors; sum the bytes of the
+    distinct non-parameter tensors autograd saves."""
+    import torch
+    import torch.nn.functional as F
+
+    model = build_meta(cfg, dtype)
+    model.train()
+    params = {id(p) for p in model.parameters()}
+    saved: dict[int, int] = {}
+    keep: list[Any] = []  # hold the tensors so ids stay unique
+
+    def pack(t: Any) -> Any:
+        if id(t) not in params and id(t) not in saved:
+            saved[id(t)] = t.numel() * t.element_size()
+            keep.append(t)
+        return t
+
+    shape, classes = in_shape(cfg)
+    if cfg.model == "gpt":
+        x = torch.zeros(batch, cfg.seq_len, dtype=torch.long, device="meta")
+        y = torch.zeros(batch * cfg.seq_len, dtype=torch.long, device="meta")
+    else:
+        x = torch.empty(batch, *shape, device="meta", dtype=next(model.parameters()).dtype)
+        y = torch.zeros(batch, dtype=torch.long, device="meta")
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(x)
+        F.cross_entropy(out.reshape(-1, out.shape[-1]).float(), y)
+    return sum(saved.values())
+
+
+def describe_model(args: argparse.Namespace) -> ModelDesc:
+    cfg = load_cfg(args)
+    model = build_meta(cfg)
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    in_blocks = {id(p) for b in model.blocks() for p in b.parameters()}
+    units = [sum(p.numel() for p in b.parameters()) for b in model.blocks()]
+    root = sum(p.numel() for p in model.parameters() if id(p) not in in_blocks)
+    mp = cfg.mixed_precision if cfg.mixed_precision != "none" else "fp32"
+    return ModelDesc(
+        name=cfg.model,
+        shapes=shapes,
+        unit_params=max([*units, root]),
+        root_params=root,
+        batch_size=cfg.batch_size,
+        dtype=mp,
+        optimizer=cfg.optimizer,
+        cfg=cfg,
+    )
