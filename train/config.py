@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -214,6 +215,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
             values[f.name] = v
     cfg = TrainConfig(**values)
     validate(cfg)
+    _, size, _, local_size = world_from_env()
+    check_world(cfg, size, max(1, size // max(1, local_size)))
     return cfg, bool(args.print_config)
 
 
@@ -284,6 +287,28 @@ def validate(cfg: TrainConfig) -> None:
         cfg.run_dir = str(Path("runs") / cfg.name)
     if cfg.ckpt_dir is None:
         cfg.ckpt_dir = str(Path(cfg.run_dir) / "checkpoints")
+
+
+def world_from_env() -> tuple[int, int, int, int]:
+    """(rank, world size, local rank, local world size) as torchrun sets them; 0,1,0,1 alone."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(size)))
+    return rank, size, local_rank, local_size
+
+
+def check_world(cfg: TrainConfig, size: int, nnodes: int) -> None:
+    """World-size rules, checked from the environment before any process group exists."""
+    if cfg.sharding == "HYBRID_SHARD":
+        rep = cfg.replicate_degree or nnodes
+        if size % rep:
+            divisors = [d for d in range(1, size + 1) if size % d == 0]
+            raise ConfigError(
+                f"HYBRID_SHARD: replicate degree {rep} does not divide world size {size} "
+                f"({size} % {rep} = {size % rep}); pass --replicate-degree one of "
+                f"{', '.join(map(str, divisors))}"
+            )
 
 
 def dump(cfg: TrainConfig) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from train.config import ConfigError, TrainConfig
+from train.config import TrainConfig, check_world, world_from_env
 
 
 @dataclass(frozen=True)
@@ -28,28 +28,6 @@ class World:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-
-def world_from_env() -> tuple[int, int, int, int]:
-    """(rank, world size, local rank, local world size) as torchrun sets them; 0,1,0,1 alone."""
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(size)))
-    return rank, size, local_rank, local_size
-
-
-def check_world(cfg: TrainConfig, size: int, nnodes: int) -> None:
-    """World-size rules, checked from the environment before any process group exists."""
-    if cfg.sharding == "HYBRID_SHARD":
-        rep = cfg.replicate_degree or nnodes
-        if size % rep:
-            divisors = [d for d in range(1, size + 1) if size % d == 0]
-            raise ConfigError(
-                f"HYBRID_SHARD: replicate degree {rep} does not divide world size {size} "
-                f"({size} % {rep} = {size % rep}); pass --replicate-degree one of "
-                f"{', '.join(map(str, divisors))}"
-            )
 
 
 def init(cfg: TrainConfig) -> World:

@@ -80,6 +80,7 @@ class Trainer:
         self.throughputs: list[float] = []
         self.resumed_from: str | None = None
         self.time_to_first_step: float | None = None
+        self.last_saved = -1
 
     # --- setup helpers -----------------------------------------------------------------
 
@@ -173,7 +174,7 @@ class Trainer:
             signum = self.stop.agreed(self.world.device)
             if signum and self.step < self.total_steps:
                 return self.preempted(signum)
-        if self.cfg.ckpt_final:
+        if self.cfg.ckpt_final and self.last_saved != self.step:
             self.save(force_sync=True)
         self.ckpt.wait()
         return self.finish()
@@ -267,6 +268,7 @@ class Trainer:
 
     def save(self, force_sync: bool = False) -> float:
         self.phase = "checkpoint save"
+        self.last_saved = self.step
         return self.ckpt.save(
             self.step,
             self.raw_model,
@@ -282,7 +284,7 @@ class Trainer:
             return
         self.phase = "checkpoint load"
         state, info = self.ckpt.load(path, self.raw_model, self.optimizer, self._train_state())
-        self.step = int(state["step"])
+        self.step = self.last_saved = int(state["step"])
         self.sampler.load_state_dict(state)
         self.resumed_from = str(path)
         old_world, old_gb = int(state["world_size"]), int(state["global_batch"])
@@ -397,8 +399,14 @@ class Trainer:
                 "param_digest": digest,
             }
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            losses = (
+                f"loss {self.first_loss:.4f} -> {self.last_loss:.4f}"
+                if self.last_loss is not None
+                else "nothing left to train (resumed at the last step; --resume never or a "
+                "new --run-dir starts over)"
+            )
             self.reporter.info(
-                f"done: {self.step} steps, loss {self.first_loss:.4f} -> {self.last_loss:.4f}"
+                f"done: {self.step} steps, {losses}"
                 + (f", eval accuracy {ev['eval_accuracy']:.3f}" if "eval_accuracy" in ev else "")
                 + f"; outputs in {self.run_dir}"
             )

@@ -1,0 +1,177 @@
+"""Inspect a ddpkit checkpoint, or export its model to one file for inference.
+
+    python -m tools.ckpt inspect runs/default/checkpoints/step-300 [--json]
+    python -m tools.ckpt export  runs/default/checkpoints/step-300 model.pt
+
+The export holds {"model": {name: tensor}, "meta": {...}} with full (unsharded) tensors and
+loads with `torch.load(path, weights_only=True)`. DCP's own metadata is pickled: inspect and
+export only checkpoints from storage you trust.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+MARKER = ".complete"  # same as train.checkpoint.MARKER (kept import-free for a fast --help)
+
+
+def fail(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _checkpoint_dir(path: str) -> Path:
+    p = Path(path)
+    if not p.is_dir():
+        raise ValueError(f"{path}: no such directory; pass a checkpoint's step-N directory")
+    if not (p / ".metadata").is_file():
+        steps = sorted(
+            str(q)
+            for pat in ("step-*", "checkpoints/step-*")
+            for q in p.glob(pat)
+            if (q / ".metadata").is_file()
+        )
+        hint = f" (it holds {', '.join(steps[-3:])}: pass one of those)" if steps else ""
+        raise ValueError(f"{path}: not a DCP checkpoint (no .metadata){hint}")
+    return p
+
+
+def _dtype_size(dtype: Any) -> int:
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def inspect(path: Path) -> dict[str, Any]:
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    marker = path / MARKER
+    info = json.loads(marker.read_text()) if marker.is_file() else {}
+    entries = []
+    for key in sorted(meta):
+        m = meta[key]
+        if isinstance(m, TensorStorageMetadata):
+            shape = list(m.size)
+            dtype = m.properties.dtype
+            nbytes = math.prod(shape) * _dtype_size(dtype)
+            entries.append(
+                {
+                    "key": key,
+                    "shape": shape,
+                    "dtype": str(dtype).replace("torch.", ""),
+                    "bytes": nbytes,
+                }
+            )
+        else:
+            entries.append({"key": key, "shape": None, "dtype": "object", "bytes": None})
+    return {
+        "path": str(path),
+        "complete": marker.is_file(),
+        "step": info.get("step"),
+        "world_size": info.get("world_size"),
+        "parallel": info.get("parallel"),
+        "sharding": info.get("sharding"),
+        "model": info.get("model"),
+        "tensor_bytes": sum(e["bytes"] or 0 for e in entries),
+        "model_bytes": sum(e["bytes"] or 0 for e in entries if e["key"].startswith("model.")),
+        "entries": entries,
+    }
+
+
+def load_full_model(path: Path) -> dict[str, Any]:
+    """The model's full tensors from a DCP checkpoint, in one process (no process group)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    state: dict[str, Any] = {}
+    _load_state_dict(
+        state,
+        storage_reader=FileSystemReader(str(path)),
+        planner=_EmptyStateDictLoadPlanner(keys={"model"}),
+        no_dist=True,
+    )
+    return state["model"]
+
+
+def export(path: Path, out: Path) -> dict[str, Any]:
+    import torch
+
+    model = {
+        k: v.detach().contiguous()
+        for k, v in load_full_model(path).items()
+        if isinstance(v, torch.Tensor)
+    }
+    marker = path / MARKER
+    info = json.loads(marker.read_text()) if marker.is_file() else {}
+    meta = {
+        k: info[k] for k in ("step", "world_size", "parallel", "sharding", "model") if k in info
+    }
+    meta = {k: (v if isinstance(v, (int, float, str)) else str(v)) for k, v in meta.items()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    torch.save({"model": model, "meta": meta}, tmp)
+    os.replace(tmp, out)  # never a half-written export under the final name
+    return {
+        "out": str(out),
+        "tensors": len(model),
+        "bytes": sum(t.numel() * t.element_size() for t in model.values()),
+        **meta,
+    }
+
+
+def _print_inspect(r: dict[str, Any]) -> None:
+    print(
+        f"{r['path']}: step {r['step']}, written by {r['world_size']} ranks "
+        f"({r['parallel']}{'/' + r['sharding'] if r['sharding'] else ''}), model {r['model']}, "
+        f"{'complete' if r['complete'] else 'INCOMPLETE (no .complete marker)'}"
+    )
+    print(f"tensors: {r['tensor_bytes'] / 2**20:.2f} MiB, model {r['model_bytes'] / 2**20:.2f} MiB")
+    for e in r["entries"]:
+        shape = "x".join(map(str, e["shape"])) if e["shape"] is not None else "-"
+        size = f"{e['bytes']:>12,}" if e["bytes"] is not None else f"{'-':>12}"
+        print(f"  {e['key']:<50} {shape:<16} {e['dtype']:<9} {size}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m tools.ckpt",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    pi = sub.add_parser("inspect", help="step, world size, keys, shapes, dtypes, bytes")
+    pi.add_argument("dir")
+    pi.add_argument("--json", action="store_true")
+    pe = sub.add_parser("export", help="one consolidated file (torch.load weights_only=True)")
+    pe.add_argument("dir")
+    pe.add_argument("out")
+    pe.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        path = _checkpoint_dir(args.dir)
+        if args.cmd == "inspect":
+            r = inspect(path)
+            print(json.dumps(r, indent=2)) if args.json else _print_inspect(r)
+        else:
+            r = export(path, Path(args.out))
+            print(
+                json.dumps(r)
+                if args.json
+                else f"wrote {r['out']}: {r['tensors']} tensors, {r['bytes'] / 2**20:.2f} MiB"
+            )
+    except ValueError as e:
+        return fail(str(e))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
