@@ -1,0 +1,266 @@
+"""Docker backend: one node, `docker run` of the ddpkit image (podman works the same).
+
+    render  the `docker run` command line (pure: built from the JobSpec alone)
+    submit  runs it in the foreground; the exit status is the container's (75 = requeue)
+    status / logs / cancel   by container name (default: the last job submitted here);
+            cancel is `docker stop` with time for the checkpoint the signal triggers
+    render --build [--base-image IMG]   also builds the image (make docker-build)
+
+Inside the container the entrypoint (docker/entrypoint.sh) starts torchrun with the process
+count given here (PET_NPROC_PER_NODE) and the training flags of the spec. Relative host
+paths (docker.out_dir, docker.data_dir) are relative to the repository root, where the
+Makefile runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path, PurePosixPath
+
+from tools.backends import last_job, record_job
+from tools.spec import JobSpec, SpecError
+from tools.templating import REPO_ROOT, shell_quote
+from train.config import TrainConfig
+
+FILE_EXT = "sh"
+DOCKERFILE = "docker/Dockerfile"
+WORKDIR = PurePosixPath("/workspace")  # the image's WORKDIR: relative train paths land here
+RUNS = "runs"  # mounted from docker.out_dir; run and checkpoint dirs must be below it
+STOP_GRACE_S = 30  # on top of torchrun's shutdown timeout, for the agent and the entrypoint
+DEFAULT_UID = 1000  # the image's user when built by root (never build a root-user image)
+
+
+# --- render (pure) -----------------------------------------------------------------------
+
+
+def _host_path(path: str) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
+def _under_runs(spec: JobSpec, key: str, value: str) -> None:
+    p = PurePosixPath(value)
+    if p.is_absolute() or not p.parts or p.parts[0] != RUNS or ".." in p.parts:
+        raise SpecError(
+            f"docker: {key} {value!r} is outside the mounted {RUNS}/ volume, so it would "
+            f"vanish with the container; use a relative path under {RUNS}/ (the host side "
+            "is docker.out_dir)"
+        )
+
+
+def stop_timeout_s(spec: JobSpec) -> int:
+    """docker stop's grace: torchrun's shutdown timeout (the save must fit) plus a margin."""
+    shutdown = spec.train.get("shutdown_timeout_s", TrainConfig.shutdown_timeout_s)
+    return math.ceil(shutdown) + STOP_GRACE_S
+
+
+def environment(spec: JobSpec) -> dict[str, str]:
+    """Environment of the container: process count, debug preset, NCCL choices, env."""
+    env = {"PET_NPROC_PER_NODE": str(spec.nproc_per_node)}
+    if spec.max_restarts:
+        env["PET_MAX_RESTARTS"] = str(spec.max_restarts)
+    env.update(spec.debug_env())
+    if spec.nccl_socket_ifname:
+        env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = spec.nccl_socket_ifname
+    if spec.nccl_ib_hca:
+        env["NCCL_IB_HCA"] = spec.nccl_ib_hca
+    if spec.nccl_ib_disable:
+        env["NCCL_IB_DISABLE"] = "1"
+    env.update(spec.env)
+    return env
+
+
+def run_argv(spec: JobSpec, engine: str = "docker") -> list[str]:
+    """The `docker run` command line for the spec. Raises SpecError on what one node can't do."""
+    if spec.nodes != 1:
+        raise SpecError(
+            f"docker runs one node, got nodes = {spec.nodes}; use --nodes 1, or the slurm "
+            "or k8s backend for several nodes"
+        )
+    _under_runs(spec, "train.run_dir", spec.run_dir)
+    if spec.ckpt_dir or spec.train.get("ckpt_dir"):
+        _under_runs(spec, "ckpt_dir", spec.ckpt_dir or spec.train["ckpt_dir"])
+    d = spec.docker
+    argv = [engine, "run", "--rm", "--name", spec.name]
+    if spec.accelerator == "gpu":
+        argv += ["--gpus", "all"]
+    argv += [
+        f"--shm-size={d.shm_size}",  # DataLoader workers and NCCL's shared-memory transport
+        "--ulimit",
+        "memlock=-1",  # pinned host memory and RDMA registration
+        "--ulimit",
+        "stack=67108864",
+        f"--stop-timeout={stop_timeout_s(spec)}",
+    ]
+    if spec.mem and spec.mem != "0":
+        argv.append(f"--memory={spec.mem}")
+    out_dir = _host_path(d.out_dir or RUNS)
+    argv += ["-v", f"{out_dir}:{WORKDIR / RUNS}"]
+    if d.data_dir:
+        data_in = PurePosixPath(spec.train.get("data_dir", TrainConfig.data_dir))
+        argv += ["-v", f"{_host_path(d.data_dir)}:{WORKDIR / data_in}:ro"]
+    for key, value in environment(spec).items():
+        argv += ["-e", f"{key}={value}"]
+    argv += list(d.extra_args)
+    argv.append(spec.image)
+    return argv + spec.train_argv()
+
+
+def render(spec: JobSpec) -> str:
+    """The command line, one option per line, every word shell-quoted."""
+    argv = run_argv(spec)
+    lines, i = [" ".join(shell_quote(a) for a in argv[:2])], 2
+    image_at = len(argv) - len(spec.train_argv()) - 1
+    while i < image_at:
+        takes_value = argv[i] in ("--name", "--gpus", "--ulimit", "-v", "-e")
+        lines.append(" ".join(shell_quote(a) for a in argv[i : i + 1 + takes_value]))
+        i += 1 + takes_value
+    lines.append(" ".join(shell_quote(a) for a in argv[image_at:]))
+    return " \\\n    ".join(lines) + "\n"
+
+
+# --- engine and build ---------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--build", action="store_true", help="render: also build the image")
+    p.add_argument("--base-image", help="build: BASE_IMAGE build argument (FROM)")
+    p.add_argument(
+        "--engine", choices=("docker", "podman"), help="default: docker if its engine answers"
+    )
+
+
+def find_engine(preferred: str | None = None) -> str:
+    """docker when its engine answers, else podman; SpecError when neither is usable."""
+    if preferred:
+        if not shutil.which(preferred):
+            raise SpecError(f"--engine {preferred}: not installed; install it or drop --engine")
+        return preferred
+    if shutil.which("docker"):
+        info = subprocess.run(["docker", "info"], capture_output=True, timeout=60)
+        if info.returncode == 0:
+            return "docker"
+    if shutil.which("podman"):
+        return "podman"
+    raise SpecError(
+        "no container engine: install Docker (and start its daemon) or podman, or pass --engine"
+    )
+
+
+def _git(*args: str) -> str:
+    r = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else ""
+
+
+def build_argv(
+    engine: str,
+    image: str,
+    base_image: str | None,
+    revision: str,
+    source: str,
+    uid: int,
+    gid: int,
+) -> list[str]:
+    """`docker build` for the ddpkit image (the context is the checkout, see .dockerignore)."""
+    args = {"REVISION": revision or "unknown", "SOURCE": source or "unknown"}
+    if base_image:
+        args["BASE_IMAGE"] = base_image
+    # The container user gets the builder's ids, so bind-mounted run dirs are writable by
+    # both; a root builder gets the non-root default instead.
+    if uid != 0:
+        args.update(UID=str(uid), GID=str(gid))
+    argv = [engine, "build", "-f", str(REPO_ROOT / DOCKERFILE), "-t", image]
+    for key, value in args.items():
+        argv += ["--build-arg", f"{key}={value}"]
+    return argv + [str(REPO_ROOT)]
+
+
+def build(spec: JobSpec, opts: argparse.Namespace) -> int:
+    engine = find_engine(getattr(opts, "engine", None))
+    revision = _git("rev-parse", "HEAD")
+    if revision and _git("status", "--porcelain", "--", "train", "configs", "docker"):
+        revision += "-dirty"
+    argv = build_argv(
+        engine,
+        spec.image,
+        getattr(opts, "base_image", None),
+        revision,
+        _git("remote", "get-url", "origin"),
+        os.getuid(),
+        os.getgid(),
+    )
+    print("+ " + " ".join(shell_quote(a) for a in argv), file=sys.stderr)
+    return subprocess.run(argv).returncode
+
+
+def after_render(spec: JobSpec, opts: argparse.Namespace, text: str) -> int:
+    return build(spec, opts) if getattr(opts, "build", False) else 0
+
+
+# --- submit, status, logs, cancel ----------------------------------------------------------
+
+
+def prepare_out_dir(spec: JobSpec, engine: str) -> Path:
+    """Create the host side of the runs volume so the engine does not (as root), owned by
+    the image's user when we are root (a container user can't write a root-owned dir)."""
+    out_dir = _host_path(spec.docker.out_dir or RUNS)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        user = subprocess.run(
+            [engine, "image", "inspect", "--format", "{{.Config.User}}", spec.image],
+            capture_output=True,
+            text=True,
+        )
+        uid, _, gid = user.stdout.strip().partition(":")
+        if user.returncode == 0 and uid.isdigit() and uid != "0":
+            os.chown(out_dir, int(uid), int(gid) if gid.isdigit() else int(uid))
+    return out_dir
+
+
+def submit(spec: JobSpec, opts: argparse.Namespace) -> int:
+    engine = find_engine(getattr(opts, "engine", None))
+    argv = run_argv(spec, engine)
+    prepare_out_dir(spec, engine)
+    record_job("docker", spec.name, engine=engine, image=spec.image, run_dir=spec.run_dir)
+    print("+ " + " ".join(shell_quote(a) for a in argv), file=sys.stderr)
+    try:
+        return subprocess.run(argv).returncode
+    except KeyboardInterrupt:  # the engine forwards Ctrl-C; report its status
+        return 130
+
+
+def _job(job: str | None, opts: argparse.Namespace) -> tuple[str, str]:
+    if job:
+        return job, find_engine(getattr(opts, "engine", None))
+    rec = last_job("docker")
+    return rec["job"], getattr(opts, "engine", None) or rec.get("engine") or find_engine()
+
+
+def status(job: str | None, opts: argparse.Namespace) -> int:
+    name, engine = _job(job, opts)
+    r = subprocess.run(
+        [engine, "ps", "-a", "--filter", f"name=^{name}$", "--format", "{{.Names}}\t{{.Status}}"],
+        capture_output=True,
+        text=True,
+    )
+    print(r.stdout.strip() or f"{name}: not running (finished containers are removed)")
+    return r.returncode
+
+
+def logs(job: str | None, opts: argparse.Namespace) -> int:
+    name, engine = _job(job, opts)
+    return subprocess.run([engine, "logs", name]).returncode
+
+
+def cancel(job: str | None, opts: argparse.Namespace) -> int:
+    """SIGTERM: the job saves a checkpoint and exits 75; SIGKILL only after the grace."""
+    name, engine = _job(job, opts)
+    grace = STOP_GRACE_S + math.ceil(TrainConfig.shutdown_timeout_s)
+    if opts.spec is not None:
+        grace = stop_timeout_s(opts.spec)
+    return subprocess.run([engine, "stop", "--time", str(grace), name]).returncode
