@@ -36,10 +36,6 @@ class Trainer:
         self.cfg, self.world = cfg, world
         self.t_start = time.perf_counter()
         self.run_dir = Path(cfg.run_dir)
-        if world.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "requeue.json").unlink(missing_ok=True)
-            (self.run_dir / "config.json").write_text(dump(cfg) + "\n")
         self.data = self._load_data()
         # Same seed on every rank: identical initial weights without a broadcast.
         torch.manual_seed(cfg.seed)
@@ -66,6 +62,11 @@ class Trainer:
         self.peak_lr = scaled_lr(cfg.lr, cfg.lr_scaling, self.global_batch, cfg.base_batch_size)
         self.step = 0
         self.phase = "startup"
+        if world.is_main:  # only now: bad input above must leave nothing behind
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "requeue.json").unlink(missing_ok=True)
+            (self.run_dir / "config.json").write_text(dump(cfg) + "\n")
+        dist.barrier()
         self.stop = StopRequest()
         self.fault = Fault.from_env()
         self.reporter = Reporter(

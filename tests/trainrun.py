@@ -1,0 +1,111 @@
+"""Run `python -m train` for real: one process, or torchrun with gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+TORCHRUN = str(Path(PY).with_name("torchrun"))
+ALL_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "DDPKIT_FAULT",
+        )
+    }
+    env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Run:
+    rc: int
+    out: str
+    run_dir: Path
+
+    @property
+    def summary(self) -> dict:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+    def metrics(self) -> list[dict]:
+        lines = (self.run_dir / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(x) for x in lines if x.strip()]
+
+
+def torchrun_cmd(nproc: int, *extra: str) -> list[str]:
+    return [
+        TORCHRUN,
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{free_port()}",
+        "--signals-to-handle",
+        ALL_SIGNALS,
+        *extra,
+        "-m",
+        "train",
+    ]
+
+
+def train(
+    run_dir: Path,
+    *args: str,
+    nproc: int = 0,
+    torchrun_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    check: bool = True,
+) -> Run:
+    """nproc=0: a plain `python -m train` process (world size 1, no torchrun)."""
+    cmd = torchrun_cmd(nproc, *torchrun_args) if nproc else [PY, "-m", "train"]
+    cmd += ["--run-dir", str(run_dir), "--progress", "plain", *args]
+    p = subprocess.run(
+        cmd, cwd=ROOT, env=clean_env(**(env or {})), capture_output=True, text=True, timeout=timeout
+    )
+    run = Run(p.returncode, p.stdout + p.stderr, run_dir)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}:\n{run.out[-4000:]}")
+    return run
+
+
+def full_params(ckpt: Path) -> dict:
+    """The full model tensors of a DCP checkpoint, loaded the way `tools.ckpt export` does."""
+    sys.path.insert(0, str(ROOT))
+    from tools.ckpt import load_full_model
+
+    return load_full_model(ckpt)
+
+
+def last_checkpoint(run_dir: Path) -> Path:
+    steps = sorted((run_dir / "checkpoints").glob("step-*"), key=lambda p: int(p.name[5:]))
+    assert steps, f"no checkpoint under {run_dir}"
+    return steps[-1]
