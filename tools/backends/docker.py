@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path, PurePosixPath
 
+import tomllib
+
 from tools.backends import last_job, record_job
 from tools.spec import JobSpec, SpecError
 from tools.templating import REPO_ROOT, shell_quote
@@ -165,9 +167,12 @@ def build_argv(
     source: str,
     uid: int,
     gid: int,
+    version: str = "",
 ) -> list[str]:
     """`docker build` for the ddpkit image (the context is the checkout, see .dockerignore)."""
     args = {"REVISION": revision or "unknown", "SOURCE": source or "unknown"}
+    if version:
+        args["VERSION"] = version
     if base_image:
         args["BASE_IMAGE"] = base_image
     # The container user gets the builder's ids, so bind-mounted run dirs are writable by
@@ -193,6 +198,7 @@ def build(spec: JobSpec, opts: argparse.Namespace) -> int:
         _git("remote", "get-url", "origin"),
         os.getuid(),
         os.getgid(),
+        tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"],
     )
     print("+ " + " ".join(shell_quote(a) for a in argv), file=sys.stderr)
     return subprocess.run(argv).returncode

@@ -1,0 +1,377 @@
+"""The image and the docker backend.
+
+Tiers: lint and render checks (fast); the entrypoint against a fake torchrun (fast) and a
+real 2-process torchrun on the host (slow); a real podman build and run of the image from a
+locally made CPU base (container + slow, skipped where no engine can run it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+from tests import container_harness as harness
+from tools.backends import docker
+from tools.spec import load_spec
+from tools.templating import REPO_ROOT
+
+VENV_BIN = Path(sys.executable).parent
+ENTRYPOINT = REPO_ROOT / "docker" / "entrypoint.sh"
+DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
+
+
+def _spec(*sets: str, gpus: int | None = None, train_args: list[str] | None = None):
+    return load_spec(REPO_ROOT / "configs/default.toml", list(sets), None, gpus, train_args)
+
+
+def _launch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tools.launch", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+
+
+# --- lint -------------------------------------------------------------------------------
+
+
+def test_hadolint_passes_with_no_ignored_rule():
+    assert "hadolint ignore" not in DOCKERFILE.read_text()
+    r = subprocess.run(
+        [str(VENV_BIN / "hadolint"), str(DOCKERFILE)], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_shellcheck_passes_on_the_entrypoint():
+    r = subprocess.run(
+        [str(VENV_BIN / "shellcheck"), str(ENTRYPOINT)], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_dockerignore_admits_exactly_what_the_dockerfile_copies():
+    lines = [
+        ln.strip()
+        for ln in (REPO_ROOT / ".dockerignore").read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
+    assert lines[0] == "*", "allow-list: runs, venvs and checkpoints stay out of the context"
+    allowed = {ln[1:].rstrip("/") for ln in lines if ln.startswith("!")}
+    copied = set(re.findall(r"^COPY (\S+)", DOCKERFILE.read_text(), re.M))
+    assert {c.rstrip("/") for c in copied} == allowed
+    assert all((REPO_ROOT / a).exists() for a in allowed)
+
+
+# --- render ---------------------------------------------------------------------------------
+
+
+def test_render_has_the_gpu_flags_and_the_volumes():
+    argv = docker.run_argv(_spec(gpus=8))
+    text = " ".join(argv)
+    assert argv[:3] == ["docker", "run", "--rm"]
+    assert "--gpus all" in text
+    assert "--shm-size=16g" in argv
+    assert "--ulimit memlock=-1" in text and "--ulimit stack=67108864" in text
+    assert f"{REPO_ROOT}/runs:/workspace/runs" in argv
+    assert "PET_NPROC_PER_NODE=8" in argv
+    # torchrun's shutdown timeout (30 s default) must fit in docker stop's grace
+    assert "--stop-timeout=60" in argv
+    image_at = argv.index("ddpkit:latest")
+    assert argv[image_at + 1 :] == _spec(gpus=8).train_argv()
+
+
+def test_render_cpu_run_has_no_gpu_flag_and_mounts_data_read_only(tmp_path):
+    spec = _spec("accelerator=cpu", f"docker.data_dir={tmp_path}", "train.data_dir=data/mnist")
+    argv = docker.run_argv(spec)
+    assert "--gpus" not in argv
+    assert f"{tmp_path}:/workspace/data/mnist:ro" in argv
+
+
+def test_rendered_text_is_the_argv_and_quotes_hostile_values(tmp_path):
+    marker = tmp_path / "pwned"
+    spec = _spec(f"env.X=$(touch {marker}); echo 'it''s' `id`", "accelerator=cpu")
+    text = docker.render(spec)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "docker").write_text(
+        "#!/usr/bin/env python3\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n"
+    )
+    (fake / "docker").chmod(0o755)
+    script = tmp_path / "run.sh"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert ["docker", *json.loads(r.stdout)] == docker.run_argv(spec)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (["--nodes", "2"], "docker runs one node"),
+        (["--set", "train.run_dir=/scratch/x"], "outside the mounted runs/ volume"),
+        (["--set", "ckpt_dir=../elsewhere"], "outside the mounted runs/ volume"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, expect):
+    r = _launch("render", "docker", "--config", "configs/default.toml", *args)
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert r.stderr.count("\n") == 1 and expect in r.stderr, r.stderr
+
+
+def test_build_argv_bakes_the_builders_ids_but_never_root():
+    argv = docker.build_argv("podman", "img:t", "base:1", "abc", "", 1234, 99, version="0.3")
+    assert argv[:2] == ["podman", "build"] and argv[-1] == str(REPO_ROOT)
+    for pair in ("BASE_IMAGE=base:1", "REVISION=abc", "UID=1234", "GID=99", "VERSION=0.3"):
+        assert pair in argv
+    root = docker.build_argv("docker", "img:t", None, "abc", "", uid=0, gid=0)
+    assert not any(a.startswith(("UID=", "GID=", "BASE_IMAGE=")) for a in root)
+
+
+# --- the entrypoint, on the host --------------------------------------------------------
+
+
+def _entrypoint(tmp_path: Path, *args: str, env: dict[str, str] | None = None, fake=True):
+    """Run docker/entrypoint.sh in tmp_path; with fake=True torchrun only records its argv."""
+    bins = [str(VENV_BIN)]
+    if fake:
+        fake_dir = tmp_path / "fakebin"
+        fake_dir.mkdir(exist_ok=True)
+        (fake_dir / "torchrun").write_text(
+            "#!/usr/bin/env bash\nprintf '%s\\n' \"$@\" > torchrun.args\n"
+            '[[ -n "${FAKE_REQUEUE:-}" ]] && mkdir -p runs/t && echo {} > runs/t/requeue.json\n'
+            "exit ${FAKE_STATUS:-0}\n"
+        )
+        (fake_dir / "torchrun").chmod(0o755)
+        bins.insert(0, str(fake_dir))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
+    full = {
+        **base,
+        "PET_NPROC_PER_NODE": "1",  # skips counting devices (a torch import) unless unset
+        "PATH": ":".join([*bins, os.environ["PATH"]]),
+        "DDPKIT_HOME": str(REPO_ROOT),
+        "PYTHONPATH": str(REPO_ROOT),
+        **(env or {}),
+    }
+    return subprocess.Popen(
+        [str(ENTRYPOINT), *args],
+        cwd=tmp_path,
+        env=full,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _finish(p: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:
+    out, err = p.communicate(timeout=timeout)
+    return p.returncode, out, err
+
+
+def test_entrypoint_single_node_flags(tmp_path):
+    rc, _, err = _finish(
+        _entrypoint(
+            tmp_path,
+            "--name",
+            "t",
+            "--steps",
+            "3",
+            "--shutdown-timeout-s",
+            "45.5",
+            env={"PET_NPROC_PER_NODE": ""},
+        )
+    )
+    assert rc == 0, err
+    args = (tmp_path / "torchrun.args").read_text().splitlines()
+    assert args[args.index("--signals-to-handle") + 1].split(",") == [
+        "SIGTERM",
+        "SIGINT",
+        "SIGHUP",
+        "SIGQUIT",
+        "SIGUSR1",
+        "SIGUSR2",
+    ]
+    assert args[args.index("--shutdown-timeout") + 1] == "46"
+    # no GPU here: one process per CPU this process may use
+    assert args[args.index("--nproc-per-node") + 1] == str(len(os.sched_getaffinity(0)))
+    assert "--standalone" in args
+    assert args[args.index("-m") :] == [
+        "-m",
+        "train",
+        "--name",
+        "t",
+        "--steps",
+        "3",
+        "--shutdown-timeout-s",
+        "45.5",
+    ]
+
+
+def test_entrypoint_leaves_launcher_pet_variables_to_torchrun(tmp_path):
+    env = {
+        "PET_NPROC_PER_NODE": "4",
+        "PET_NNODES": "2",
+        "PET_MASTER_ADDR": "job-master-0",
+        "PET_SIGNALS_TO_HANDLE": "SIGTERM",
+    }
+    rc, _, err = _finish(_entrypoint(tmp_path, "--steps", "3", env=env))
+    assert rc == 0, err
+    args = (tmp_path / "torchrun.args").read_text().splitlines()
+    for flag in ("--standalone", "--nproc-per-node", "--signals-to-handle"):
+        assert flag not in args
+
+
+def test_entrypoint_turns_a_fresh_requeue_file_into_75_and_ignores_a_stale_one(tmp_path):
+    rc, _, err = _finish(
+        _entrypoint(tmp_path, "--name", "t", env={"FAKE_REQUEUE": "1", "FAKE_STATUS": "1"})
+    )
+    assert rc == 75, err
+    stale = tmp_path / "runs" / "t" / "requeue.json"
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    rc, _, _ = _finish(_entrypoint(tmp_path, "--name", "t", env={"FAKE_STATUS": "3"}))
+    assert rc == 3
+
+
+def test_entrypoint_bad_input_and_commands(tmp_path):
+    rc, out, err = _finish(_entrypoint(tmp_path, "--batch-size", "0"))
+    assert rc == 2 and err.strip().count("\n") == 0 and "--batch-size" in err
+    assert not (tmp_path / "torchrun.args").exists()
+    rc, out, _ = _finish(_entrypoint(tmp_path, "echo", "a b"))
+    assert (rc, out) == (0, "a b\n")
+
+
+@pytest.mark.slow
+def test_entrypoint_forwards_usr1_and_exits_75_after_a_checkpoint(tmp_path):
+    """Real torchrun, 2 gloo ranks: SIGUSR1 to the entrypoint -> save -> requeue -> 75."""
+    p = _entrypoint(
+        tmp_path,
+        *("--name", "sig", "--steps", "100000", "--log-interval", "2", "--no-eval"),
+        env={"PET_NPROC_PER_NODE": "2"},
+        fake=False,
+    )
+    metrics = tmp_path / "runs" / "sig" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while not metrics.exists() or not metrics.read_text().strip():
+        assert p.poll() is None and time.time() < deadline, p.communicate()
+        time.sleep(0.5)
+    p.send_signal(10)  # SIGUSR1, as `#SBATCH --signal=USR1@...` sends it
+    rc, _, err = _finish(p)
+    assert rc == 75, err[-3000:]
+    requeue = json.loads((tmp_path / "runs" / "sig" / "requeue.json").read_text())
+    assert requeue["signal"] == "SIGUSR1"
+    assert (tmp_path / requeue["checkpoint"] / ".complete").exists()
+
+
+# --- the real image, built and run with podman ---------------------------------------------
+
+container = pytest.mark.skipif(
+    harness.skip_reason() is not None, reason=harness.skip_reason() or ""
+)
+TEST_IMAGE = "localhost/ddpkit:test"
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    t0 = time.monotonic()
+    base, how = harness.ensure_base_image(log=lambda m: print(m, file=sys.stderr))
+    t1 = time.monotonic()
+    r = _launch(
+        *("render", "docker", "--config", "configs/default.toml", "--set"),
+        f"image={TEST_IMAGE}",
+        *("--build", "--base-image", base),
+        env=harness.engine_env(),
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    print(
+        f"base image {base}: {how} in {t1 - t0:.0f} s; project image built in "
+        f"{time.monotonic() - t1:.0f} s",
+        file=sys.stderr,
+    )
+    return TEST_IMAGE
+
+
+def _engine(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    cmd = [harness.engine() or "podman", *args]
+    if args and args[0] == "run":
+        cmd = harness.adapt_run_argv(cmd)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@container
+@pytest.mark.container
+@pytest.mark.slow
+def test_image_is_non_root_labelled_and_answers_help(image):
+    r = _engine("run", "--rm", "--entrypoint", "id", image, "-u")
+    assert r.returncode == 0 and r.stdout.strip() not in ("", "0"), r.stderr
+    r = _engine("run", "--rm", image, "--help")
+    assert r.returncode == 0 and "--batch-size" in r.stdout, r.stderr
+    r = _engine("image", "inspect", "--format", "{{json .Config}}", image)
+    cfg = json.loads(r.stdout)
+    labels = cfg["Labels"]
+    for key in ("source", "version", "revision"):
+        assert labels[f"org.opencontainers.image.{key}"], key
+    # the commit it was built from (others may have committed since: it need not be HEAD)
+    revision = labels["org.opencontainers.image.revision"].removesuffix("-dirty")
+    assert re.fullmatch(r"[0-9a-f]{40}", revision), revision
+    assert subprocess.run(["git", "cat-file", "-e", revision], cwd=REPO_ROOT).returncode == 0
+    assert "PYTHONUNBUFFERED=1" in cfg["Env"]
+
+
+@container
+@pytest.mark.container
+@pytest.mark.slow
+def test_container_trains_is_preempted_and_resumes(image, tmp_path):
+    """2 gloo ranks in the container, output on a host volume owned by the container user:
+    `cancel` (docker stop) saves a checkpoint and exits 75; the same run resumes to the end."""
+    out = tmp_path / "runs"
+    out.mkdir()
+    uid = int(_engine("run", "--rm", "--entrypoint", "id", image, "-u").stdout)
+    os.chown(out, uid, uid) if os.geteuid() == 0 else None
+    name = f"ddpkit-test-{os.getpid()}"
+    sets = ["accelerator=cpu", f"image={image}", f"docker.out_dir={out}", f"name={name}"]
+    common = ["--log-interval", "2", "--no-eval", "--ckpt-interval", "0"]
+    spec = _spec(*sets, gpus=2, train_args=[*common, "--steps", "100000"])
+    p = subprocess.Popen(
+        harness.adapt_run_argv(docker.run_argv(spec)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    metrics = out / name / "metrics.jsonl"
+    deadline = time.time() + 180
+    while not metrics.exists() or not metrics.read_text().strip():
+        assert p.poll() is None and time.time() < deadline, p.communicate()[0][-3000:]
+        time.sleep(0.5)
+    assert docker.cancel(name, Namespace(spec=spec, engine=harness.engine())) == 0
+    log, _ = p.communicate(timeout=120)
+    assert p.returncode == 75, log[-3000:]
+    saved = json.loads((out / name / "requeue.json").read_text())["step"]
+    assert (out / name / "checkpoints" / f"step-{saved}" / ".complete").exists()
+
+    spec = _spec(*sets, gpus=2, train_args=[*common, "--steps", str(saved + 4)])
+    r = subprocess.run(
+        harness.adapt_run_argv(docker.run_argv(spec)), capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    summary = json.loads((out / name / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == saved + 4
+    final = out / name / "checkpoints" / f"step-{saved + 4}"
+    assert (final / ".complete").exists()
+    assert final.stat().st_uid == uid != 0  # written by the non-root container user
+    shutil.rmtree(out, ignore_errors=True)
