@@ -74,6 +74,12 @@ class K8sSpec:
     scheduler: str | None = None  # schedulerName, e.g. "volcano"
     shm_size: str = "16Gi"  # /dev/shm as a memory-backed emptyDir
     rdma: bool = False  # request RDMA/InfiniBand devices and IPC_LOCK
+    rdma_resource: str = "rdma/ib"  # the device plugin's RDMA resource, requested when rdma
+    pvc_size: str | None = None  # also render the PVC (ReadWriteMany), e.g. "100Gi"
+    storage_class: str | None = None  # storageClassName of the rendered PVC
+    backoff_limit: int = 3  # runPolicy.backoffLimit: pod restarts before the job fails
+    ttl_seconds_after_finished: int | None = 86400  # runPolicy: delete the job this long after
+    clean_pod_policy: Literal["None", "Running", "All"] = "Running"  # pods deleted at the end
 
 
 @dataclass
