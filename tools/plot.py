@@ -1,0 +1,192 @@
+"""Charts from a run's metrics.jsonl: loss, learning rate, throughput, memory, grad norm.
+
+    python -m tools.plot RUN_DIR                 # PNGs next to the metrics, in RUN_DIR
+    python -m tools.plot RUN_A RUN_B [--out DIR]  # the runs side by side on each chart
+    python -m tools.plot RUN_DIR --x time         # wall-clock seconds on the x axis
+
+A run that was preempted and resumed logs the steps since its last checkpoint twice (the
+file is appended to); the newest record of each step wins. A half-written last line (a run
+still going) is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+EXIT_BAD_INPUT = 2
+# chart file -> (title, y label, metric keys to draw, scale applied to the values)
+CHARTS: dict[str, tuple[str, str, tuple[str, ...], float]] = {
+    "loss": ("Training loss", "loss", ("loss",), 1.0),
+    "lr": ("Learning rate", "lr", ("lr",), 1.0),
+    "throughput": ("Throughput", "{unit}", ("throughput", "samples_per_s"), 1.0),
+    "memory": ("Memory per rank (rank 0)", "MiB", ("mem_bytes",), 1 / 2**20),
+    "grad_norm": ("Gradient norm", "global L2 norm", ("grad_norm",), 1.0),
+}
+
+
+class PlotError(ValueError):
+    """Bad input: the message names the problem and the fix."""
+
+
+@dataclass
+class Run:
+    name: str
+    path: Path
+    records: list[dict[str, Any]]
+    skipped: int
+    summary: dict[str, Any] | None
+
+    def series(self, key: str, x: str) -> tuple[list[float], list[float]]:
+        num = (int, float)
+        pts = [
+            (r[x], r[key])
+            for r in self.records
+            if isinstance(r.get(key), num) and isinstance(r.get(x), num)
+        ]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    @property
+    def throughput_unit(self) -> str:
+        units = {r.get("throughput_unit") for r in self.records} - {None}
+        return units.pop() if len(units) == 1 else "samples/s"
+
+
+def load_run(path: Path) -> Run:
+    metrics = path / "metrics.jsonl"
+    if not metrics.is_file():
+        raise PlotError(
+            f"{metrics} not found; pass a run directory written by python -m train (its --run-dir)"
+        )
+    by_step: dict[int, dict[str, Any]] = {}
+    skipped = 0
+    for line in metrics.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            skipped += 1
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+            by_step[rec["step"]] = rec  # a resumed run re-logs steps: the newest wins
+        else:
+            skipped += 1
+    if not by_step:
+        raise PlotError(f"{metrics} holds no step records yet; wait for the first logged step")
+    summary = None
+    if (path / "summary.json").is_file():
+        try:
+            summary = json.loads((path / "summary.json").read_text())
+        except json.JSONDecodeError:
+            summary = None
+    records = [by_step[s] for s in sorted(by_step)]
+    return Run(path.resolve().name, path, records, skipped, summary)
+
+
+def draw(runs: list[Run], out: Path, x: str) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed on a cluster node
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    xlabel = "step" if x == "step" else "wall-clock time (s)"
+    for chart, (title, ylabel, keys, scale) in CHARTS.items():
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        drawn = False
+        for run in runs:
+            key = next((k for k in keys if run.series(k, x)[0]), None)
+            if key is None:
+                continue
+            xs, ys = run.series(key, x)
+            (line,) = ax.plot(
+                xs, [y * scale for y in ys], marker="." if len(xs) < 50 else None, label=run.name
+            )
+            drawn = True
+            if chart == "loss" and run.summary and run.summary.get("eval_loss") is not None:
+                ev = run.summary["eval_loss"]
+                ax.scatter([xs[-1]], [ev], marker="*", s=120, zorder=3, color=line.get_color())
+                ax.annotate(f"eval {ev:.3f}", (xs[-1], ev), ha="right", va="top")
+        if not drawn:
+            plt.close(fig)
+            continue
+        unit = runs[0].throughput_unit if chart == "throughput" else ""
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel.format(unit=unit))
+        ax.grid(True, alpha=0.3)
+        if len(runs) > 1:
+            ax.legend()
+        fig.tight_layout()
+        path = out / f"{chart}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def describe(run: Run) -> str:
+    first, last = run.records[0], run.records[-1]
+    line = f"{run.name}: steps {first['step']}..{last['step']}"
+    if "loss" in first and "loss" in last:
+        line += f", loss {first['loss']:.4f} -> {last['loss']:.4f}"
+    tps = sorted(
+        r["throughput"] for r in run.records if isinstance(r.get("throughput"), (int, float))
+    )
+    if tps:
+        line += f", median {tps[len(tps) // 2]:.0f} {run.throughput_unit}"
+    if run.skipped:
+        line += f" ({run.skipped} unreadable line(s) skipped)"
+    return line
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m tools.plot",
+        description="PNG charts (loss, lr, throughput, memory, grad norm) from metrics.jsonl.",
+    )
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument(
+        "--out",
+        help="where to write the PNGs (default: the run dir, or "
+        "<parent of the first>/compare for several runs)",
+    )
+    p.add_argument("--x", choices=["step", "time"], default="step", help="x axis")
+    args = p.parse_args(argv)
+    try:
+        runs = [load_run(Path(d)) for d in args.run_dirs]
+        x = "step" if args.x == "step" else "time_s"
+        if x == "time_s" and any(not r.series("loss", "time_s")[0] for r in runs):
+            raise PlotError(
+                "--x time needs time_s in every record; these metrics lack it, use --x step"
+            )
+        if args.out:
+            out = Path(args.out)
+        elif len(runs) == 1:
+            out = runs[0].path
+        else:
+            out = runs[0].path.resolve().parent / "compare"
+        if out.exists() and not out.is_dir():
+            raise PlotError(f"--out {out} is a file; pass a directory")
+    except PlotError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    names = [r.name for r in runs]
+    if len(set(names)) < len(names):  # same dir names under different parents
+        for r in runs:
+            r.name = str(r.path)
+    for run in runs:
+        print(describe(run))
+    written = draw(runs, out, x)
+    print("wrote " + ", ".join(str(w) for w in written))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
