@@ -321,6 +321,21 @@ def test_image_is_non_root_labelled_and_answers_help(image):
     assert r.returncode == 0 and r.stdout.strip() not in ("", "0"), r.stderr
     r = _engine("run", "--rm", image, "--help")
     assert r.returncode == 0 and "--batch-size" in r.stdout, r.stderr
+    # a launcher that runs its own command (pyxis, apptainer exec) from any directory
+    r = _engine(
+        "run",
+        "--rm",
+        "--workdir",
+        "/tmp",
+        image,
+        "python",
+        "-m",
+        "train",
+        "--print-config",
+        "--steps",
+        "3",
+    )
+    assert r.returncode == 0 and json.loads(r.stdout)["steps"] == 3, r.stderr
     r = _engine("image", "inspect", "--format", "{{json .Config}}", image)
     cfg = json.loads(r.stdout)
     labels = cfg["Labels"]
