@@ -86,8 +86,9 @@ def inspect(path: Path) -> dict[str, Any]:
     }
 
 
-def load_full_model(path: Path) -> dict[str, Any]:
-    """The model's full tensors from a DCP checkpoint, in one process (no process group)."""
+def load_full_model(path: Path, part: str = "model") -> dict[str, Any]:
+    """Full tensors of one part ("model", "optim", "train") of a DCP checkpoint, in one
+    process (no process group)."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict

@@ -49,7 +49,9 @@ class SlurmSpec:
     signal: Literal["USR1", "USR2", "TERM"] = "USR1"  # preemption/time-limit warning signal
     grace_s: int = 120  # send `signal` this long before the time limit; the save must fit
     requeue_limit: int = 3  # requeues after "saved, please requeue"; 0 = never requeue
-    log_dir: str | None = None  # default <run_dir>/slurm: sbatch and per-node logs
+    log_dir: str | None = None  # default <run_dir>/slurm: batch and per-node logs
+    venv: str | None = ".venv"  # virtualenv activated on the nodes (container "none"); "" = none
+    setup: list[str] = field(default_factory=list)  # shell lines run first, e.g. "module load cuda"
     extra_sbatch: list[str] = field(default_factory=list)  # extra "#SBATCH" option lines
 
 
@@ -332,9 +334,9 @@ def _field_type(path: list[str]) -> Any:
                 + ", ".join(names)
             )
         tp = TrainConfig if (cls is JobSpec and name == "train") else get_type_hints(cls)[name]
-        tp, _ = _unwrap_optional(tp)
         if i == len(path) - 1:
-            return tp
+            return tp  # as annotated: "none" clears an optional field
+        tp, _ = _unwrap_optional(tp)
         if get_origin(tp) is dict:  # env.FOO=bar, k8s.node_selector.x=y
             if i != len(path) - 2:
                 raise SpecError(f"--set {'.'.join(path)}: too many dots")

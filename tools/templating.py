@@ -56,9 +56,9 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def render_template(name: str, **context: Any) -> str:
+def render_template(template: str, **context: Any) -> str:
     """Render a template by its path from the repository root, e.g. "slurm/sbatch.sh.j2"."""
-    return environment().get_template(name).render(**context)
+    return environment().get_template(template).render(**context)
 
 
 __all__ = ["environment", "render_template", "shell_join", "shell_quote", "to_json", "yaml_str"]

@@ -158,7 +158,11 @@ def teardown_script(spec: JobSpec) -> str:
 
 def srun_args(spec: JobSpec) -> list[str]:
     logs = log_dir(spec)
-    args = ["--ntasks-per-node=1", f"--output={logs}/%j_%t_log.out", f"--error={logs}/%j_%t_log.err"]
+    args = [
+        "--ntasks-per-node=1",
+        f"--output={logs}/%j_%t_log.out",
+        f"--error={logs}/%j_%t_log.err",
+    ]
     if spec.slurm.container == "pyxis":
         args.append(f"--container-image={spec.image}")
     return args
@@ -179,7 +183,6 @@ def render(spec: JobSpec) -> str:
         mounts=spec.slurm.container_mounts,
         teardown=teardown_script(spec),
     )
-
 
 
 # --- submission (side effects) ----------------------------------------------------------------

@@ -1,0 +1,144 @@
+"""JobSpec: TOML + overrides, precedence, and every validation error (exit 2, one line)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools.spec import SpecError, load_spec, parse_time_minutes
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "job.toml"
+    p.write_text(text)
+    return p
+
+
+def test_precedence_defaults_file_set_flags(tmp_path: Path) -> None:
+    cfg = write(tmp_path, 'name = "a"\nnodes = 3\n[train]\nlr = 0.1\n[slurm]\npartition = "cpu"\n')
+    spec = load_spec(cfg, ["slurm.partition=gpu", "train.lr=3e-4", "nodes=5"], nodes=2, gpus=4)
+    assert (spec.name, spec.nodes, spec.nproc_per_node) == ("a", 2, 4)
+    assert spec.slurm.partition == "gpu" and spec.train["lr"] == pytest.approx(3e-4)
+    assert spec.world_size == 8
+    assert spec.k8s.namespace == "default" and spec.docker.shm_size == "16g"  # defaults
+
+
+def test_every_config_file_loads() -> None:
+    for path in sorted((REPO / "configs").glob("*.toml")):
+        spec = load_spec(path)
+        assert spec.name and spec.train, path
+
+
+def test_set_types_env_and_lists(tmp_path: Path) -> None:
+    spec = load_spec(
+        None,
+        ["env.FOO=a b", "slurm.exclusive=true", "train.steps=7", "k8s.image_pull_secrets=a,b",
+         "k8s.elastic.min=1", "k8s.elastic.max=2", "name=x-1", "mem=none"],
+    )  # fmt: skip
+    assert spec.env == {"FOO": "a b"} and spec.slurm.exclusive is True
+    assert spec.train["steps"] == 7 and spec.k8s.image_pull_secrets == ["a", "b"]
+    assert (spec.k8s.elastic.min, spec.k8s.elastic.max) == (1, 2) and spec.mem is None
+
+
+def test_train_argv_passes_values_as_separate_words() -> None:
+    spec = load_spec(None, ["train.eval=false", "train.run_dir=r d", "ckpt_dir=/c"])
+    argv = spec.train_argv()
+    assert argv[:2] == ["--name", "default"]
+    assert "--no-eval" in argv and argv[argv.index("--run-dir") + 1] == "r d"
+    assert argv[argv.index("--ckpt-dir") + 1] == "/c"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("30", 30), ("1:30", 2), ("01:00:00", 60), ("2-00", 2880), ("1-02:03", 1563), ("0-0:0:59", 1)],
+)
+def test_time_formats(text: str, expected: int) -> None:
+    assert parse_time_minutes(text) == expected
+
+
+BAD = [
+    (["nodes=0"], "nodes must be >= 1"),
+    (["nproc_per_node=0"], "processes per node must be >= 1"),
+    (["name=Bad;rm -rf /"], "is not safe"),
+    (["name=$(reboot)"], "is not safe"),
+    (["time=1h"], "does not parse"),
+    (["time=0"], "does not parse"),
+    (["mem=lots"], "mem 'lots' does not parse"),
+    (["slurm.partitoin=gpu"], "unknown key 'partitoin'; valid keys in [slurm]: partition"),
+    (["bogus=1"], "unknown key 'bogus'; valid keys in the top level: name"),
+    (["train.lrr=1"], "valid keys in [train]:"),
+    (["train.lr=abc"], "cannot parse 'abc' as float"),
+    (["nodes=two"], "cannot parse 'two' as int"),
+    (["slurm.container=docker"], "is not one of none, pyxis, apptainer"),
+    (["debug=loud"], "is not one of off, warn, info, trace"),
+    (["env.1X=a"], "is not a variable name"),
+    (["rdzv_port=70000"], "is not a port"),
+    (["slurm.extra_sbatch=['--a\nb']"], "one sbatch option per entry"),
+    (["k8s.elastic.min=3", "k8s.elastic.max=2"], "1 <= min <= max"),
+    (["noequals"], "expected key=value"),
+    (
+        [
+            "train.parallel=fsdp",
+            "train.sharding=HYBRID_SHARD",
+            "train.replicate_degree=3",
+            "nodes=2",
+            "nproc_per_node=2",
+        ],
+        "replicate degree 3 does not divide nodes(2) * processes per node(2) = 4",
+    ),  # fmt: skip
+    (["train.sharding=FULL_SHARD"], 'needs train.parallel = "fsdp"'),
+]
+
+
+@pytest.mark.parametrize(("sets", "message"), BAD)
+def test_validation_errors(sets: list[str], message: str) -> None:
+    with pytest.raises(SpecError) as e:
+        load_spec(None, sets)
+    assert message in str(e.value)
+
+
+def test_unknown_key_in_file_and_bad_toml(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"unknown key 'slurm.qso'.*valid keys in \[slurm\]"):
+        load_spec(write(tmp_path, "[slurm]\nqso = 'x'\n"))
+    with pytest.raises(SpecError, match="not valid TOML"):
+        load_spec(write(tmp_path, "nodes = = 1\n"))
+    with pytest.raises(SpecError, match="no such file"):
+        load_spec(tmp_path / "missing.toml")
+
+
+def test_hybrid_shard_default_degree_is_nodes() -> None:
+    sets = ["train.parallel=fsdp", "train.sharding=HYBRID_SHARD"]
+    assert load_spec(None, sets, nodes=2, gpus=3).world_size == 6
+    with pytest.raises(SpecError, match="replicate degree 4 does not divide"):
+        load_spec(None, [*sets, "train.replicate_degree=4"], nodes=2, gpus=1)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--nodes", "0"], ["--set", "slurm.bogus=1"], ["--set", "name=A B"], ["--gpus", "x"],
+     ["--config", "nope.toml"]],
+)  # fmt: skip
+def test_cli_bad_input_one_line_exit_2(args: list[str], tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tools.launch", "render", "slurm", "--write", *args],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in out.stderr
+    assert out.stdout == ""
+
+
+def test_cli_print_spec_round_trips(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tools.launch", "render", "slurm", "--print-spec",
+         "--config", "configs/mnist_ddp.toml", "--nodes", "3", "--set", "env.A=1"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    spec = load_spec(write(tmp_path, out.stdout))
+    assert spec.nodes == 3 and spec.env == {"A": "1"} and spec.name == "mnist-ddp"

@@ -1,0 +1,454 @@
+"""Kubernetes backend: a Kubeflow PyTorchJob (kubeflow.org/v1) or TrainJob (Trainer v2).
+
+Manifests are built as dicts by small pure functions and dumped with yaml.safe_dump, so
+every user string comes out as the literal string (no splicing into YAML). Every pod runs
+k8s/launch.sh (embedded as `bash -c`): wait for a TCP connection to the rendezvous
+endpoint, then `exec torchrun ... -m train ...` with the rendezvous taken from the PET_*
+variables the controller injects (facts/kubeflow.md). submit/status/logs/cancel use the
+`kubernetes` client (imported when used), in tools/backends/k8s_api.py.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import Any
+
+import yaml
+
+from tools.spec import JobSpec, SpecError, debug_env
+from tools.templating import REPO_ROOT
+
+FILE_EXT = "yaml"
+PYTORCHJOB = ("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
+TRAINJOB = ("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob")
+TRAINER_RUNTIME = "torch-distributed"  # ClusterTrainingRuntime of Kubeflow Trainer v2
+CONTAINER = "pytorch"  # the container the PyTorchJob controller wires up
+TRAINJOB_CONTAINER = "node"  # the trainer container of the torch-distributed runtime
+PORT_NAME = "pytorchjob-port"
+WORKDIR = "/workspace"  # the image's WORKDIR: relative run/checkpoint paths resolve here
+RUN_AS = 1000  # the image's non-root user (docker/Dockerfile UID/GID)
+RDZV_WAIT_S = 600  # how long a pod waits for the rendezvous endpoint to accept connections
+SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+ELASTIC_DEFAULT_RESTARTS = 3  # an elastic job restarts its group on every membership change
+LAUNCH_SCRIPT = REPO_ROOT / "k8s" / "launch.sh"
+# Set by the controllers; a user value would conflict (TrainJob rejects PET_* outright).
+RESERVED_ENV = re.compile(r"^(PET_.*|MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|POD_NAME)$")
+DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+QUALIFIED = re.compile(
+    r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+
+
+# --- checks -----------------------------------------------------------------------------------
+
+
+def longest_pod_name(spec: JobSpec) -> str:
+    if spec.k8s.api == "trainjob":  # JobSet: <trainjob>-node-<job index>-<pod index>-<5 random>
+        return f"{spec.name}-node-0-{spec.nodes - 1}-xxxxx"
+    replicas = spec.k8s.elastic.max or spec.nodes
+    return f"{spec.name}-worker-{max(replicas - 1, 0)}"
+
+
+def check(spec: JobSpec) -> None:
+    """What a cluster would reject, as one clear line each (SpecError: exit 2)."""
+    k = spec.k8s
+    if not DNS1035.match(spec.name):
+        raise SpecError(
+            f"name {spec.name!r} is not a DNS-1035 label, which Kubernetes needs for the job's "
+            "Services: start with a letter, then lowercase letters, digits and '-' (e.g. mnist-ddp)"
+        )
+    longest = longest_pod_name(spec)
+    if len(longest) > 63:
+        raise SpecError(
+            f"name {spec.name!r} is too long: the pod/Service name {longest!r} has "
+            f"{len(longest)} characters, over 63; shorten the name by {len(longest) - 63}"
+        )
+    if not DNS1123_LABEL.match(k.namespace) or len(k.namespace) > 63:
+        raise SpecError(f"k8s.namespace {k.namespace!r} is not a namespace name (e.g. ml-team)")
+    named = {
+        "k8s.pvc": k.pvc,
+        "k8s.priority_class": k.priority_class,
+        "k8s.service_account": k.service_account,
+        "k8s.queue": k.queue,
+        "k8s.scheduler": k.scheduler,
+        "k8s.storage_class": k.storage_class,
+    }
+    named |= {f"k8s.image_pull_secrets[{i}]": s for i, s in enumerate(k.image_pull_secrets)}
+    for key, value in named.items():
+        if value is not None and (not DNS1123_SUBDOMAIN.match(value) or len(value) > 253):
+            raise SpecError(
+                f"{key} {value!r} is not a Kubernetes object name: use lowercase letters, "
+                "digits, '-' and '.'"
+            )
+    if not QUALIFIED.match(k.rdma_resource):
+        raise SpecError(f"k8s.rdma_resource {k.rdma_resource!r}: use a resource name like rdma/ib")
+    for key, size in (("k8s.shm_size", k.shm_size), ("k8s.pvc_size", k.pvc_size)):
+        if size is not None and not QUANTITY.match(size):
+            raise SpecError(f"{key} {size!r} is not a Kubernetes quantity; use e.g. 16Gi")
+    if k.backoff_limit < 0 or (k.ttl_seconds_after_finished or 0) < 0:
+        raise SpecError("k8s.backoff_limit and k8s.ttl_seconds_after_finished must be >= 0")
+    for key in spec.env:
+        if RESERVED_ENV.match(key):
+            raise SpecError(
+                f"env {key} is set by the Kubeflow controller (or by ddpkit); remove it from env "
+                "and use the matching spec field (nodes, rdzv_port, ...)"
+            )
+    e = k.elastic
+    if e.min is not None and not e.min <= spec.nodes <= e.max:
+        raise SpecError(
+            f"nodes {spec.nodes} is outside k8s.elastic min={e.min} max={e.max}; pass --nodes N "
+            "with min <= N <= max (the replicas started first)"
+        )
+    if k.api == "trainjob":
+        unsupported = {
+            "k8s.elastic": e.min is not None,
+            "k8s.priority_class": k.priority_class,
+            "k8s.image_pull_secrets": k.image_pull_secrets,
+            "k8s.scheduler": k.scheduler,
+            "k8s.rdma": k.rdma,
+        }
+        for key, value in unsupported.items():
+            if value:
+                raise SpecError(
+                    f"{key} is not supported with k8s.api=trainjob (set it in the "
+                    f"ClusterTrainingRuntime {TRAINER_RUNTIME!r}); unset it or use k8s.api=pytorchjob"
+                )
+
+
+# --- pieces -----------------------------------------------------------------------------------
+
+
+def ckpt_path(spec: JobSpec) -> str:
+    """Where checkpoints land inside the container (absolute)."""
+    path = spec.ckpt_dir or spec.train.get("ckpt_dir") or f"{spec.run_dir}/checkpoints"
+    return posixpath.normpath(posixpath.join(WORKDIR, str(path)))
+
+
+def pvc_name(spec: JobSpec) -> str | None:
+    if spec.k8s.pvc:
+        return spec.k8s.pvc
+    return f"{spec.name}-ckpt" if spec.k8s.pvc_size else None
+
+
+def memory_quantity(mem: str | None) -> str | None:
+    """SLURM-style memory (binary units, plain number = MiB) as a Kubernetes quantity."""
+    if mem is None or mem == "0":  # "0" = all of the node: no request, no limit
+        return None
+    unit = mem[-1] if mem[-1] in "KMGT" else "M"
+    return f"{mem.rstrip('KMGT')}{unit}i"
+
+
+def resources(spec: JobSpec) -> dict[str, Any]:
+    amounts: dict[str, Any] = {"cpu": str(spec.nproc_per_node * spec.cpus_per_proc)}
+    if memory := memory_quantity(spec.mem):
+        amounts["memory"] = memory
+    if spec.accelerator == "gpu":
+        amounts["nvidia.com/gpu"] = str(spec.nproc_per_node)
+    if spec.k8s.rdma:
+        amounts[spec.k8s.rdma_resource] = "1"
+    # Requests equal to limits: the Guaranteed QoS class (no eviction under memory pressure).
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def env(spec: JobSpec) -> list[dict[str, Any]]:
+    values = debug_env(spec.debug)
+    if spec.nccl_socket_ifname:
+        values["NCCL_SOCKET_IFNAME"] = values["GLOO_SOCKET_IFNAME"] = spec.nccl_socket_ifname
+    if spec.nccl_ib_hca:
+        values["NCCL_IB_HCA"] = spec.nccl_ib_hca
+    if spec.nccl_ib_disable:
+        values["NCCL_IB_DISABLE"] = "1"
+    values.update(spec.env)
+    pod_name = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    return [pod_name] + [{"name": k, "value": str(v)} for k, v in sorted(values.items())]
+
+
+def shutdown_timeout_s(spec: JobSpec) -> int:
+    from train.config import TrainConfig
+
+    value = spec.train.get("shutdown_timeout_s", TrainConfig.shutdown_timeout_s)
+    return max(1, round(float(value)))
+
+
+def max_restarts(spec: JobSpec) -> int:
+    if spec.k8s.elastic.min is not None and spec.max_restarts == 0:
+        return ELASTIC_DEFAULT_RESTARTS
+    return spec.max_restarts
+
+
+def host_pod(spec: JobSpec) -> str:
+    if spec.k8s.api == "trainjob":
+        return f"{spec.name}-node-0-0"
+    role = "worker" if spec.k8s.elastic.min is not None else "master"
+    return f"{spec.name}-{role}-0"
+
+
+def command(spec: JobSpec) -> tuple[list[str], list[str]]:
+    """(command, args) of the training container: the launch script, then its arguments."""
+    text = LAUNCH_SCRIPT.read_text()
+    # The file's header comment documents it in the repository; the manifest names it.
+    script = "# ddpkit k8s/launch.sh\n" + text[text.index("set -euo pipefail") :]
+    args = [
+        host_pod(spec),
+        str(RDZV_WAIT_S),
+        "--signals-to-handle",
+        SIGNALS_TO_HANDLE,
+        "--shutdown-timeout",
+        str(shutdown_timeout_s(spec)),
+        "--max-restarts",
+        str(max_restarts(spec)),
+        "-m",
+        "train",
+        *spec.train_argv(),
+    ]
+    return ["bash", "-c", script, "ddpkit-k8s"], args
+
+
+def volumes(spec: JobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, volumeMounts): /dev/shm in memory, checkpoints on the PVC."""
+    vols: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.k8s.shm_size}}
+    ]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    if claim := pvc_name(spec):
+        vols.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}})
+        mounts.append({"name": "checkpoints", "mountPath": ckpt_path(spec)})
+    return vols, mounts
+
+
+def labels(spec: JobSpec, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "ddpkit",
+        "app.kubernetes.io/instance": spec.name,
+        "app.kubernetes.io/component": component,
+    }
+
+
+def container(spec: JobSpec) -> dict[str, Any]:
+    cmd, args = command(spec)
+    vols, mounts = volumes(spec)
+    caps: dict[str, Any] = {"drop": ["ALL"]}
+    if spec.k8s.rdma:  # RDMA verbs pin (lock) memory
+        caps["add"] = ["IPC_LOCK"]
+    return {
+        "name": CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": cmd,
+        "args": args,
+        "workingDir": WORKDIR,
+        "env": env(spec),
+        "ports": [{"name": PORT_NAME, "containerPort": spec.rdzv_port, "protocol": "TCP"}],
+        "resources": resources(spec),
+        "volumeMounts": mounts,
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": caps},
+    }
+
+
+def pod_template(spec: JobSpec) -> dict[str, Any]:
+    k = spec.k8s
+    pod: dict[str, Any] = {
+        "restartPolicy": "OnFailure",
+        # SIGTERM on deletion/preemption: torchrun forwards it, the workers save a checkpoint.
+        "terminationGracePeriodSeconds": shutdown_timeout_s(spec) + 30,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS,
+            "runAsGroup": RUN_AS,
+            "fsGroup": RUN_AS,  # the PVC is writable by the non-root user
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container(spec)],
+        "volumes": volumes(spec)[0],
+    }
+    optional = {
+        "nodeSelector": dict(k.node_selector) or None,
+        "tolerations": [dict(t) for t in k.tolerations] or None,
+        "priorityClassName": k.priority_class,
+        "serviceAccountName": k.service_account,
+        "imagePullSecrets": [{"name": s} for s in k.image_pull_secrets] or None,
+        "schedulerName": k.scheduler,
+    }
+    pod.update({key: value for key, value in optional.items() if value is not None})
+    return {"metadata": {"labels": labels(spec, "training")}, "spec": pod}
+
+
+def metadata(spec: JobSpec, component: str) -> dict[str, Any]:
+    meta_labels = labels(spec, component)
+    if spec.k8s.queue and spec.k8s.scheduler != "volcano":
+        meta_labels["kueue.x-k8s.io/queue-name"] = spec.k8s.queue
+    return {"name": spec.name, "namespace": spec.k8s.namespace, "labels": meta_labels}
+
+
+def run_policy(spec: JobSpec, replicas: int) -> dict[str, Any]:
+    k = spec.k8s
+    policy: dict[str, Any] = {
+        "cleanPodPolicy": k.clean_pod_policy,
+        "backoffLimit": k.backoff_limit,
+        "activeDeadlineSeconds": spec.time_minutes * 60,
+    }
+    if k.ttl_seconds_after_finished is not None:
+        policy["ttlSecondsAfterFinished"] = k.ttl_seconds_after_finished
+    if k.scheduler:  # gang scheduling (Volcano / scheduler-plugins): all pods or none
+        gang: dict[str, Any] = {"minAvailable": k.elastic.min or replicas}
+        if k.queue and k.scheduler == "volcano":
+            gang["queue"] = k.queue
+        if k.priority_class:
+            gang["priorityClass"] = k.priority_class
+        policy["schedulingPolicy"] = gang
+    return policy
+
+
+def pytorchjob(spec: JobSpec) -> dict[str, Any]:
+    group, version, _, kind = PYTORCHJOB
+    template = pod_template(spec)
+    e = spec.k8s.elastic
+
+    def replica(n: int) -> dict[str, Any]:
+        return {"replicas": n, "restartPolicy": "OnFailure", "template": template}
+
+    body: dict[str, Any] = {"nprocPerNode": str(spec.nproc_per_node)}
+    if e.min is not None:  # workers only; torchrun's c10d rendezvous on <job>-worker-0
+        body["elasticPolicy"] = {
+            "rdzvBackend": "c10d",
+            "minReplicas": e.min,
+            "maxReplicas": e.max,
+            "maxRestarts": max_restarts(spec),
+        }
+        body["pytorchReplicaSpecs"] = {"Worker": replica(spec.nodes)}
+    else:
+        body["pytorchReplicaSpecs"] = {"Master": replica(1)}
+        if spec.nodes > 1:
+            body["pytorchReplicaSpecs"]["Worker"] = replica(spec.nodes - 1)
+    body["runPolicy"] = run_policy(spec, spec.nodes)
+    return {
+        "apiVersion": f"{group}/{version}",
+        "kind": kind,
+        "metadata": metadata(spec, "training"),
+        "spec": body,
+    }
+
+
+def trainjob(spec: JobSpec) -> dict[str, Any]:
+    group, version, _, kind = TRAINJOB
+    c = container(spec)
+    vols, mounts = volumes(spec)
+    override: dict[str, Any] = {
+        "targetJobs": [{"name": TRAINJOB_CONTAINER}],
+        "volumes": vols,
+        "containers": [{"name": TRAINJOB_CONTAINER, "volumeMounts": mounts}],
+    }
+    if spec.k8s.node_selector:
+        override["nodeSelector"] = dict(spec.k8s.node_selector)
+    if spec.k8s.tolerations:
+        override["tolerations"] = [dict(t) for t in spec.k8s.tolerations]
+    if spec.k8s.service_account:
+        override["serviceAccountName"] = spec.k8s.service_account
+    return {
+        "apiVersion": f"{group}/{version}",
+        "kind": kind,
+        "metadata": metadata(spec, "training"),
+        "spec": {
+            "runtimeRef": {
+                "name": TRAINER_RUNTIME,
+                "apiGroup": group,
+                "kind": "ClusterTrainingRuntime",
+            },
+            "trainer": {
+                "image": c["image"],
+                "command": c["command"],
+                "args": c["args"],
+                "env": c["env"],
+                "numNodes": spec.nodes,
+                "numProcPerNode": spec.nproc_per_node,
+                "resourcesPerNode": c["resources"],
+            },
+            "podSpecOverrides": [override],
+        },
+    }
+
+
+def pvc(spec: JobSpec) -> dict[str, Any] | None:
+    """The checkpoint volume, rendered when k8s.pvc_size is set. ReadWriteMany: every node
+    writes its shards of a DCP checkpoint into the same directory."""
+    if not spec.k8s.pvc_size:
+        return None
+    body: dict[str, Any] = {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": spec.k8s.pvc_size}},
+    }
+    if spec.k8s.storage_class:
+        body["storageClassName"] = spec.k8s.storage_class
+    meta = {"name": pvc_name(spec), "namespace": spec.k8s.namespace}
+    meta["labels"] = labels(spec, "checkpoints")
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": body}
+
+
+def manifests(spec: JobSpec) -> list[dict[str, Any]]:
+    """The objects `submit` creates, in order (the PVC first)."""
+    check(spec)
+    job = trainjob(spec) if spec.k8s.api == "trainjob" else pytorchjob(spec)
+    claim = pvc(spec)
+    return [claim, job] if claim else [job]
+
+
+class _Dumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:  # Master and Worker share one template dict
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    # The embedded script reads as a block; PyYAML falls back to quoting when a block
+    # cannot hold the string exactly, so this changes the looks, never the value.
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def render(spec: JobSpec) -> str:
+    docs = manifests(spec)
+    head = [f"# ddpkit job {spec.name!r}: kubectl apply -f <this file>"]
+    if pvc_name(spec) is None:
+        head.append(
+            "# no k8s.pvc: checkpoints stay on each pod's disk and are lost with the pod; "
+            "set k8s.pvc (or k8s.pvc_size)"
+        )
+    body = yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+    return "\n".join(head) + "\n" + body
+
+
+# --- submission (kubernetes client) -----------------------------------------------------------
+
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("-n", "--namespace", help="status/logs/cancel: the job's namespace")
+
+
+def submit(spec: JobSpec, opts: Any) -> int:
+    from tools.backends import k8s_api
+
+    return k8s_api.submit(spec, manifests(spec), opts)
+
+
+def status(job: str | None, opts: Any) -> int:
+    from tools.backends import k8s_api
+
+    return k8s_api.status(job, opts)
+
+
+def logs(job: str | None, opts: Any) -> int:
+    from tools.backends import k8s_api
+
+    return k8s_api.logs(job, opts)
+
+
+def cancel(job: str | None, opts: Any) -> int:
+    from tools.backends import k8s_api
+
+    return k8s_api.cancel(job, opts)
