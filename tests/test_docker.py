@@ -357,7 +357,8 @@ def test_container_trains_is_preempted_and_resumes(image, tmp_path):
     out = tmp_path / "runs"
     out.mkdir()
     uid = int(_engine("run", "--rm", "--entrypoint", "id", image, "-u").stdout)
-    os.chown(out, uid, uid) if os.geteuid() == 0 else None
+    if os.geteuid() == 0:  # the volume belongs to the container user, as make docker-run does
+        os.chown(out, uid, uid)
     name = f"ddpkit-test-{os.getpid()}"
     sets = ["accelerator=cpu", f"image={image}", f"docker.out_dir={out}", f"name={name}"]
     common = ["--log-interval", "2", "--no-eval", "--ckpt-interval", "0"]
