@@ -85,46 +85,48 @@ def human_bytes(n: int) -> str:
 
 
 class Case:
-    """Buffers for one op and size, filled with small integers whose result is known exactly."""
+    """Buffers for one op and size, filled with small integers whose result is known exactly.
+
+    Only the input and output stay allocated; index tensors and the expected result are
+    built when needed and dropped (a 4 GiB sweep point must not need 30 GiB)."""
 
     def __init__(self, op: str, size: int, n: int, rank: int, dtype: Any, device: Any):
         import torch
 
-        self.op, self.n, self.rank = op, n, rank
+        if op not in OPS:
+            raise AssertionError(op)
+        self.op, self.n, self.rank, self.dtype, self.device = op, n, rank, dtype, device
         esize = torch.empty((), dtype=dtype).element_size()
-        count = max(n, size // esize // n * n)  # a multiple of n elements: equal chunks
-        self.count, self.bytes = count, count * esize
-        chunk = count // n
-        i = torch.arange(count, device=device)
+        self.count = max(n, size // esize // n * n)  # a multiple of n elements: equal chunks
+        self.bytes = self.count * esize
+        self.chunk = self.count // n
+        self.inp = self.values("input")
+        out_len = {"all_gather": self.count, "reduce_scatter": self.chunk, "all_to_all": self.count}
+        if op in out_len:
+            self.out = torch.empty(out_len[op], dtype=dtype, device=device)
+        else:  # in place
+            self.out = self.inp
+
+    def values(self, which: str) -> Any:
+        """This rank's input, or the output it must receive."""
+        import torch
+
+        n, rank, chunk = self.n, self.rank, self.chunk
+        i = torch.arange(self.count, device=self.device)
         k = i // chunk  # chunk index of each element
         j = i % chunk  # position inside its chunk
-        f = lambda t: t.to(dtype)  # noqa: E731
-        if op == "all_reduce":
-            self.inp = f(rank + 1 + j % 3)
-            self.out = self.inp
-            self.want = f(n * (n + 1) // 2 + n * (j % 3))
-        elif op == "broadcast":
-            self.inp = f(i % 13 + 1) if rank == 0 else f(torch.full_like(i, -1))
-            self.out = self.inp
-            self.want = f(i % 13 + 1)
-        elif op == "all_gather":  # each rank contributes one chunk of the output
-            self.inp = f(rank + j[:chunk] % 5)
-            self.out = torch.empty(count, dtype=dtype, device=device)
-            self.want = f(k + j % 5)
-        elif op == "reduce_scatter":  # rank r receives the sum of every rank's chunk r
-            self.inp = f(rank + k + j % 3)
-            self.out = torch.empty(chunk, dtype=dtype, device=device)
-            self.want = f(n * (n - 1) // 2 + n * rank + n * (j[:chunk] % 3))
-        elif op == "all_to_all":  # chunk k of rank r goes to rank k, as that rank's chunk r
-            self.inp = f(rank * n + k)
-            self.out = torch.empty(count, dtype=dtype, device=device)
-            self.want = f(k * n + rank)
-        else:
-            raise AssertionError(op)
-        self.fresh = self.inp.clone()
-
-    def reset(self) -> None:
-        self.inp.copy_(self.fresh)
+        want = which == "expected"
+        if self.op == "all_reduce":
+            t = n * (n + 1) // 2 + n * (j % 3) if want else rank + 1 + j % 3
+        elif self.op == "broadcast":
+            t = i % 13 + 1 if want or rank == 0 else torch.full_like(i, -1)
+        elif self.op == "all_gather":  # each rank contributes one chunk of the output
+            t = k + j % 5 if want else rank + j[:chunk] % 5
+        elif self.op == "reduce_scatter":  # rank r receives the sum of every rank's chunk r
+            t = n * (n - 1) // 2 + n * rank + n * (j[:chunk] % 3) if want else rank + k + j % 3
+        else:  # all_to_all: chunk k of rank r goes to rank k, as that rank's chunk r
+            t = k * n + rank if want else rank * n + k
+        return t.to(self.dtype)
 
     def run(self) -> None:
         import torch.distributed as dist
@@ -146,8 +148,8 @@ class Case:
         """Elements that differ from the expected result (on this rank)."""
         import torch
 
-        got = self.out.float()
-        return int((~torch.isclose(got, self.want.float(), rtol=1e-2, atol=0)).sum())
+        want = self.values("expected").float()
+        return int((~torch.isclose(self.out.float(), want, rtol=1e-2, atol=0)).sum())
 
 
 def sync(device: Any) -> None:
