@@ -162,6 +162,11 @@ def env(spec: JobSpec) -> list[dict[str, Any]]:
         values["NCCL_IB_HCA"] = spec.nccl_ib_hca
     if spec.nccl_ib_disable:
         values["NCCL_IB_DISABLE"] = "1"
+    if spec.k8s.elastic.min is not None:
+        # torch shares the rendezvous TCPStore with the workers and caches its address from
+        # the first round: a pod that (re)joins a running job then waits forever for a key
+        # the old rank 0 never rewrites. Found by the operator emulation (a killed replica).
+        values["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     values.update(spec.env)
     pod_name = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
     return [pod_name] + [{"name": k, "value": str(v)} for k, v in sorted(values.items())]

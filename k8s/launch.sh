@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Container command of every ddpkit pod on Kubernetes (PyTorchJob and TrainJob). The
+# renderer embeds this file as `bash -c <this> ddpkit-k8s HOST_POD WAIT_S TORCHRUN_ARGS...`;
+# every user value arrives as an argument, never as part of this text.
+#
+#   HOST_POD  the pod that hosts the rendezvous: <job>-master-0 (static), <job>-worker-0 (elastic)
+#   WAIT_S    how long a non-host pod waits for a TCP connection to the rendezvous endpoint
+#
+# The controller injects the rendezvous as PET_* variables (torchrun reads them as the
+# defaults of its flags): PET_MASTER_ADDR/PET_MASTER_PORT/PET_NODE_RANK for a static job
+# or a TrainJob, PET_RDZV_ENDPOINT for an elastic one. A pod can start before the host's
+# Service resolves or before its port listens, and torch fails at once on a name that does
+# not resolve, so the other pods first wait for a real TCP connection, not only DNS.
+set -euo pipefail
+
+host_pod=$1
+wait_s=$2
+shift 2
+
+if [[ -n ${PET_RDZV_ENDPOINT:-} ]]; then
+    endpoint=$PET_RDZV_ENDPOINT
+else
+    endpoint=${PET_MASTER_ADDR:?not started by a PyTorchJob/TrainJob controller (no PET_MASTER_ADDR or PET_RDZV_ENDPOINT)}:${PET_MASTER_PORT:?PET_MASTER_PORT unset}
+fi
+
+# The host: node rank 0 where the controller assigns ranks, else the pod named HOST_POD
+# (elastic jobs, where torchrun assigns ranks). POD_NAME comes from the downward API.
+if [[ -n ${PET_NODE_RANK:-} ]]; then
+    [[ $PET_NODE_RANK == 0 ]] && is_host=1 || is_host=0
+else
+    [[ ${POD_NAME:-} == "$host_pod" ]] && is_host=1 || is_host=0
+fi
+
+if ((!is_host)); then
+    host=${endpoint%:*}
+    port=${endpoint##*:}
+    deadline=$((SECONDS + wait_s))
+    # shellcheck disable=SC2016  # $0/$1 expand in the inner shell
+    until timeout 5 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$host" "$port" 2>/dev/null; do
+        if ((SECONDS >= deadline)); then
+            echo "ddpkit: rendezvous endpoint $endpoint not reachable after ${wait_s}s" >&2
+            exit 1
+        fi
+        sleep 2
+    done
+    echo "ddpkit: rendezvous endpoint $endpoint is up" >&2
+fi
+
+# c10d elects the TCPStore host by matching the endpoint against this machine's names;
+# say it explicitly so an IP endpoint (or pods sharing a node) cannot elect two hosts.
+extra=()
+if [[ -n ${PET_RDZV_ENDPOINT:-} ]]; then
+    extra+=(--rdzv-conf "${PET_RDZV_CONF:+$PET_RDZV_CONF,}is_host=$is_host")
+fi
+echo "ddpkit: torchrun ${extra[*]} $*" >&2
+exec torchrun "${extra[@]}" "$@"
