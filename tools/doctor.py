@@ -271,12 +271,22 @@ def main(argv: list[str] | None = None) -> int:
     except DoctorError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    store = None
+    store, listen_error = None, None
     if lay["launcher"] == "srun" and lay["rank"] == 0 and ep is not None:
         from torch.distributed import TCPStore  # rank 0 listens: the others' connect check hits it
 
-        store = TCPStore("0.0.0.0", ep[1], lay["world"], True, wait_for_workers=False)
+        try:
+            store = TCPStore("0.0.0.0", ep[1], lay["world"], True, wait_for_workers=False)
+        except (RuntimeError, OSError) as e:
+            listen_error = Finding(
+                "rdzv-listen",
+                "fail",
+                f"cannot listen on port {ep[1]} ({str(e).splitlines()[0]})",
+                "the port is taken (a job's store already runs there?): pick a free port",
+            )
     findings = local_checks(args, lay, ep, ckpt)
+    if listen_error:
+        findings.append(listen_error)
     report = {
         "rank": lay["rank"],
         "host": socket.gethostname(),
@@ -285,7 +295,10 @@ def main(argv: list[str] | None = None) -> int:
         "findings": [f.as_dict() for f in findings],
     }
     reports, cluster = [report], []
-    reachable = all(f.level != "fail" for f in findings if f.check.startswith("rdzv"))
+    # torchrun's own store joins the ranks; under srun the doctor's store on the endpoint does.
+    reachable = lay["launcher"] == "torchrun" or all(
+        f.level != "fail" for f in findings if f.check.startswith("rdzv")
+    )
     if lay["world"] > 1 and reachable and ep is not None:
         if any(f.check == "gloo-ifname" and f.level == "fail" for f in findings):
             os.environ.pop("GLOO_SOCKET_IFNAME")  # reported above; the gather goes without it
