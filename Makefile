@@ -97,14 +97,15 @@ slurm-logs: $(STAMP) ## Logs of JOB (default: last job)
 slurm-cancel: $(STAMP) ## Cancel JOB (default: last job)
 	$(PY) -m tools.launch cancel slurm $(JOB)
 
-k8s-render: $(STAMP) ## Print the PyTorchJob YAML and write out/k8s/<name>.yaml
-	@$(PY) -m tools.launch render k8s $(LAUNCH_ARGS) --write
+k8s-render: $(STAMP) ## Print the PyTorchJob/TrainJob YAML and write out/k8s/<name>.yaml
+	@$(PY) -m tools.launch render k8s $(LAUNCH_ARGS) --write $(if $(ARGS),-- $(ARGS))
 
-k8s-apply: $(STAMP) ## kubectl apply the rendered manifest
-	$(PY) -m tools.launch render k8s $(LAUNCH_ARGS) | kubectl apply -f -
+k8s-apply: $(STAMP) ## kubectl apply the rendered manifest (PVC and job)
+	set -o pipefail; $(PY) -m tools.launch render k8s $(LAUNCH_ARGS) $(if $(ARGS),-- $(ARGS)) | kubectl apply -f -
 
-k8s-delete: $(STAMP) ## kubectl delete the rendered manifest
-	$(PY) -m tools.launch render k8s $(LAUNCH_ARGS) | kubectl delete -f -
+# The checkpoint PVC is left alone (k8s.pvc_size unset renders the job only).
+k8s-delete: $(STAMP) ## kubectl delete the rendered job (the checkpoint PVC is kept)
+	set -o pipefail; $(PY) -m tools.launch render k8s $(LAUNCH_ARGS) --set k8s.pvc_size= | kubectl delete -f -
 
 clean: ## Remove runs/ and out/
 	rm -rf runs out
