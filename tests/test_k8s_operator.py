@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -14,8 +17,6 @@ import yaml
 from tests.k8s_fakes import pods, running, wait_all, wait_for
 from tools.backends import k8s
 from tools.spec import load_spec
-
-pytestmark = pytest.mark.slow
 
 TRAIN = [
     "train.steps=12", "train.batch_size=16", "train.log_interval=1", "train.eval=false",
@@ -47,6 +48,7 @@ def summary_of(root: Path) -> dict:
     return json.loads(found[0].read_text())
 
 
+@pytest.mark.slow
 def test_static_job_trains_with_world_size_nodes_times_nproc(tmp_path):
     job = rendered_job("train.ckpt_interval=6", nodes=2, gpus=2)
     with running(pods(job)) as (master, worker):
@@ -72,6 +74,7 @@ def _static(tmp_path, master, worker):
     assert (ckpts / "step-12" / ".complete").is_file(), sorted(ckpts.rglob("*"))
 
 
+@pytest.mark.slow
 def test_elastic_job_recovers_from_a_killed_replica(tmp_path):
     job = rendered_job(
         "k8s.elastic.min=1", "k8s.elastic.max=2", "train.ckpt_interval=2", nodes=2, gpus=1
@@ -96,3 +99,76 @@ def _elastic(tmp_path, w0, w1):
     assert s["world_size"] == 2 and s["steps"] == 12
     assert s["resumed_from"] and Path(s["resumed_from"]).name.startswith("step-")
     assert int(Path(s["resumed_from"]).name[5:]) >= 2
+
+
+# --- the launch script alone (a stand-in torchrun records what it was given) -----------------
+
+
+def launch_script(tmp_path: Path, env: dict[str, str], wait_s: int = 30) -> tuple[int, str, list]:
+    spec = load_spec(None, ["name=emu", "accelerator=cpu"], nodes=2)
+    cmd, args = k8s.command(spec)
+    args[1] = str(wait_s)
+    fake = tmp_path / "bin" / "torchrun"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGS_OUT"\n')
+    fake.chmod(0o755)
+    out = tmp_path / "args.txt"
+    out.unlink(missing_ok=True)
+    base = {"PATH": f"{fake.parent}:/usr/bin:/bin", "ARGS_OUT": str(out)}
+    p = subprocess.run(cmd + args, env=base | env, capture_output=True, text=True, timeout=60)
+    got = out.read_text().splitlines() if out.exists() else []
+    if got:
+        assert got[got.index("-m") :][:2] == ["-m", "train"]
+    return p.returncode, p.stderr, got
+
+
+def test_launch_script_waits_for_a_tcp_listener_not_just_dns(tmp_path):
+    port = free_port()
+    env = {"PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port), "PET_NODE_RANK": "1"}
+    listener = socket.socket()
+
+    def listen_later():
+        time.sleep(3)
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+
+    t = threading.Thread(target=listen_later)
+    t.start()
+    start = time.monotonic()
+    try:
+        rc, err, got = launch_script(tmp_path, env)
+    finally:
+        t.join()
+        listener.close()
+    assert rc == 0, err
+    assert time.monotonic() - start >= 3  # it waited for the port
+    assert "rendezvous endpoint 127.0.0.1:" in err and "--rdzv-conf" not in got
+    assert got[:2] == ["--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"]
+
+
+def test_launch_script_rank0_does_not_wait_and_others_give_up_with_a_message(tmp_path):
+    env = {"PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(free_port())}
+    rc, err, got = launch_script(tmp_path, env | {"PET_NODE_RANK": "0"}, wait_s=1)
+    assert rc == 0 and got, err
+    # A name that does not resolve (a Service not created yet) is waited on too.
+    missing = {"PET_MASTER_ADDR": "emu-master-0.invalid", "PET_NODE_RANK": "1"}
+    rc, err, got = launch_script(tmp_path, env | missing, wait_s=1)
+    assert rc == 1 and not got
+    assert "rendezvous endpoint emu-master-0.invalid:" in err and "not reachable" in err
+    rc, err, got = launch_script(tmp_path, {}, wait_s=1)
+    assert rc != 0 and "not started by a PyTorchJob/TrainJob controller" in err
+
+
+def test_launch_script_elastic_host_is_worker_0(tmp_path):
+    port = free_port()
+    env = {"PET_RDZV_ENDPOINT": f"127.0.0.1:{port}", "PET_RDZV_CONF": "join_timeout=60"}
+    rc, err, got = launch_script(tmp_path, env | {"POD_NAME": "emu-master-0"}, wait_s=1)
+    assert rc == 0 and got[:2] == ["--rdzv-conf", "join_timeout=60,is_host=1"], err
+    rc, err, got = launch_script(tmp_path, env | {"POD_NAME": "emu-worker-1"}, wait_s=1)
+    assert rc == 1 and "not reachable" in err  # worker 1 waits for the host
+
+
+def test_launch_script_passes_shellcheck():
+    shellcheck = Path(sys.executable).parent / "shellcheck"
+    p = subprocess.run([str(shellcheck), str(k8s.LAUNCH_SCRIPT)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout
