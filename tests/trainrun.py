@@ -97,12 +97,12 @@ def train(
     return run
 
 
-def full_params(ckpt: Path) -> dict:
-    """The full model tensors of a DCP checkpoint, loaded the way `tools.ckpt export` does."""
+def full_params(ckpt: Path, part: str = "model") -> dict:
+    """Full tensors of a DCP checkpoint's part, loaded the way `tools.ckpt export` does."""
     sys.path.insert(0, str(ROOT))
     from tools.ckpt import load_full_model
 
-    return load_full_model(ckpt)
+    return load_full_model(ckpt, part)
 
 
 def last_checkpoint(run_dir: Path) -> Path:

@@ -43,6 +43,9 @@ def init(cfg: TrainConfig) -> World:
     if not dist.is_initialized():
         if "MASTER_ADDR" in os.environ and "RANK" in os.environ:
             kwargs = {"device_id": device} if backend == "nccl" else {}
+            store = _attempt_store(size, timeout)
+            if store is not None:
+                kwargs.update(store=store, rank=rank, world_size=size)
             dist.init_process_group(backend, timeout=timeout, **kwargs)
         else:
             # One process without torchrun: a real (world size 1) group keeps every code
@@ -51,6 +54,26 @@ def init(cfg: TrainConfig) -> World:
                 backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
             )
     return World(rank, size, local_rank, local_size, device, backend)
+
+
+def _attempt_store(size: int, timeout: datetime.timedelta) -> dist.Store | None:
+    """The torchrun agent's store, with a key prefix per restart attempt.
+
+    torchrun (2.14, c10d rendezvous) hands every attempt the same agent-hosted TCPStore
+    without a prefix, so after `--max-restarts` kicks in, a worker can read the previous
+    attempt's gloo addresses and fail with "connectFullMesh ... Connection refused".
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        size,
+        is_master=False,
+        timeout=timeout,
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"ddpkit/attempt_{attempt}", store)
 
 
 def shutdown() -> None:

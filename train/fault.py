@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -19,16 +20,34 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 class StopRequest:
     """Records a stop signal; ranks agree on it at a step boundary through a collective."""
 
-    def __init__(self) -> None:
+    def __init__(self, boundary_timeout_s: float) -> None:
         self.signum = 0
         self.received_at = 0.0
+        self.acknowledged = threading.Event()
+        self.boundary_timeout_s = boundary_timeout_s
         self._flag = torch.zeros(1, dtype=torch.int32)
         for s in STOP_SIGNALS:
             signal.signal(s, self._handle)
 
     def _handle(self, signum: int, frame: object) -> None:
-        if not self.signum:  # the first one counts; torchrun may forward a second
-            self.signum, self.received_at = signum, time.time()
+        if self.signum:  # the first one counts; torchrun may forward a second
+            return
+        self.signum, self.received_at = signum, time.time()
+        # A rank stuck in a step (a hang, a dead peer) never reaches the boundary where the
+        # save happens; rather than make the launcher wait for its SIGKILL, leave promptly.
+        threading.Thread(target=self._watchdog, daemon=True).start()
+
+    def _watchdog(self) -> None:
+        if not self.acknowledged.wait(self.boundary_timeout_s):
+            name = signal.Signals(self.signum).name
+            print(
+                f"error: {name} received but the current step did not finish within "
+                f"{self.boundary_timeout_s:g} s (stuck in a collective?); exiting without a "
+                "checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(1)
 
     def agreed(self, device: torch.device) -> int:
         """The signal number if any rank got one (MAX over ranks), else 0. Collective.
@@ -40,8 +59,10 @@ class StopRequest:
         flag = self._flag.to(device, non_blocking=True)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         got = int(flag.item())
-        if got and not self.signum:  # another rank got it: time the save from now
-            self.signum, self.received_at = got, time.time()
+        if got:
+            if not self.signum:  # another rank got it: time the save from now
+                self.signum, self.received_at = got, time.time()
+            self.acknowledged.set()
         return got
 
 

@@ -67,7 +67,7 @@ class Trainer:
             (self.run_dir / "requeue.json").unlink(missing_ok=True)
             (self.run_dir / "config.json").write_text(dump(cfg) + "\n")
         dist.barrier()
-        self.stop = StopRequest()
+        self.stop = StopRequest(boundary_timeout_s=min(cfg.timeout_s, cfg.shutdown_timeout_s))
         self.fault = Fault.from_env()
         self.reporter = Reporter(
             self.run_dir, world.is_main, self.total_steps, cfg.progress, cfg.tensorboard
@@ -111,8 +111,11 @@ class Trainer:
     def _batches(self):
         """Micro-batches forever, epoch after epoch, from the sampler's current position."""
         ds, dev = self.data.train, self.world.device
+        trace = _trace_file(self.world.rank)
         while True:
             index_lists = list(self.sampler.epoch_indices())
+            if trace is not None:  # test hook: which samples this rank trains on, per epoch
+                index_lists = _traced(index_lists, self.sampler.epoch, trace)
             if isinstance(ds, TensorDataset) and self.cfg.num_workers == 0:
                 # In-memory tensors: one gather per batch instead of per-sample collation.
                 for idx in index_lists:
@@ -285,7 +288,9 @@ class Trainer:
             return
         self.phase = "checkpoint load"
         state, info = self.ckpt.load(path, self.raw_model, self.optimizer, self._train_state())
-        self.step = self.last_saved = int(state["step"])
+        self.step = int(state["step"])
+        if path.parent.resolve() == Path(self.cfg.ckpt_dir).resolve():
+            self.last_saved = self.step  # else the final save re-writes it here, resharded
         self.sampler.load_state_dict(state)
         self.resumed_from = str(path)
         old_world, old_gb = int(state["world_size"]), int(state["global_batch"])
@@ -303,6 +308,26 @@ class Trainer:
                 f"{self.peak_lr:.3e} (--lr-scaling {self.cfg.lr_scaling})"
             )
         self.reporter.info(msg)
+        self._settle_ddp_buckets()
+
+    def _settle_ddp_buckets(self) -> None:
+        """Make a resumed DDP run add gradients in the same order as an uninterrupted one.
+
+        DDP lays out its gradient buckets in parameter order for the first backward and in
+        gradient-ready order from the second on. With more than two ranks, the bucket layout
+        decides the order in which the all-reduce adds ranks' values, so a resumed run's
+        first step would round differently. Two discarded forward/backward passes here (no optimizer
+        step, RNG restored) puts the buckets where the uninterrupted run has them.
+        """
+        if self.cfg.parallel != "ddp" or self.world.size <= 2:
+            return
+        rng = torch.get_rng_state()
+        x, y = next(self._batches())
+        for _ in range(2):  # DDP rebuilds its buckets at the start of the second forward
+            with self._autocast():
+                F.cross_entropy(self.model(x).flatten(0, -2).float(), y.flatten()).backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.set_rng_state(rng)
 
     def preempted(self, signum: int) -> int:
         import signal as _signal
@@ -413,6 +438,24 @@ class Trainer:
             )
         self.reporter.close()
         return 0
+
+
+def _trace_file(rank: int):
+    d = os.environ.get("DDPKIT_TRACE_SAMPLES")
+    return open(Path(d) / f"rank{rank}.txt", "a", buffering=1) if d else None  # noqa: SIM115
+
+
+class _traced(list):
+    """The index lists, written to the trace file as each one is handed out."""
+
+    def __init__(self, lists: list[list[int]], epoch: int, f) -> None:
+        super().__init__(lists)
+        self.epoch, self.f = epoch, f
+
+    def __iter__(self):
+        for idx in super().__iter__():
+            self.f.write(f"{self.epoch} {' '.join(map(str, idx))}\n")
+            yield idx
 
 
 def _is_collective_error(e: BaseException) -> bool:
