@@ -46,9 +46,10 @@ QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
 # --- checks -----------------------------------------------------------------------------------
 
 
-def longest_pod_name(spec: JobSpec) -> str:
-    if spec.k8s.api == "trainjob":  # JobSet: <trainjob>-node-<job index>-<pod index>-<5 random>
-        return f"{spec.name}-node-0-{spec.nodes - 1}-xxxxx"
+def longest_host_name(spec: JobSpec) -> str:
+    """The longest Service/host name the controller derives; a DNS-1035 label (<= 63)."""
+    if spec.k8s.api == "trainjob":  # JobSet pod hostnames: <trainjob>-node-<job>-<pod index>
+        return f"{spec.name}-node-0-{spec.nodes - 1}"
     replicas = spec.k8s.elastic.max or spec.nodes
     return f"{spec.name}-worker-{max(replicas - 1, 0)}"
 
@@ -61,10 +62,10 @@ def check(spec: JobSpec) -> None:
             f"name {spec.name!r} is not a DNS-1035 label, which Kubernetes needs for the job's "
             "Services: start with a letter, then lowercase letters, digits and '-' (e.g. mnist-ddp)"
         )
-    longest = longest_pod_name(spec)
+    longest = longest_host_name(spec)
     if len(longest) > 63:
         raise SpecError(
-            f"name {spec.name!r} is too long: the pod/Service name {longest!r} has "
+            f"name {spec.name!r} is too long: the Service/host name {longest!r} has "
             f"{len(longest)} characters, over 63; shorten the name by {len(longest) - 63}"
         )
     if not DNS1123_LABEL.match(k.namespace) or len(k.namespace) > 63:
