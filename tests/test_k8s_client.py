@@ -33,6 +33,7 @@ class FakeCluster:
         self.objects: dict[tuple, dict] = {}  # (plural, ns, name) -> object
         self.pods: dict[tuple, dict] = {}  # (ns, name) -> {"labels":..., "log":..., "phase":...}
         self.requests: list[tuple[str, str, dict]] = []
+        self.finish_as: str | None = None  # a created job reports this condition at once
 
 
 def _status(code: int, reason: str, message: str, details: dict | None = None) -> dict:
@@ -107,6 +108,9 @@ class Handler(BaseHTTPRequestHandler):
                                                f'{plural} "{key[2]}" already exists',
                                                {"name": key[2], "kind": plural}))  # fmt: skip
             c.objects[key] = body
+            if c.finish_as:
+                body = body | {"status": {"conditions": [{"type": c.finish_as, "status": "True"}]}}
+                c.objects[key] = body
             return self._send(201, body)
         key = (plural, ns, name)
         if key not in c.objects:
@@ -263,3 +267,10 @@ def test_no_kubeconfig_is_a_clear_error(tmp_path, monkeypatch, capsys):
     rc, out, err = cli(capsys, "status", "k8s", "some-job")
     assert rc == 2 and "no Kubernetes credentials" in err and "KUBECONFIG" in err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("outcome", "rc"), [("Succeeded", 0), ("Failed", 1)])
+def test_submit_wait_follows_the_job_to_its_end(cluster, capsys, outcome, rc):
+    cluster.finish_as = outcome
+    got, out, err = cli(capsys, "submit", "k8s", "--set", "name=w", "--wait")
+    assert got == rc and f"w: {outcome}" in err
