@@ -67,7 +67,7 @@ class Trainer:
             (self.run_dir / "requeue.json").unlink(missing_ok=True)
             (self.run_dir / "config.json").write_text(dump(cfg) + "\n")
         dist.barrier()
-        self.stop = StopRequest(boundary_timeout_s=min(cfg.timeout_s, cfg.shutdown_timeout_s))
+        self.stop = StopRequest(boundary_timeout_s=cfg.timeout_s)
         self.fault = Fault.from_env()
         self.reporter = Reporter(
             self.run_dir, world.is_main, self.total_steps, cfg.progress, cfg.tensorboard
