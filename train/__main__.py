@@ -6,6 +6,7 @@ was received and a checkpoint saved: requeue and run the same command again (see
 
 from __future__ import annotations
 
+import os
 import sys
 
 from train.config import EXIT_BAD_INPUT, ConfigError, dump, parse_config
@@ -21,6 +22,10 @@ def main(argv: list[str] | None = None) -> int:
         print(dump(cfg))
         return 0
 
+    # Before torch touches CUDA: segments that grow instead of fragmenting (fewer OOMs from
+    # fragmentation with FSDP's all-gather buffers). A value the user set wins.
+    if "PYTORCH_ALLOC_CONF" not in os.environ and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
+        os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
     # Heavy imports after the config is known good: --help and bad flags stay fast.
     from train import distributed
     from train.trainer import CollectiveFailure, Trainer, set_threads_from_env

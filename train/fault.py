@@ -49,16 +49,16 @@ class StopRequest:
             )
             os._exit(1)
 
-    def agreed(self, device: torch.device) -> int:
+    def agreed(self, group: dist.ProcessGroup | None = None) -> int:
         """The signal number if any rank got one (MAX over ranks), else 0. Collective.
 
         One int all-reduce per step: every rank leaves the loop after the same step, so
-        the checkpoint they write together is consistent.
+        the checkpoint they write together is consistent. It runs on a CPU (gloo) group, so
+        on GPUs it costs no device synchronisation.
         """
         self._flag.fill_(self.signum)
-        flag = self._flag.to(device, non_blocking=True)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        got = int(flag.item())
+        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=group)
+        got = int(self._flag.item())
         if got:
             if not self.signum:  # another rank got it: time the save from now
                 self.signum, self.received_at = got, time.time()

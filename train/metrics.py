@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -131,11 +130,42 @@ def memory_bytes(device: torch.device) -> int:
         return 0
 
 
-class Timer:
-    def __init__(self) -> None:
-        self.t = time.perf_counter()
+def cuda_memory(device: torch.device) -> dict[str, int]:
+    """Peak CUDA memory allocated and reserved by this rank (empty on the CPU)."""
+    if device.type != "cuda":
+        return {}
+    return {
+        "max_mem_allocated_bytes": torch.cuda.max_memory_allocated(device),
+        "max_mem_reserved_bytes": torch.cuda.max_memory_reserved(device),
+    }
 
-    def lap(self) -> float:
-        now = time.perf_counter()
-        dt, self.t = now - self.t, now
-        return dt
+
+# Dense bf16 peak, TFLOP/s per GPU (vendor datasheets, without sparsity). For MFU; a device not
+# listed needs --peak-tflops.
+PEAK_TFLOPS = {
+    "H200": 989.0,
+    "H100": 989.0,
+    "H800": 989.0,
+    "GH200": 989.0,
+    "B200": 2250.0,
+    "A100": 312.0,
+    "A800": 312.0,
+    "L40S": 362.0,
+    "L4": 121.0,
+    "A10G": 70.0,
+    "A10": 125.0,
+    "V100": 125.0,
+    "MI300X": 1307.0,
+}
+
+
+def peak_flops(device: torch.device, override_tflops: float | None) -> float | None:
+    if override_tflops:
+        return override_tflops * 1e12
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device).upper()
+    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):  # "A10G" is tried before "A10"
+        if key in name:
+            return PEAK_TFLOPS[key] * 1e12
+    return None

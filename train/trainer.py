@@ -21,8 +21,16 @@ from train.config import EXIT_REQUEUE, TrainConfig, dump
 from train.data import DataBundle, GlobalBatchSampler, build_data
 from train.distributed import World
 from train.fault import Fault, StopRequest, diagnose_collective_failure
-from train.metrics import Reporter, gather_objects, memory_bytes, param_digest, state_bytes
-from train.models import build_model
+from train.metrics import (
+    Reporter,
+    cuda_memory,
+    gather_objects,
+    memory_bytes,
+    param_digest,
+    peak_flops,
+    state_bytes,
+)
+from train.models import build_model, gpt_flops_per_token
 from train.parallel import DTYPES, parallelize, set_grad_sync
 from train.schedule import lr_multiplier, scaled_lr
 
@@ -67,6 +75,8 @@ class Trainer:
             (self.run_dir / "requeue.json").unlink(missing_ok=True)
             (self.run_dir / "config.json").write_text(dump(cfg) + "\n")
         dist.barrier()
+        # Control messages (the stop flag) go over gloo on the CPU: no GPU sync per step.
+        self.control_pg = dist.new_group(backend="gloo") if world.backend != "gloo" else None
         self.stop = StopRequest(boundary_timeout_s=cfg.timeout_s)
         self.fault = Fault.from_env()
         self.reporter = Reporter(
@@ -79,6 +89,8 @@ class Trainer:
         self.first_loss: float | None = None
         self.last_loss: float | None = None
         self.throughputs: list[float] = []
+        self.mfus: list[float] = []
+        self.peak_flops = peak_flops(world.device, cfg.peak_tflops)
         self.resumed_from: str | None = None
         self.time_to_first_step: float | None = None
         self.last_saved = -1
@@ -175,7 +187,7 @@ class Trainer:
             if self.cfg.ckpt_interval and self.step % self.cfg.ckpt_interval == 0:
                 self.save()
             self.phase = "stop-signal all_reduce"
-            signum = self.stop.agreed(self.world.device)
+            signum = self.stop.agreed(self.control_pg)
             if signum and self.step < self.total_steps:
                 return self.preempted(signum)
         if self.cfg.ckpt_final and self.last_saved != self.step:
@@ -250,8 +262,11 @@ class Trainer:
         self.last_loss = loss_avg
         per_sample = self.data.tokens_per_sample or 1
         throughput = self.global_batch * per_sample / step_time
+        mfu = self.mfu(throughput)
         if self.step > 1:
             self.throughputs.append(throughput)
+            if mfu is not None:
+                self.mfus.append(mfu)
         self.reporter.log(
             {
                 "step": self.step,
@@ -265,7 +280,19 @@ class Trainer:
                 "mem_bytes": memory_bytes(self.world.device),
                 "epoch": self.sampler.epoch,
                 "time_s": time.perf_counter() - self.t_start,
+                "mfu": mfu,
+                **cuda_memory(self.world.device),
             }
+        )
+
+    def mfu(self, tokens_per_s: float) -> float | None:
+        """Model FLOPs utilisation of the gpt model: achieved / (peak x GPUs)."""
+        if self.cfg.model != "gpt" or self.peak_flops is None:
+            return None
+        return (
+            tokens_per_s
+            * gpt_flops_per_token(self.cfg, self.num_params)
+            / (self.peak_flops * self.world.size)
         )
 
     # --- checkpoints, resume, preemption -------------------------------------------------
@@ -418,6 +445,8 @@ class Trainer:
                 "tokens_per_s": statistics.median(self.throughputs)
                 if self.throughputs and self.data.tokens_per_sample
                 else None,
+                "mfu": statistics.median(self.mfus) if self.mfus else None,
+                **cuda_memory(self.world.device),
                 "time_to_first_step_s": self.time_to_first_step,
                 "total_time_s": time.perf_counter() - self.t_start,
                 "resumed_from": self.resumed_from,
