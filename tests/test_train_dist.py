@@ -142,3 +142,28 @@ def test_mnist_missing_files_says_where_to_put_them(tmp_path):
     )
     assert run.rc == 2 and "Traceback" not in run.out
     assert f"MNIST not found under {tmp_path / 'none'}/MNIST/raw" in run.out
+
+
+def test_activation_checkpointing_changes_memory_not_results(tmp_path):
+    args = (
+        "--model",
+        "gpt",
+        "--n-layer",
+        "2",
+        "--steps",
+        "4",
+        "--log-interval",
+        "2",
+        "--synthetic-samples",
+        "64",
+        "--batch-size",
+        "4",
+        "--no-eval",
+    )
+    plain = train(tmp_path / "plain", *args)
+    ac = train(tmp_path / "ac", *args, "--activation-checkpointing")
+    assert_same_params(
+        full_params(last_checkpoint(plain.run_dir)),
+        full_params(last_checkpoint(ac.run_dir)),
+        atol=1e-6,
+    )
