@@ -1,0 +1,181 @@
+"""`python -m bench` (`make bench`): every benchmark, JSON in out/bench/, a table on stdout.
+
+    python -m bench                  # everything, about 8-10 minutes on 2 shared cores
+    python -m bench --only step      # step time and time to first step, kit vs plain loop
+    python -m bench --only ckpt      # checkpoint save sync/async/raw disk, resume vs fresh
+    python -m bench --quick          # tiny sizes, one repetition: checks the scripts run
+
+Speed is reported, never asserted: the targets (kit step time within 3% of the plain loop;
+a loop blocked by an async save for under 20% of the sync save time) are printed as
+met / not met with the numbers behind them. See bench/README.md for how to read them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import checkpoint_io, step_time
+from bench.common import ROOT, BenchError, fmt_spread, table, write_json
+
+STEP_TARGET = 1.03  # kit step time / plain step time
+BLOCKED_TARGET = 0.20  # async blocked time / sync save time
+
+
+def plan(quick: bool) -> dict[str, Any]:
+    if quick:
+        return {
+            "step_cases": [step_time.Case("mlp", 14, 2, ("plain", "kit"), synthetic_samples=1024)],
+            "ckpt_model": "mlp",
+            "ckpt_reps": 1,
+            "resume_model": "mlp",
+            "resume_pairs": 1,
+        }
+    return {
+        "step_cases": [
+            step_time.Case(
+                "mlp", 420, 20, ("plain", "plain-gather", "kit", "kit-nolog", "kit-nostop")
+            ),
+            step_time.Case("mlp-deep", 23, 3, ("plain", "kit")),
+        ],
+        "ckpt_model": "mlp-deep",
+        "ckpt_reps": 3,
+        "resume_model": "mlp-deep",
+        "resume_pairs": 2,
+    }
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        print(f"error: {message} (see python -m bench --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _Parser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", choices=("all", "step", "ckpt"), default="all")
+    p.add_argument("--reps", type=int, default=3, help="step-time repetitions per variant")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, one repetition")
+    p.add_argument("--out-dir", default="out/bench", help="where the JSON results go")
+    args = p.parse_args(argv)
+    if args.reps < 1:
+        p.error(f"--reps must be >= 1, got {args.reps}")
+    reps = 1 if args.quick else args.reps
+    out = Path(args.out_dir)
+    out = out if out.is_absolute() else ROOT / out
+    work = out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    cfg = plan(args.quick)
+    env = {"python": platform.python_version(), "machine": platform.machine(), "quick": args.quick}
+    lines: list[str] = []
+    t0 = time.time()
+    try:
+        if args.only in ("all", "step"):
+            lines += run_steps(cfg, reps, work, out, env)
+        if args.only in ("all", "ckpt"):
+            lines += run_ckpt(cfg, work, out, env)
+    except BenchError as e:
+        print(f"error: a benchmark launch failed: {e}", file=sys.stderr)
+        return 1
+    finally:
+        _rmdir_if_empty(work)
+    lines.append(f"total {time.time() - t0:.0f} s; JSON in {out}")
+    text = "\n".join(lines)
+    print("\n" + text)
+    (out / "summary.txt").write_text(text + "\n")
+    return 0
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def run_steps(cfg: dict[str, Any], reps: int, work: Path, out: Path, env: dict) -> list[str]:
+    _log(f"step time: kit vs plain DDP loop, 2 gloo ranks, {reps} repetition(s)")
+    results = [step_time.run_case(c, reps, work, _log) for c in cfg["step_cases"]]
+    write_json(out / "step_time.json", {"env": env, "results": results})
+    rows = [step_time.HEADER]
+    for r in results:
+        rows += step_time.rows(r)
+    lines = [
+        "== step time (block-median ms per step; ratio paired within a repetition) ==",
+        table(rows),
+    ]
+    for r in results:
+        s, model = r["summary"], r["case"]["model"]
+        if "kit" in s and "ratio_vs_plain" in s["kit"]:
+            ratio = s["kit"]["ratio_vs_plain"]["median"]
+            verdict = "met" if ratio <= STEP_TARGET else "NOT met"
+            lines.append(
+                f"{model}: kit/plain {ratio:.3f} (window-mean ratio "
+                f"{fmt_spread(s['kit']['ratio_vs_plain_window_mean'])}); target <= "
+                f"{STEP_TARGET}: {verdict}"
+            )
+        if "kit" in s and "ratio_vs_plain-gather" in s["kit"]:
+            lines.append(
+                f"{model}: kit/plain-gather (same data path, loop overhead only) "
+                f"{fmt_spread(s['kit']['ratio_vs_plain-gather'])}"
+            )
+        for key, label in (
+            ("stop_allreduce_s", "stop-signal all_reduce"),
+            ("logging_s", "logging"),
+        ):
+            if key in s.get("costs_per_step", {}):
+                lines.append(
+                    f"{model}: {label} costs {fmt_spread(s['costs_per_step'][key], 1e3, 3)} "
+                    "ms per step (kit minus the variant without it)"
+                )
+        if "stop_allreduce_isolated_s" in s:
+            lines.append(
+                f"{model}: one-int all_reduce + .item() alone: "
+                f"{fmt_spread(s['stop_allreduce_isolated_s'], 1e3, 3)} ms"
+            )
+    return lines
+
+
+def run_ckpt(cfg: dict[str, Any], work: Path, out: Path, env: dict) -> list[str]:
+    _log(f"checkpoint saves: {cfg['ckpt_model']}, 2 gloo ranks, DDP + AdamW")
+    saves = checkpoint_io.run_saves(cfg["ckpt_model"], cfg["ckpt_reps"], 64, work, _log)
+    _log(f"time to first step, fresh vs resumed: {cfg['resume_model']}")
+    resume = checkpoint_io.run_resume(cfg["resume_model"], cfg["resume_pairs"], work, _log)
+    write_json(out / "checkpoint.json", {"env": env, "saves": saves, "resume": resume})
+    s = saves["summary"]
+    bd = s["blocked_breakdown_s"]
+    frac = s["async"]["blocked_over_sync"]["median"]
+    lines = [
+        f"== checkpoint: {s['checkpoint_mb']:.0f} MB on disk ({saves['model']}, "
+        f"{saves['parallel']}, 2 ranks); median [min..max] of {saves['results'] and len(saves['results']['sync'])} ==",
+        table([checkpoint_io.SAVE_HEADER, *checkpoint_io.save_rows(saves)]),
+        f"async blocked time, parts: get_state_dict {bd['get_state_dict']:.3f} s, staging copy "
+        f"into new buffers {bd['stage_new_buffers']:.3f} s (into reused ones "
+        f"{bd['stage_reused']:.3f} s)",
+        f"async save (kit): loop blocked {frac:.2f} of the sync save time; target < "
+        f"{BLOCKED_TARGET}: {'met' if frac < BLOCKED_TARGET else 'NOT met'}",
+    ]
+    rs = resume["summary"]
+    rows = [["start", "launch -> first step s", "kit time_to_first_step_s", "checkpoint load s"]]
+    for kind in ("fresh", "resume"):
+        rows.append(
+            [
+                kind,
+                fmt_spread(rs[kind]["launch_to_first_step_s"], 1, 2),
+                fmt_spread(rs[kind]["kit_time_to_first_step_s"], 1, 2),
+                fmt_spread(rs[kind]["resume_load_s"], 1, 3) if kind == "resume" else "-",
+            ]
+        )
+    lines += [f"== time to first step, {resume['model']}, fresh vs resumed ==", table(rows)]
+    return lines
+
+
+def _rmdir_if_empty(p: Path) -> None:
+    with contextlib.suppress(OSError):  # left non-empty only when a launch failed
+        p.rmdir()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

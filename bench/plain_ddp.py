@@ -1,0 +1,158 @@
+"""The baseline: a DDP training loop written the plain way, nothing else.
+
+    torchrun --nproc-per-node 2 -m bench.plain_ddp --out FILE [--model mlp] [--steps 200]
+
+DDP + DistributedSampler + DataLoader + AdamW, as in the PyTorch DDP tutorial. The data and
+the model come from the kit's builders (train.data.build_data, train.models.build_model) so
+both loops train the same network on the same tensors with the same per-rank batch; the
+loop itself uses none of the kit. Rank 0 writes the same timestamps as bench.kit_timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+T_IMPORT = time.time()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.plain_ddp")
+    p.add_argument("--out", required=True, help="JSON file rank 0 writes the timestamps to")
+    p.add_argument("--model", choices=("mlp", "mlp-deep"), default="mlp")
+    p.add_argument("--batch-size", type=int, default=64, help="per rank")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--synthetic-samples", type=int, default=8192)
+    p.add_argument(
+        "--data",
+        choices=("loader", "gather"),
+        default="loader",
+        help="loader: DataLoader over the dataset (the plain way); gather: index the in-memory "
+        "tensors with the sampler's batch, the data path the kit uses for tensor data",
+    )
+    p.add_argument(
+        "--probe-collectives",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the timed loop, time N one-int all_reduce + .item() calls (the kit's "
+        "per-step stop-signal check) in isolation",
+    )
+    args = p.parse_args(argv)
+
+    t0 = time.time()
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from bench.common import write_json
+    from train.config import TrainConfig
+    from train.data import build_data
+    from train.models import build_model
+
+    phases = [("import torch+train", t0, time.time())]
+
+    t0 = time.time()
+    dist.init_process_group("gloo")
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    rank = dist.get_rank()
+    phases.append(("init process group", t0, time.time()))
+
+    t0 = time.time()
+    cfg = TrainConfig(model=args.model, synthetic_samples=args.synthetic_samples, seed=args.seed)
+    data = build_data(cfg)
+    sampler = DistributedSampler(data.train, shuffle=True, seed=args.seed, drop_last=True)
+    if args.data == "loader":
+        loader = DataLoader(data.train, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+    else:
+        loader = TensorBatches(data.train.tensors, sampler, args.batch_size)
+    phases.append(("build data", t0, time.time()))
+
+    t0 = time.time()
+    torch.manual_seed(args.seed)
+    model = DDP(build_model(cfg, data.in_shape, data.num_classes))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    phases.append(("build model + DDP/FSDP", t0, time.time()))
+
+    step_ends: list[float] = []
+    first_step_wall = None
+    step, epoch = 0, 0
+    while step < args.steps:
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            step_ends.append(time.perf_counter())
+            if first_step_wall is None:
+                first_step_wall = time.time()
+            if step == args.steps:
+                break
+        epoch += 1
+
+    final_loss = float(loss)
+    probe = probe_stop_allreduce(args.probe_collectives) if args.probe_collectives else None
+    if rank == 0:
+        from pathlib import Path
+
+        write_json(
+            Path(args.out),
+            {
+                "variant": "plain" if args.data == "loader" else "plain-gather",
+                "rc": 0,
+                "t_import": T_IMPORT,
+                "t_first_step": first_step_wall,
+                "step_ends": step_ends,
+                "final_loss_rank0": final_loss,
+                "probe_stop_allreduce_s": probe,
+                "phases": [{"phase": n, "start": a, "s": b - a} for n, a, b in phases],
+            },
+        )
+    dist.destroy_process_group()
+    return 0
+
+
+class TensorBatches:
+    """The sampler's indices in batches, one tensor gather per batch (no per-sample collate)."""
+
+    def __init__(self, tensors, sampler, batch_size: int) -> None:
+        self.tensors, self.sampler, self.batch_size = tensors, sampler, batch_size
+
+    def __iter__(self):
+        import torch
+
+        idx = list(self.sampler)
+        for lo in range(0, len(idx) - self.batch_size + 1, self.batch_size):
+            t = torch.tensor(idx[lo : lo + self.batch_size])
+            yield tuple(x[t] for x in self.tensors)
+
+
+def probe_stop_allreduce(n: int) -> dict[str, float]:
+    """Median and mean seconds of the kit's stop check alone: MAX all_reduce of one int32,
+    then .item() (train.fault.StopRequest.agreed). Not part of the plain loop's timing."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.zeros(1, dtype=torch.int32)
+    times = []
+    dist.barrier()
+    for _ in range(n):
+        t0 = time.perf_counter()
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        int(flag.item())
+        times.append(time.perf_counter() - t0)
+    return {"median": statistics.median(times), "mean": statistics.fmean(times), "n": n}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""Step time and time to first step: the kit's loop against the plain DDP loop.
+
+Each repetition launches every variant once under `torchrun --nproc-per-node 2` (gloo), in
+an order rotated per repetition (A B C, B C A, ...), so slow and fast phases of a shared
+machine fall on every variant alike. Step time is wall time over the steps after warmup,
+divided by their number, measured the same way in both loops (see bench.common). Ratios are
+taken within a repetition (kit run / plain run launched next to it), then summarised as
+median [min..max] over repetitions.
+
+Variants:
+  plain       bench.plain_ddp: DDP + DistributedSampler + DataLoader + AdamW
+  plain-gather  the plain loop with one tensor gather per batch instead of the DataLoader's
+              per-sample collate: the kit's data path for in-memory data, so kit/plain-gather
+              isolates the kit's loop overhead from the data-loading difference
+  kit         python -m train as users run it (default --log-interval 10)
+  kit-nolog   the kit with --log-interval above --steps (no logging step inside the window)
+  kit-nostop  the kit with the per-step stop-signal all_reduce patched out (bench only)
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.common import fmt_spread, launch, read_json, spread, torchrun_cmd, window_step_time
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    steps: int
+    warmup: int
+    variants: tuple[str, ...]
+    batch_size: int = 64
+    synthetic_samples: int = 8192
+    log_interval: int = 10  # the kit's default
+    probe_collectives: int = 200  # plain runs: time the kit's stop check alone afterwards
+    timeout_s: float = 300.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def command(case: Case, variant: str, out: Path, run_dir: Path) -> list[str]:
+    common = [
+        "--model",
+        case.model,
+        "--batch-size",
+        str(case.batch_size),
+        "--steps",
+        str(case.steps),
+        "--lr",
+        "1e-3",
+        "--seed",
+        "0",
+        "--synthetic-samples",
+        str(case.synthetic_samples),
+    ]
+    if variant == "plain":
+        probe = ["--probe-collectives", str(case.probe_collectives)]
+        return torchrun_cmd(2, "bench.plain_ddp", "--out", str(out), *common, *probe)
+    if variant == "plain-gather":
+        return torchrun_cmd(2, "bench.plain_ddp", "--out", str(out), *common, "--data", "gather")
+    log_interval = case.steps + 1 if variant == "kit-nolog" else case.log_interval
+    kit_variant = "kit-nostop" if variant == "kit-nostop" else "kit"
+    return torchrun_cmd(
+        2,
+        "bench.kit_timed",
+        "--out",
+        str(out),
+        "--variant",
+        kit_variant,
+        "--",
+        *common,
+        "--log-interval",
+        str(log_interval),
+        "--run-dir",
+        str(run_dir),
+        "--resume",
+        "never",
+        "--no-ckpt-final",
+        "--no-eval",
+        "--progress",
+        "plain",
+    )
+
+
+def run_one(case: Case, variant: str, rep: int, work: Path) -> dict[str, Any]:
+    tag = f"{case.model}-{variant}-{rep}"
+    out, run_dir = work / f"{tag}.json", work / tag
+    cmd = command(case, variant, out, run_dir)
+    t_launch, wall, _ = launch(cmd, case.timeout_s)
+    rec = read_json(out)
+    st = window_step_time(rec["step_ends"], case.warmup, case.log_interval)
+    result = {
+        "variant": variant,
+        "rep": rep,
+        "command": shlex.join(cmd),
+        "step_s": st["block_median"],
+        "step_mean_s": st["mean"],
+        "step_median_s": st["step_median"],
+        "measured_steps": st["steps"],
+        "launch_to_first_step_s": rec["t_first_step"] - t_launch,
+        "process_to_first_step_s": rec["t_first_step"] - rec["t_import"],
+        "launch_wall_s": wall,
+        "phases": {p["phase"]: round(p["s"], 4) for p in rec["phases"]},
+    }
+    if rec.get("probe_stop_allreduce_s"):
+        result["probe_stop_allreduce_s"] = rec["probe_stop_allreduce_s"]
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():  # the kit's own per-log-interval step_time_s, as a cross-check
+        recs = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+        own = [r["step_time_s"] for r in recs if r["step"] > case.warmup]
+        result["kit_reported_step_s"] = statistics.median(own) if own else None
+    shutil.rmtree(run_dir, ignore_errors=True)
+    out.unlink(missing_ok=True)
+    return result
+
+
+def run_case(case: Case, reps: int, work: Path, log) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    for rep in range(reps):
+        k = rep % len(case.variants)
+        for variant in case.variants[k:] + case.variants[:k]:
+            r = run_one(case, variant, rep, work)
+            log(
+                f"  {case.model:<8} rep {rep} {variant:<10} step {r['step_s'] * 1e3:8.2f} ms  "
+                f"first step {r['launch_to_first_step_s']:.2f} s after launch"
+            )
+            runs.append(r)
+    return {"case": asdict(case), "reps": reps, "runs": runs, "summary": summarize(case, runs)}
+
+
+def summarize(case: Case, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    by = {v: {r["rep"]: r for r in runs if r["variant"] == v} for v in case.variants}
+    out: dict[str, Any] = {}
+    for v in case.variants:
+        rs = list(by[v].values())
+        out[v] = {
+            "step_s": spread([r["step_s"] for r in rs]),
+            "launch_to_first_step_s": spread([r["launch_to_first_step_s"] for r in rs]),
+            "process_to_first_step_s": spread([r["process_to_first_step_s"] for r in rs]),
+            "phases_median_s": {
+                ph: statistics.median(r["phases"][ph] for r in rs if ph in r["phases"])
+                for ph in rs[0]["phases"]
+            },
+        }
+        for base in BASELINES:
+            if v == base or base not in by or v.startswith("plain"):
+                continue
+            pairs = [(by[v][k], by[base][k]) for k in by[v] if k in by[base]]
+            out[v][f"ratio_vs_{base}"] = spread([a["step_s"] / b["step_s"] for a, b in pairs])
+            out[v][f"ratio_vs_{base}_window_mean"] = spread(
+                [a["step_mean_s"] / b["step_mean_s"] for a, b in pairs]
+            )
+    probes = [
+        r["probe_stop_allreduce_s"]["median"]
+        for r in by.get("plain", {}).values()
+        if r.get("probe_stop_allreduce_s")
+    ]
+    if probes:
+        out["stop_allreduce_isolated_s"] = spread(probes)
+    if "kit" in by:
+        for other, key in (("kit-nostop", "stop_allreduce_s"), ("kit-nolog", "logging_s")):
+            if other in by:  # what the removed piece costs per step, paired within a rep
+                d = [by["kit"][k]["step_s"] - by[other][k]["step_s"] for k in by[other]]
+                out.setdefault("costs_per_step", {})[key] = spread(d)
+    return out
+
+
+def rows(result: dict[str, Any]) -> list[list[str]]:
+    case, s = result["case"], result["summary"]
+    table = []
+    for v in case["variants"]:
+        ratios = [s[v].get(f"ratio_vs_{b}") for b in BASELINES]
+        table.append(
+            [
+                case["model"],
+                v,
+                fmt_spread(s[v]["step_s"], 1e3, 2),
+                *(fmt_spread(r, 1.0, 3) if r else "-" for r in ratios),
+                fmt_spread(s[v]["launch_to_first_step_s"], 1.0, 2),
+            ]
+        )
+    return table
+
+
+BASELINES = ("plain", "plain-gather")
+HEADER = [
+    "model",
+    "variant",
+    "step ms",
+    "ratio vs plain",
+    "ratio vs plain-gather",
+    "launch -> first step s",
+]
