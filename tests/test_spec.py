@@ -142,3 +142,13 @@ def test_cli_print_spec_round_trips(tmp_path: Path) -> None:
     )  # fmt: skip
     spec = load_spec(write(tmp_path, out.stdout))
     assert spec.nodes == 3 and spec.env == {"A": "1"} and spec.name == "mnist-ddp"
+
+
+@pytest.mark.parametrize(
+    "ifname,gloo",
+    [("=eth0", "eth0"), ("eth", None), ("^lo,docker", None), ("=eth0,eth1", None)],
+)
+def test_gloo_gets_only_an_exact_interface_name(ifname, gloo):
+    env = load_spec(None, [f"nccl_socket_ifname={ifname}"]).launch_env()
+    assert env["NCCL_SOCKET_IFNAME"] == ifname
+    assert env.get("GLOO_SOCKET_IFNAME") == gloo

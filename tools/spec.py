@@ -21,7 +21,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 import tomllib
 
 from train.config import ConfigError, TrainConfig
-from train.config import _convert as _convert_train_value
+from train.config import convert_value as _convert_train_value
 
 DebugPreset = Literal["off", "warn", "info", "trace"]
 
@@ -104,7 +104,7 @@ class JobSpec:
     time: str = "01:00:00"  # limit: MM, HH:MM:SS, D-HH, D-HH:MM[:SS]
     env: dict[str, str] = field(default_factory=dict)  # extra environment for every rank
     debug: DebugPreset = "off"  # NCCL/torch.distributed debug preset
-    nccl_socket_ifname: str | None = None  # NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME
+    nccl_socket_ifname: str | None = None  # NCCL_SOCKET_IFNAME; an exact "=eth0" also sets GLOO's
     nccl_ib_hca: str | None = None  # NCCL_IB_HCA, e.g. "mlx5"
     nccl_ib_disable: bool = False  # NCCL_IB_DISABLE=1 (TCP sockets only)
     rdzv_port: int = 29500  # c10d rendezvous port on the head node
@@ -145,6 +145,25 @@ class JobSpec:
 
     def debug_env(self) -> dict[str, str]:
         return debug_env(self.debug)
+
+    def launch_env(self) -> dict[str, str]:
+        """What every backend exports to every rank: the debug preset, the network choices,
+        then the user's `env` (which wins)."""
+        env = debug_env(self.debug)
+        if self.nccl_socket_ifname:
+            env["NCCL_SOCKET_IFNAME"] = self.nccl_socket_ifname
+            # gloo (the CPU path, DCP's coordination, async saves) takes one exact interface
+            # name; NCCL's prefix ("eth"), exact ("=eth0") and exclusion ("^lo") forms would
+            # make it fail, so only a plain exact name is passed on.
+            name = self.nccl_socket_ifname.removeprefix("=")
+            if self.nccl_socket_ifname.startswith("=") and re.fullmatch(r"[\w.:-]+", name):
+                env["GLOO_SOCKET_IFNAME"] = name
+        if self.nccl_ib_hca:
+            env["NCCL_IB_HCA"] = self.nccl_ib_hca
+        if self.nccl_ib_disable:
+            env["NCCL_IB_DISABLE"] = "1"
+        env.update(self.env)
+        return env
 
     def to_dict(self) -> dict[str, Any]:
         return _drop_none(dataclasses.asdict(self))

@@ -116,7 +116,7 @@ def _hints() -> dict[str, Any]:
     return get_type_hints(TrainConfig)
 
 
-def _convert(name: str, value: Any, where: str) -> Any:
+def convert_value(name: str, value: Any, where: str) -> Any:
     """Check a TOML value against the field type (the CLI path is checked by argparse)."""
     tp, choices = _base_type(_hints()[name])
     if value is None:
@@ -199,7 +199,7 @@ def load_toml(path: str) -> dict[str, Any]:
             raise ConfigError(
                 f"--config {path}: unknown key {key!r}; valid keys: {', '.join(sorted(known))}"
             )
-        out[name] = _convert(name, value, f"--config {path}")
+        out[name] = convert_value(name, value, f"--config {path}")
     return out
 
 

@@ -66,14 +66,7 @@ def environment(spec: JobSpec) -> dict[str, str]:
     env = {"PET_NPROC_PER_NODE": str(spec.nproc_per_node)}
     if spec.max_restarts:
         env["PET_MAX_RESTARTS"] = str(spec.max_restarts)
-    env.update(spec.debug_env())
-    if spec.nccl_socket_ifname:
-        env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = spec.nccl_socket_ifname
-    if spec.nccl_ib_hca:
-        env["NCCL_IB_HCA"] = spec.nccl_ib_hca
-    if spec.nccl_ib_disable:
-        env["NCCL_IB_DISABLE"] = "1"
-    env.update(spec.env)
+    env.update(spec.launch_env())
     return env
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from tools.spec import JobSpec, SpecError, debug_env
+from tools.spec import JobSpec, SpecError
 from tools.templating import REPO_ROOT
 
 FILE_EXT = "yaml"
@@ -156,19 +156,13 @@ def resources(spec: JobSpec) -> dict[str, Any]:
 
 
 def env(spec: JobSpec) -> list[dict[str, Any]]:
-    values = debug_env(spec.debug)
-    if spec.nccl_socket_ifname:
-        values["NCCL_SOCKET_IFNAME"] = values["GLOO_SOCKET_IFNAME"] = spec.nccl_socket_ifname
-    if spec.nccl_ib_hca:
-        values["NCCL_IB_HCA"] = spec.nccl_ib_hca
-    if spec.nccl_ib_disable:
-        values["NCCL_IB_DISABLE"] = "1"
+    values: dict[str, str] = {}
     if spec.k8s.elastic.min is not None:
         # torch shares the rendezvous TCPStore with the workers and caches its address from
         # the first round: a pod that (re)joins a running job then waits forever for a key
         # the old rank 0 never rewrites. Found by the operator emulation (a killed replica).
         values["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    values.update(spec.env)
+    values.update(spec.launch_env())
     pod_name = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
     return [pod_name] + [{"name": k, "value": str(v)} for k, v in sorted(values.items())]
 

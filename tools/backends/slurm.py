@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.backends import last_job, record_job
-from tools.spec import JobSpec, SpecError, debug_env
+from tools.spec import JobSpec, SpecError
 from tools.templating import render_template
 
 FILE_EXT = "sbatch"
@@ -95,16 +95,7 @@ def sbatch_options(spec: JobSpec) -> list[str]:
 
 
 def env_list(spec: JobSpec) -> list[tuple[str, str]]:
-    env = debug_env(spec.debug)
-    if spec.nccl_socket_ifname:
-        env["NCCL_SOCKET_IFNAME"] = spec.nccl_socket_ifname
-        env["GLOO_SOCKET_IFNAME"] = spec.nccl_socket_ifname
-    if spec.nccl_ib_hca:
-        env["NCCL_IB_HCA"] = spec.nccl_ib_hca
-    if spec.nccl_ib_disable:
-        env["NCCL_IB_DISABLE"] = "1"
-    env.update(spec.env)
-    return sorted(env.items())
+    return sorted(spec.launch_env().items())
 
 
 def _image_ref(spec: JobSpec) -> str:
