@@ -29,10 +29,11 @@ class BenchError(RuntimeError):
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """The caller's environment without torchrun's variables, CPU only, unbuffered."""
+    """The caller's environment without torchrun's variables; CPU only, one thread per rank."""
     drop = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
     env = {k: v for k, v in os.environ.items() if k not in drop and k != "DDPKIT_FAULT"}
-    env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+    # CPU + gloo everywhere: the plain loop has no CUDA path, so the kit must not take one.
+    env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
     env.update(extra)
     return env
 
@@ -119,22 +120,27 @@ def window_step_time(step_ends: list[float], warmup: int, block: int) -> dict[st
 
 
 def spread(values: list[float]) -> dict[str, float | int]:
-    """Median, min, max and the count of a list of numbers (empty lists give NaN)."""
+    """Median, min, max, count, and from 4 values on the quartiles p25/p75 (empty: NaN)."""
     if not values:
         return {"median": float("nan"), "min": float("nan"), "max": float("nan"), "n": 0}
-    return {
+    out: dict[str, float | int] = {
         "median": statistics.median(values),
         "min": min(values),
         "max": max(values),
         "n": len(values),
     }
+    if len(values) >= 4:
+        out["p25"], _, out["p75"] = statistics.quantiles(values, n=4, method="inclusive")
+    return out
 
 
-def fmt_spread(s: dict[str, Any], scale: float = 1.0, digits: int = 3) -> str:
-    if not s.get("n"):
+def fmt_spread(s: dict[str, Any] | None, scale: float = 1.0, digits: int = 3) -> str:
+    """`median [min..max]`, or `median (p25..p75)` where quartiles exist."""
+    if not s or not s.get("n"):
         return "-"
-    m, lo, hi = (s[k] * scale for k in ("median", "min", "max"))
-    return f"{m:.{digits}f} [{lo:.{digits}f}..{hi:.{digits}f}]"
+    lo_key, hi_key, br = ("p25", "p75", "()") if "p25" in s else ("min", "max", "[]")
+    m, lo, hi = (s[k] * scale for k in ("median", lo_key, hi_key))
+    return f"{m:.{digits}f} {br[0]}{lo:.{digits}f}..{hi:.{digits}f}{br[1]}"
 
 
 def table(rows: list[list[str]]) -> str:

@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=64, help="per rank")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.0, help="the kit's default: 0")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--synthetic-samples", type=int, default=8192)
     p.add_argument(
@@ -47,14 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.data import DataLoader, DistributedSampler
 
     from bench.common import write_json
     from train.config import TrainConfig
     from train.data import build_data
-    from train.models import build_model
 
     phases = [("import torch+train", t0, time.time())]
 
@@ -67,38 +64,17 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     cfg = TrainConfig(model=args.model, synthetic_samples=args.synthetic_samples, seed=args.seed)
     data = build_data(cfg)
-    sampler = DistributedSampler(data.train, shuffle=True, seed=args.seed, drop_last=True)
-    if args.data == "loader":
-        loader = DataLoader(data.train, batch_size=args.batch_size, sampler=sampler, drop_last=True)
-    else:
-        loader = TensorBatches(data.train.tensors, sampler, args.batch_size)
     phases.append(("build data", t0, time.time()))
 
     t0 = time.time()
-    torch.manual_seed(args.seed)
-    model = DDP(build_model(cfg, data.in_shape, data.num_classes))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    loop = PlainLoop(cfg, data, args.batch_size, args.lr, args.weight_decay, args.data)
     phases.append(("build model + DDP/FSDP", t0, time.time()))
 
-    step_ends: list[float] = []
-    first_step_wall = None
-    step, epoch = 0, 0
-    while step < args.steps:
-        sampler.set_epoch(epoch)
-        for x, y in loader:
-            optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            optimizer.step()
-            step += 1
-            step_ends.append(time.perf_counter())
-            if first_step_wall is None:
-                first_step_wall = time.time()
-            if step == args.steps:
-                break
-        epoch += 1
+    step_ends = loop.run(1)
+    first_step_wall = time.time()
+    step_ends += loop.run(args.steps - 1)
 
-    final_loss = float(loss)
+    final_loss = float(loop.loss)
     probe = probe_stop_allreduce(args.probe_collectives) if args.probe_collectives else None
     if rank == 0:
         from pathlib import Path
@@ -118,6 +94,53 @@ def main(argv: list[str] | None = None) -> int:
         )
     dist.destroy_process_group()
     return 0
+
+
+class PlainLoop:
+    """The plain loop's state; run(n) trains n more steps and returns their end times."""
+
+    def __init__(self, cfg, data, batch_size: int, lr: float, weight_decay: float, mode: str):
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        from train.models import build_model
+
+        self.sampler = DistributedSampler(data.train, shuffle=True, seed=cfg.seed, drop_last=True)
+        if mode == "loader":
+            self.loader = DataLoader(
+                data.train, batch_size=batch_size, sampler=self.sampler, drop_last=True
+            )
+        else:
+            self.loader = TensorBatches(data.train.tensors, self.sampler, batch_size)
+        torch.manual_seed(cfg.seed)
+        self.model = DDP(build_model(cfg, data.in_shape, data.num_classes))
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=lr, weight_decay=weight_decay
+        )
+        self.batches = self._epochs()
+        self.loss = None
+
+    def _epochs(self):
+        epoch = 0
+        while True:
+            self.sampler.set_epoch(epoch)
+            yield from self.loader
+            epoch += 1
+
+    def run(self, n: int) -> list[float]:
+        import torch.nn.functional as F
+
+        ends = []
+        for _ in range(n):
+            x, y = next(self.batches)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(self.model(x), y)
+            loss.backward()
+            self.optimizer.step()
+            ends.append(time.perf_counter())
+        self.loss = loss
+        return ends
 
 
 class TensorBatches:

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import interleaved
 from bench.common import fmt_spread, launch, read_json, spread, torchrun_cmd, window_step_time
 
 
@@ -189,6 +190,121 @@ def rows(result: dict[str, Any]) -> list[list[str]]:
 
 
 BASELINES = ("plain", "plain-gather")
+# --- interleaved blocks in one launch (bench.interleaved) -------------------------------------
+
+
+@dataclass(frozen=True)
+class Interleaved:
+    model: str
+    variants: tuple[str, ...]
+    cycles: int
+    block: int = 10  # steps per block = the kit's --log-interval inside the run
+    warmup_cycles: int = 2
+    batch_size: int = 64
+    synthetic_samples: int = 8192
+    timeout_s: float = 420.0
+
+
+def interleaved_command(case: Interleaved, out: Path, run_dir: Path) -> list[str]:
+    steps = interleaved.kit_steps(list(case.variants), case.cycles, case.block)
+    return torchrun_cmd(
+        2,
+        "bench.interleaved",
+        "--out",
+        str(out),
+        "--block",
+        str(case.block),
+        "--cycles",
+        str(case.cycles),
+        "--variants",
+        ",".join(case.variants),
+        "--",
+        "--model",
+        case.model,
+        "--batch-size",
+        str(case.batch_size),
+        "--steps",
+        str(steps),
+        "--lr",
+        "1e-3",
+        "--seed",
+        "0",
+        "--synthetic-samples",
+        str(case.synthetic_samples),
+        "--log-interval",
+        str(case.block),
+        "--run-dir",
+        str(run_dir),
+        "--resume",
+        "never",
+        "--no-ckpt-final",
+        "--no-eval",
+        "--progress",
+        "plain",
+    )
+
+
+def run_interleaved(case: Interleaved, launches: int, work: Path, log) -> dict[str, Any]:
+    runs = []
+    for i in range(launches):
+        out, run_dir = work / f"inter-{case.model}-{i}.json", work / f"inter-{case.model}-{i}"
+        cmd = interleaved_command(case, out, run_dir)
+        _, wall, _ = launch(cmd, case.timeout_s)
+        rec = read_json(out)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        out.unlink(missing_ok=True)
+        runs.append({"launch": i, "command": shlex.join(cmd), "wall_s": wall, **rec})
+        s = summarize_blocks(case, [rec])
+        log(
+            f"  {case.model:<8} interleaved launch {i}: "
+            + ", ".join(f"{v} {s[v]['step_s']['median'] * 1e3:.2f} ms" for v in case.variants)
+            + f" ({wall:.0f} s)"
+        )
+    return {"case": asdict(case), "runs": runs, "summary": summarize_blocks(case, runs)}
+
+
+def summarize_blocks(case: Interleaved, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-step times of each variant's blocks, and ratios/differences paired per cycle."""
+    per: dict[tuple[int, int], dict[str, float]] = {}
+    for run_i, rec in enumerate(runs):
+        for b in rec["blocks"]:
+            if b["cycle"] >= case.warmup_cycles:
+                per.setdefault((run_i, b["cycle"]), {})[b["variant"]] = b["s"] / case.block
+    cycles = list(per.values())
+    out: dict[str, Any] = {}
+    for v in case.variants:
+        out[v] = {"step_s": spread([c[v] for c in cycles if v in c])}
+        for base in BASELINES:
+            if v in interleaved.KIT and base in case.variants:
+                pairs = [c[v] / c[base] for c in cycles if v in c and base in c]
+                out[v][f"ratio_vs_{base}"] = spread(pairs)
+    for other, key in (("kit-nostop", "stop_allreduce_s"), ("kit-nolog", "logging_s")):
+        if "kit" in case.variants and other in case.variants:
+            d = [c["kit"] - c[other] for c in cycles if "kit" in c and other in c]
+            out.setdefault("costs_per_step", {})[key] = spread(d)
+    return out
+
+
+def interleaved_rows(result: dict[str, Any]) -> list[list[str]]:
+    case, s = result["case"], result["summary"]
+    return [
+        [
+            case["model"],
+            v,
+            fmt_spread(s[v]["step_s"], 1e3, 2),
+            *(fmt_spread(s[v].get(f"ratio_vs_{b}"), 1.0, 3) for b in BASELINES),
+        ]
+        for v in case["variants"]
+    ]
+
+
+INTERLEAVED_HEADER = [
+    "model",
+    "variant",
+    "step ms, median (p25..p75)",
+    "ratio vs plain",
+    "ratio vs plain-gather",
+]
 HEADER = [
     "model",
     "variant",

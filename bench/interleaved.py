@@ -1,0 +1,123 @@
+"""The kit's loop and the plain loop in the same two processes, in alternating blocks.
+
+    torchrun --nproc-per-node 2 -m bench.interleaved --out FILE --block 10 --cycles 60 \\
+        --variants plain,plain-gather,kit,kit-nolog,kit-nostop -- <python -m train flags>
+
+On a shared machine, separate launches of each loop see different background load; here
+every cycle runs one block of `--block` steps of each variant back to back (order rotated
+per cycle), so a kit block and the plain block it is compared with are a fraction of a
+second apart. `python -m train` runs unchanged; a wrapper around Trainer.train_step, at the
+start of every `--block`-th kit step, closes the kit block just finished (its time includes
+each step's logging, checkpoint poll and stop-signal check, since it runs from one block
+start to the next), runs the plain blocks due next (bench.plain_ddp.PlainLoop: its own
+model, DDP, sampler and AdamW on the kit's data tensors), and switches the kit variant:
+  kit         as users run it, logging every `--block` steps (pass --log-interval = --block)
+  kit-nolog   --log-interval set above the run length for this block (no logging step)
+  kit-nostop  StopRequest.agreed patched to "no signal" (no per-step all_reduce)
+Both ranks follow the same schedule, so their collectives stay matched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+KIT = ("kit", "kit-nolog", "kit-nostop")
+PLAIN = ("plain", "plain-gather")
+
+
+def schedule(variants: list[str], cycles: int) -> list[tuple[int, str]]:
+    out = []
+    for c in range(cycles):
+        k = c % len(variants)
+        out += [(c, v) for v in variants[k:] + variants[:k]]
+    return out
+
+
+def kit_steps(variants: list[str], cycles: int, block: int) -> int:
+    """--steps the kit needs: every kit block, plus one step that closes the last block."""
+    return cycles * block * sum(v in KIT for v in variants) + 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.interleaved")
+    p.add_argument("--out", required=True)
+    p.add_argument("--block", type=int, default=10)
+    p.add_argument("--cycles", type=int, default=40)
+    p.add_argument("--variants", default="plain,kit")
+    p.add_argument("train_args", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+    variants = args.variants.split(",")
+    unknown = set(variants) - set(KIT) - set(PLAIN)
+    if unknown or not any(v in KIT for v in variants):
+        p.error(f"--variants: need at least one kit variant; unknown: {sorted(unknown)}")
+
+    import train.__main__ as train_main
+    from bench.common import write_json
+    from bench.plain_ddp import PlainLoop
+    from train import fault, trainer
+
+    block = args.block
+    plan = schedule(variants, args.cycles)
+    blocks: list[dict] = []
+    loops: dict[str, PlainLoop] = {}
+    orig_step, orig_agreed = trainer.Trainer.train_step, fault.StopRequest.agreed
+    st = {"pos": 0, "current": None, "count": 0, "start": 0.0}
+
+    def plain_loop(tr, v: str) -> PlainLoop:
+        if v not in loops:  # built lazily: DDP's constructor broadcasts, on both ranks alike
+            c = tr.cfg
+            mode = "loader" if v == "plain" else "gather"
+            loops[v] = PlainLoop(c, tr.data, c.batch_size, c.lr, c.weight_decay, mode)
+        return loops[v]
+
+    def advance(tr) -> None:
+        """Run the plain blocks due next, then set up the next kit block (None: done)."""
+        while st["pos"] < len(plan):
+            c, v = plan[st["pos"]]
+            st["pos"] += 1
+            if v in PLAIN:
+                loop = plain_loop(tr, v)
+                t0 = time.perf_counter()
+                loop.run(block)
+                blocks.append({"variant": v, "cycle": c, "s": time.perf_counter() - t0})
+                continue
+            fault.StopRequest.agreed = (lambda s, d: 0) if v == "kit-nostop" else orig_agreed
+            tr.cfg.log_interval = 10**9 if v == "kit-nolog" else block
+            st["current"] = (c, v)
+            return
+        st["current"] = None
+
+    def timed_step(tr, batches):
+        now = time.perf_counter()
+        if st["count"] == block or (st["current"] is None and st["pos"] == 0):
+            if st["current"] is not None:
+                c, v = st["current"]
+                blocks.append({"variant": v, "cycle": c, "s": now - st["start"]})
+            advance(tr)
+            st["count"], st["start"] = 0, time.perf_counter()
+        st["count"] += 1
+        return orig_step(tr, batches)
+
+    trainer.Trainer.train_step = timed_step
+    rc = train_main.main(train_args)
+    if os.environ.get("RANK", "0") == "0":
+        write_json(
+            Path(args.out),
+            {
+                "rc": rc,
+                "block": block,
+                "cycles": args.cycles,
+                "variants": variants,
+                "blocks": blocks,
+            },
+        )
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
