@@ -190,6 +190,7 @@ class Trainer:
             signum = self.stop.agreed(self.control_pg)
             if signum and self.step < self.total_steps:
                 return self.preempted(signum)
+        self.stop.drain()
         if self.cfg.ckpt_final and self.last_saved != self.step:
             self.save(force_sync=True)
         self.ckpt.wait()
@@ -359,6 +360,7 @@ class Trainer:
     def preempted(self, signum: int) -> int:
         import signal as _signal
 
+        self.stop.drain()
         name = _signal.Signals(signum).name
         self.reporter.info(f"{name} received: saving a checkpoint at step {self.step}")
         self.save(force_sync=True)
