@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     blocks: list[dict] = []
     loops: dict[str, PlainLoop] = {}
     orig_step, orig_agreed = trainer.Trainer.train_step, fault.StopRequest.agreed
-    st = {"pos": 0, "current": None, "count": 0, "start": 0.0}
+    st: dict = {"pos": 0, "current": None, "count": 0, "start": 0.0, "stamps": []}
 
     def plain_loop(tr, v: str) -> PlainLoop:
         if v not in loops:  # built lazily: DDP's constructor broadcasts, on both ranks alike
@@ -83,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
             if v in PLAIN:
                 loop = plain_loop(tr, v)
                 t0 = time.perf_counter()
-                loop.run(block)
-                blocks.append({"variant": v, "cycle": c, "s": time.perf_counter() - t0})
+                ends = loop.run(block)
+                blocks.append(
+                    {"variant": v, "cycle": c, "s": ends[-1] - t0, "steps": _diffs([t0, *ends])}
+                )
                 continue
             fault.StopRequest.agreed = (lambda s, d: 0) if v == "kit-nostop" else orig_agreed
             tr.cfg.log_interval = 10**9 if v == "kit-nolog" else block
@@ -97,9 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         if st["count"] == block or (st["current"] is None and st["pos"] == 0):
             if st["current"] is not None:
                 c, v = st["current"]
-                blocks.append({"variant": v, "cycle": c, "s": now - st["start"]})
+                steps = _diffs([*st["stamps"], now])
+                blocks.append({"variant": v, "cycle": c, "s": now - st["start"], "steps": steps})
             advance(tr)
-            st["count"], st["start"] = 0, time.perf_counter()
+            st["count"], st["start"], st["stamps"] = 0, time.perf_counter(), []
+        st["stamps"].append(time.perf_counter())  # each kit step: entry to next entry
         st["count"] += 1
         return orig_step(tr, batches)
 
@@ -117,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
     return rc
+
+
+def _diffs(stamps: list[float]) -> list[float]:
+    return [round(b - a, 6) for a, b in zip(stamps, stamps[1:], strict=False)]
 
 
 if __name__ == "__main__":
