@@ -82,6 +82,8 @@ class Checkpointer:
         # background thread while training collectives run on the default group.
         self.pg = dist.new_group(backend="gloo")
         self._pending: tuple[Any, Path, dict[str, Any], float] | None = None
+        self._staging: Any = None  # CUDA: the device-to-host copy still running
+        self._stager: Any = None
 
     # --- state dicts ---------------------------------------------------------------------
 
@@ -116,12 +118,52 @@ class Checkpointer:
         dist.barrier(group=self.pg)
         state = self._state(model, optim, train)
         if self.use_async and not force_sync:
-            fut = dcp.async_save(state, checkpoint_id=str(path), process_group=self.pg)
+            resp = dcp.async_save(
+                state,
+                checkpoint_id=str(path),
+                process_group=self.pg,
+                async_stager=self._get_stager(),
+            )
+            fut = getattr(resp, "upload_completion", resp)
+            self._staging = getattr(resp, "staging_completion", None)
             self._pending = (fut, path, info, t0)
         else:
             dcp.save(state, checkpoint_id=str(path), process_group=self.pg)
             self._finish(path, info, t0)
         return time.perf_counter() - t0
+
+    def _get_stager(self) -> Any:
+        """One stager for the whole run: its host buffers are allocated by the first async
+        save and reused by the next ones (measured on CPU: the loop's blocked time fell from
+        0.20 s to 0.09 s for 161 MB per rank). With CUDA the device-to-host copy also runs in
+        the background into pinned memory; wait_staging() fences it before the optimizer
+        changes the parameters."""
+        if self._stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            cuda = torch.cuda.is_available()
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=cuda,
+                    use_shared_memory=False,
+                    use_async_staging=cuda,
+                    use_non_blocking_copy=cuda,
+                )
+            )
+        return self._stager
+
+    def wait_staging(self) -> None:
+        """Call before the optimizer step: the staged copy must be taken from the weights
+        of the step it belongs to."""
+        if self._staging is not None:
+            self._staging.result()
+            self._staging = None
+
+    def close(self) -> None:
+        self.wait()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
 
     def poll(self) -> None:
         """Mark a finished async save complete (cheap; call at step boundaries)."""
@@ -133,6 +175,7 @@ class Checkpointer:
             return
         fut, path, info, t0 = self._pending
         self._pending = None
+        self.wait_staging()
         fut.result()
         self._finish(path, info, t0)
 

@@ -193,7 +193,7 @@ class Trainer:
         self.stop.drain()
         if self.cfg.ckpt_final and self.last_saved != self.step:
             self.save(force_sync=True)
-        self.ckpt.wait()
+        self.ckpt.close()
         return self.finish()
 
     def train_step(self, batches) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -227,6 +227,7 @@ class Trainer:
             # max_norm=inf measures the norm without clipping (collective under FSDP).
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad or math.inf)
         self.phase = "optimizer step"
+        self.ckpt.wait_staging()
         if self.scaler:
             self.scaler.step(opt)
             self.scaler.update()
@@ -364,7 +365,7 @@ class Trainer:
         name = _signal.Signals(signum).name
         self.reporter.info(f"{name} received: saving a checkpoint at step {self.step}")
         self.save(force_sync=True)
-        self.ckpt.wait()
+        self.ckpt.close()
         took = time.time() - self.stop.received_at
         budget = self.cfg.shutdown_timeout_s
         if took <= budget:
