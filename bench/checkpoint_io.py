@@ -10,7 +10,7 @@ Two parts, both on 2 gloo ranks:
    - async:   the seconds Checkpointer.save returns (the loop is blocked: state-dict build,
               copy to staging memory), then training steps continue until every rank's write
               is done (ranks agree per step with a MIN all_reduce, as training would need),
-              and the time until the save is complete;
+              and the time until the last rank's write finished (a done-callback);
    - raw x1:  rank 0 writes the same number of bytes to one file, 8 MiB chunks, fsync;
    - raw x2:  both ranks write half of it each at once (DCP writes from every rank).
    DCP's FileSystemWriter fsyncs each file too, so all four reach the disk.
@@ -61,7 +61,6 @@ def worker(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
     from bench.common import write_json
     from train import distributed
@@ -98,14 +97,10 @@ def worker(args: argparse.Namespace) -> int:
         "sync": Checkpointer(str(root / "sync"), 1, False, quiet),
         "async": Checkpointer(str(root / "async"), 1, True, quiet),
     }
-    ck["async-reuse"] = Checkpointer(str(root / "async-reuse"), 1, True, quiet)
     sb = state_bytes(model, opt)
     info = {"model": args.model, "world_size": world.size}
     breakdown = blocked_breakdown(ck["sync"], raw, opt)
-    # One stager kept across saves: DCP then reuses its staging buffers (bench-only variant;
-    # the kit lets dcp.async_save make and close a fresh one per save).
-    stager = DefaultStager(StagingOptions(False, False, False, False))
-    order = ["sync", "async", "async-reuse", "raw1", "raw2"]
+    order = ["sync", "async", "raw1", "raw2"]
     res: dict[str, list[Any]] = {k: [] for k in order}
     nbytes = 0
     for rep in range(args.reps + 1):  # rep 0 warms up (first-save allocations), not reported
@@ -117,9 +112,8 @@ def worker(args: argparse.Namespace) -> int:
                 if rank == 0:
                     nbytes = dir_bytes(root / "sync" / f"step-{rep}")
                 rec: dict[str, Any] = {"save_s": t}
-            elif kind.startswith("async"):
-                reuse = kind == "async-reuse"
-                rec = async_save(ck[kind], rep, raw, opt, info, step, stager if reuse else None)
+            elif kind == "async":
+                rec = async_save(ck["async"], rep, raw, opt, info, step)
             else:
                 n = torch.tensor([nbytes], dtype=torch.int64)
                 dist.broadcast(n, 0)  # the size of the sync checkpoint (sync runs first in rep 0)
@@ -133,7 +127,7 @@ def worker(args: argparse.Namespace) -> int:
                 rec = {"save_s": float(tt), "bytes": size}
             if rep > 0:
                 res[kind].append(rec)
-    stager.close()
+    ck["async"].close()  # waits for the last save and frees the stager's buffers
     if rank == 0:
         write_json(
             Path(args.out),
@@ -152,23 +146,13 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def async_save(ck, rep, raw, opt, info, step, stager) -> dict[str, Any]:
-    """An async save while training goes on; `stager` set: DCP reuses that stager."""
-    import functools
-
+def async_save(ck, rep, raw, opt, info, step) -> dict[str, Any]:
+    """An async save while training goes on, as the trainer does it."""
     import torch
     import torch.distributed as dist
 
-    from train import checkpoint
-
-    orig = checkpoint.dcp.async_save
-    if stager is not None:
-        checkpoint.dcp.async_save = functools.partial(orig, async_stager=stager)
-    try:
-        t0 = time.perf_counter()
-        blocked = ck.save(rep, raw, opt, {"step": rep}, info)
-    finally:
-        checkpoint.dcp.async_save = orig
+    t0 = time.perf_counter()
+    blocked = ck.save(rep, raw, opt, {"step": rep}, info)
     written: list[float] = []
     ck._pending[0].add_done_callback(lambda _: written.append(time.perf_counter()))
     steps = []
@@ -178,6 +162,8 @@ def async_save(ck, rep, raw, opt, info, step, stager) -> dict[str, Any]:
         dist.all_reduce(done, op=dist.ReduceOp.MIN)
         if int(done):
             break
+        if hasattr(ck, "wait_staging"):  # the trainer fences staging before opt.step
+            ck.wait_staging()
         steps.append(step())
     ck.wait()
     t = torch.tensor([written[0] - t0 if written else time.perf_counter() - t0])
@@ -192,7 +178,8 @@ def async_save(ck, rep, raw, opt, info, step, stager) -> dict[str, Any]:
 
 def blocked_breakdown(ck, raw, opt) -> dict[str, float]:
     """Where an async save's blocked time goes: get_state_dict, then the staging copy into
-    new buffers (what each kit save does) or into reused ones (a stager kept across saves)."""
+    new buffers (a first save, or a stager made per save) or into reused ones (a stager kept
+    across saves, as train.checkpoint does since f408bf2)."""
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
     t0 = time.perf_counter()
@@ -265,7 +252,7 @@ def summarize_saves(rec: dict[str, Any]) -> dict[str, Any]:
         "sync_s": spread(sync),
         "sync_mb_s": spread([mb / t for t in sync]),
     }
-    for kind in ("async", "async-reuse"):
+    for kind in ("async",):
         xs = r[kind]
         blocked = [x["blocked_s"] for x in xs]
         complete = [x["complete_s"] for x in xs]
@@ -291,7 +278,7 @@ def save_rows(rec: dict[str, Any]) -> list[list[str]]:
 
     s = rec["summary"]
     rows = [["sync (kit)", fmt_spread(s["sync_s"], 1, 3), fmt_spread(s["sync_mb_s"], 1, 0), "-"]]
-    for kind, label in (("async", "async (kit)"), ("async-reuse", "async, stager reused")):
+    for kind, label in (("async", "async (kit)"),):
         a = s[kind]
         rows.append(
             [
