@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import statistics
 import time
@@ -222,10 +221,13 @@ class Trainer:
             1,
             self.total_steps,
         )
-        if cfg.clip_grad or logging_now:
+        if cfg.clip_grad:
+            self.phase = "grad-norm all_reduce"  # a collective under FSDP (DTensor grads)
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+        elif logging_now:  # measure only: no pass over the gradients to scale them by 1
             self.phase = "grad-norm all_reduce"
-            # max_norm=inf measures the norm without clipping (collective under FSDP).
-            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad or math.inf)
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            gnorm = torch.nn.utils.get_total_norm(grads)
         self.phase = "optimizer step"
         self.ckpt.wait_staging()
         if self.scaler:
