@@ -85,6 +85,7 @@ class TrainConfig:
     resume: str = "auto"  # auto | never | PATH to a step-N checkpoint directory
     timeout_s: float = 600.0  # a collective that waits longer fails the job
     shutdown_timeout_s: float = 30.0  # torchrun's --shutdown-timeout: a signal save must fit in it
+    stop_check_s: float = 0.25  # seconds between the ranks' stop-signal agreements (0: every step)
     # --- CUDA path ---
     compile: bool = False  # torch.compile each block
     activation_checkpointing: bool = False

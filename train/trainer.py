@@ -76,6 +76,7 @@ class Trainer:
         dist.barrier()
         # Control messages (the stop flag) go over gloo on the CPU: no GPU sync per step.
         self.control_pg = dist.new_group(backend="gloo") if world.backend != "gloo" else None
+        self.stop_every = 1  # steps between stop-signal agreements; set at each logging step
         self.stop = StopRequest(boundary_timeout_s=cfg.timeout_s)
         self.fault = Fault.from_env()
         self.reporter = Reporter(
@@ -185,10 +186,11 @@ class Trainer:
             self.ckpt.poll()
             if self.cfg.ckpt_interval and self.step % self.cfg.ckpt_interval == 0:
                 self.save()
-            self.phase = "stop-signal all_reduce"
-            signum = self.stop.agreed(self.control_pg)
-            if signum and self.step < self.total_steps:
-                return self.preempted(signum)
+            if self.step % self.stop_every == 0:
+                self.phase = "stop-signal all_reduce"
+                signum = self.stop.agreed(self.control_pg)
+                if signum and self.step < self.total_steps:
+                    return self.preempted(signum)
         self.stop.drain()
         if self.cfg.ckpt_final and self.last_saved != self.step:
             self.save(force_sync=True)
@@ -255,13 +257,15 @@ class Trainer:
 
     def log_step(self, loss: torch.Tensor, gnorm: torch.Tensor | None, step_time: float) -> None:
         self.phase = "loss all_reduce (logging)"
-        stats = torch.stack([loss.float().detach(), torch.as_tensor(0.0, device=loss.device)])
+        zero = torch.as_tensor(0.0, device=loss.device)
+        stats = torch.stack([loss.float().detach(), zero, zero + step_time])
         if gnorm is not None:
             g = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
             stats[1] = g.float()
         dist.all_reduce(stats)  # the one host sync of a logging step
         loss_avg = float(stats[0]) / self.world.size
         gn = float(stats[1]) / self.world.size
+        self.stop_every = stop_check_every(self.cfg.stop_check_s, float(stats[2]) / self.world.size)
         self.first_loss = loss_avg if self.first_loss is None else self.first_loss
         self.last_loss = loss_avg
         per_sample = self.data.tokens_per_sample or 1
@@ -472,6 +476,14 @@ class Trainer:
             )
         self.reporter.close()
         return 0
+
+
+def stop_check_every(target_s: float, step_time_s: float) -> int:
+    """Steps between stop-signal agreements: about every `target_s` seconds (at most 100
+    steps). From the step time averaged over ranks, so every rank gets the same number."""
+    if target_s <= 0 or step_time_s <= 0:
+        return 1
+    return max(1, min(100, int(target_s / step_time_s)))
 
 
 def _trace_file(rank: int):
