@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                 "phases": [{"phase": n, "start": a, "s": b - a} for n, a, b in phases],
             },
         )
+    dist.barrier()  # tear down together: gloo can abort a rank whose peer is already gone
     dist.destroy_process_group()
     return 0
 

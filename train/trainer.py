@@ -475,6 +475,7 @@ class Trainer:
                 + f"; outputs in {self.run_dir}"
             )
         self.reporter.close()
+        dist.barrier()  # leave together: gloo can abort a rank whose peer tore down first
         return 0
 
 
