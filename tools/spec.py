@@ -20,7 +20,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import tomllib
 
-from train.config import ConfigError, TrainConfig
+from train.config import ConfigError, TrainConfig, read_toml
 from train.config import convert_value as _convert_train_value
 
 DebugPreset = Literal["off", "warn", "info", "trace"]
@@ -495,13 +495,10 @@ def load_spec(
     """Load, override, type-check and validate a job file. Raises SpecError."""
     data: dict[str, Any] = {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise SpecError(f"--config {path}: no such file; pass an existing TOML file")
         try:
-            data = tomllib.loads(p.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise SpecError(f"--config {path}: not valid TOML ({e}); fix the syntax") from None
+            data = read_toml(path)
+        except ConfigError as e:
+            raise SpecError(str(e)) from None
     for assignment in sets or []:
         apply_override(data, assignment)
     if nodes is not None:

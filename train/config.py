@@ -176,14 +176,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_toml(path: str) -> dict[str, Any]:
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """A TOML file as a dict; ConfigError naming the file when missing or malformed."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"--config {path}: no such file; pass an existing TOML file")
     try:
-        data = tomllib.loads(p.read_text())
+        return tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"--config {path}: not valid TOML ({e}); fix the syntax") from None
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    data = read_toml(path)
     # A launcher job file (configs/*.toml) keeps the training keys under [train] beside
     # [slurm], [k8s], ... sections; a plain training file has them at the top level.
     if isinstance(data.get("train"), dict):
