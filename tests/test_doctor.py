@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.trainrun import run_module
 from tools.doctor_checks import (
     GiB,
     MiB,
@@ -146,14 +147,7 @@ def test_clock_skew():
 
 
 def doctor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tools.doctor", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env or clean_env(),
-    )
+    return run_module("tools.doctor", *args, env=env or clean_env())
 
 
 def test_bogus_ifname_and_unreachable_port_are_both_fatal(tmp_path):

@@ -12,19 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.trainrun import run_module
 from tools.memory import make_plan, parse_count, shard_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tools.memory", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_module("tools.memory", *args)
 
 
 def by_name(plan):

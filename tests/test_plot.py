@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.trainrun import run_module
 from tools.plot import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,13 +43,7 @@ def write_run(path: Path, records: list[dict], tail: str = "", summary: dict | N
 
 
 def plot(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tools.plot", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_module("tools.plot", *args)
 
 
 def is_png(path: Path) -> bool:

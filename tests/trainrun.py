@@ -42,6 +42,20 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_module(
+    module: str, *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """`python -m MODULE ARGS` from the repository root, output captured."""
+    return subprocess.run(
+        [PY, "-m", module, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
 @dataclass
 class Run:
     rc: int
