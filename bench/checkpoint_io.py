@@ -69,7 +69,7 @@ def worker(args: argparse.Namespace) -> int:
     from train.metrics import state_bytes
     from train.models import build_model
     from train.parallel import parallelize
-    from train.trainer import set_threads_from_env
+    from train.distributed import set_threads_from_env
 
     set_threads_from_env()
     root = Path(args.dir)

@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
     # Heavy imports after the config is known good: --help and bad flags stay fast.
     from train import distributed
-    from train.trainer import CollectiveFailure, Trainer, set_threads_from_env
+    from train.distributed import set_threads_from_env
+    from train.trainer import CollectiveFailure, Trainer
 
     set_threads_from_env()
     world = None

@@ -12,6 +12,7 @@ of steps, so an uneven tail can never hang a collective.
 from __future__ import annotations
 
 import gzip
+import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from train.config import ConfigError, TrainConfig
 
@@ -247,3 +248,53 @@ def build_data(cfg: TrainConfig, rank0_download: bool = True) -> DataBundle:
     if cfg.dataset == "mnist":
         return mnist(cfg, rank0_download)
     return torchvision_dataset(cfg, rank0_download)
+
+
+# --- iteration --------------------------------------------------------------------------------
+
+
+def iterate_batches(
+    ds: Dataset, sampler: GlobalBatchSampler, device: torch.device, num_workers: int, rank: int
+) -> Iterator[tuple[torch.Tensor, ...]]:
+    """This rank's micro-batches forever, epoch after epoch, from the sampler's position.
+
+    The caller advances the sampler after consuming each batch; the index lists of an epoch
+    are fixed when the epoch starts, so DataLoader workers can prefetch them.
+    """
+    trace = _trace_file(rank)
+    while True:
+        index_lists = list(sampler.epoch_indices())
+        if trace is not None:  # test hook: which samples this rank trains on, per epoch
+            index_lists = _Traced(index_lists, sampler.epoch, trace)
+        if isinstance(ds, TensorDataset) and num_workers == 0:
+            # In-memory tensors: one gather per batch instead of per-sample collation.
+            for idx in index_lists:
+                t = torch.tensor(idx)
+                yield tuple(x[t].to(device, non_blocking=True) for x in ds.tensors)
+            continue
+        loader = DataLoader(
+            ds,
+            batch_sampler=index_lists,
+            num_workers=num_workers,
+            pin_memory=device.type == "cuda",
+        )
+        for batch in loader:
+            yield tuple(x.to(device, non_blocking=True) for x in batch)
+
+
+def _trace_file(rank: int):
+    d = os.environ.get("DDPKIT_TRACE_SAMPLES")
+    return open(Path(d) / f"rank{rank}.txt", "a", buffering=1) if d else None  # noqa: SIM115
+
+
+class _Traced(list):
+    """The index lists, written to the trace file as each one is handed out."""
+
+    def __init__(self, lists: list[list[int]], epoch: int, f) -> None:
+        super().__init__(lists)
+        self.epoch, self.f = epoch, f
+
+    def __iter__(self):
+        for idx in super().__iter__():
+            self.f.write(f"{self.epoch} {' '.join(map(str, idx))}\n")
+            yield idx

@@ -83,3 +83,10 @@ def _attempt_store(size: int, timeout: datetime.timedelta) -> dist.Store | None:
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def set_threads_from_env() -> None:
+    """torchrun sets OMP_NUM_THREADS=1; honour it for intra-op threads too."""
+    n = os.environ.get("OMP_NUM_THREADS")
+    if n and n.isdigit():
+        torch.set_num_threads(int(n))

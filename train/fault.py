@@ -170,3 +170,18 @@ class Fault:
         elif self.kind == "signal":
             target = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid()
             os.kill(target, getattr(signal, self.arg or "SIGTERM"))
+
+
+def stop_check_every(target_s: float, step_time_s: float) -> int:
+    """Steps between stop-signal agreements: about every `target_s` seconds (at most 100
+    steps). From the step time averaged over ranks, so every rank gets the same number."""
+    if target_s <= 0 or step_time_s <= 0:
+        return 1
+    return max(1, min(100, int(target_s / step_time_s)))
+
+
+def is_collective_error(e: BaseException) -> bool:
+    text = f"{type(e).__name__} {e}".lower()
+    return isinstance(e, dist.DistError) or any(
+        k in text for k in ("timed out", "timeout", "gloo", "nccl", "connection", "peer")
+    )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -13,13 +12,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
 
 from train.checkpoint import Checkpointer
 from train.config import EXIT_REQUEUE, TrainConfig, dump
-from train.data import DataBundle, GlobalBatchSampler, build_data
+from train.data import DataBundle, GlobalBatchSampler, build_data, iterate_batches
 from train.distributed import World
-from train.fault import Fault, StopRequest, diagnose_collective_failure
+from train.fault import (
+    Fault,
+    StopRequest,
+    diagnose_collective_failure,
+    is_collective_error,
+    stop_check_every,
+)
 from train.metrics import (
     Reporter,
     cuda_memory,
@@ -122,27 +126,9 @@ class Trainer:
 
     def _batches(self):
         """Micro-batches forever, epoch after epoch, from the sampler's current position."""
-        ds, dev = self.data.train, self.world.device
-        trace = _trace_file(self.world.rank)
-        while True:
-            index_lists = list(self.sampler.epoch_indices())
-            if trace is not None:  # test hook: which samples this rank trains on, per epoch
-                index_lists = _traced(index_lists, self.sampler.epoch, trace)
-            if isinstance(ds, TensorDataset) and self.cfg.num_workers == 0:
-                # In-memory tensors: one gather per batch instead of per-sample collation.
-                for idx in index_lists:
-                    t = torch.tensor(idx)
-                    yield tuple(x[t].to(dev, non_blocking=True) for x in ds.tensors)
-                continue
-            loader = DataLoader(
-                ds,
-                batch_sampler=index_lists,
-                num_workers=self.cfg.num_workers,
-                pin_memory=dev.type == "cuda",
-                persistent_workers=False,
-            )
-            for batch in loader:
-                yield tuple(x.to(dev, non_blocking=True) for x in batch)
+        return iterate_batches(
+            self.data.train, self.sampler, self.world.device, self.cfg.num_workers, self.world.rank
+        )
 
     def _train_state(self) -> dict[str, Any]:
         return {
@@ -249,7 +235,7 @@ class Trainer:
         try:
             return fn(*args)
         except (RuntimeError, dist.DistError) as e:
-            if not _is_collective_error(e):
+            if not is_collective_error(e):
                 raise
             raise CollectiveFailure(
                 diagnose_collective_failure(self.phase, self.step + 1, self.cfg.timeout_s, e)
@@ -477,43 +463,3 @@ class Trainer:
         self.reporter.close()
         dist.barrier()  # leave together: gloo can abort a rank whose peer tore down first
         return 0
-
-
-def stop_check_every(target_s: float, step_time_s: float) -> int:
-    """Steps between stop-signal agreements: about every `target_s` seconds (at most 100
-    steps). From the step time averaged over ranks, so every rank gets the same number."""
-    if target_s <= 0 or step_time_s <= 0:
-        return 1
-    return max(1, min(100, int(target_s / step_time_s)))
-
-
-def _trace_file(rank: int):
-    d = os.environ.get("DDPKIT_TRACE_SAMPLES")
-    return open(Path(d) / f"rank{rank}.txt", "a", buffering=1) if d else None  # noqa: SIM115
-
-
-class _traced(list):
-    """The index lists, written to the trace file as each one is handed out."""
-
-    def __init__(self, lists: list[list[int]], epoch: int, f) -> None:
-        super().__init__(lists)
-        self.epoch, self.f = epoch, f
-
-    def __iter__(self):
-        for idx in super().__iter__():
-            self.f.write(f"{self.epoch} {' '.join(map(str, idx))}\n")
-            yield idx
-
-
-def _is_collective_error(e: BaseException) -> bool:
-    text = f"{type(e).__name__} {e}".lower()
-    return isinstance(e, dist.DistError) or any(
-        k in text for k in ("timed out", "timeout", "gloo", "nccl", "connection", "peer")
-    )
-
-
-def set_threads_from_env() -> None:
-    """torchrun sets OMP_NUM_THREADS=1; honour it for intra-op threads too."""
-    n = os.environ.get("OMP_NUM_THREADS")
-    if n and n.isdigit():
-        torch.set_num_threads(int(n))
