@@ -66,10 +66,10 @@ def worker(args: argparse.Namespace) -> int:
     from train import distributed
     from train.checkpoint import Checkpointer
     from train.config import TrainConfig, validate
+    from train.distributed import set_threads_from_env
     from train.metrics import state_bytes
     from train.models import build_model
     from train.parallel import parallelize
-    from train.distributed import set_threads_from_env
 
     set_threads_from_env()
     root = Path(args.dir)

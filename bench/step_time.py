@@ -45,6 +45,20 @@ class Case:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def kit_run_flags(run_dir: Path) -> list[str]:
+    """What every kit launch of the benchmark adds: a fresh run, no final save, no eval."""
+    return [
+        "--run-dir",
+        str(run_dir),
+        "--resume",
+        "never",
+        "--no-ckpt-final",
+        "--no-eval",
+        "--progress",
+        "plain",
+    ]
+
+
 def command(case: Case, variant: str, out: Path, run_dir: Path) -> list[str]:
     common = [
         "--model",
@@ -78,14 +92,7 @@ def command(case: Case, variant: str, out: Path, run_dir: Path) -> list[str]:
         *common,
         "--log-interval",
         str(log_interval),
-        "--run-dir",
-        str(run_dir),
-        "--resume",
-        "never",
-        "--no-ckpt-final",
-        "--no-eval",
-        "--progress",
-        "plain",
+        *kit_run_flags(run_dir),
     )
 
 
@@ -233,14 +240,7 @@ def interleaved_command(case: Interleaved, out: Path, run_dir: Path) -> list[str
         str(case.synthetic_samples),
         "--log-interval",
         str(case.block),
-        "--run-dir",
-        str(run_dir),
-        "--resume",
-        "never",
-        "--no-ckpt-final",
-        "--no-eval",
-        "--progress",
-        "plain",
+        *kit_run_flags(run_dir),
     )
 
 

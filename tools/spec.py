@@ -20,7 +20,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import tomllib
 
-from train.config import ConfigError, TrainConfig, read_toml
+from train.config import TRAIN_KEYS, ConfigError, TrainConfig, read_toml
 from train.config import convert_value as _convert_train_value
 
 DebugPreset = Literal["off", "warn", "info", "trace"]
@@ -310,18 +310,15 @@ def _build(cls: type, table: dict[str, Any], where: str) -> Any:
     return cls(**kwargs)
 
 
-_TRAIN_KEYS = [f.name for f in fields(TrainConfig) if f.name != "extra"]
-
-
 def _check_train(table: Any) -> dict[str, Any]:
     if not isinstance(table, dict):
         raise SpecError(f"train must be a table of training flags, got {table!r}")
     out: dict[str, Any] = {}
     for key, value in table.items():
         name = key.replace("-", "_")
-        if name not in _TRAIN_KEYS:
+        if name not in TRAIN_KEYS:
             raise SpecError(
-                f"unknown key 'train.{key}'; valid keys in [train]: {', '.join(_TRAIN_KEYS)}"
+                f"unknown key 'train.{key}'; valid keys in [train]: {', '.join(TRAIN_KEYS)}"
             )
         try:
             out[name] = _convert_train_value(name, value, "train")
@@ -339,10 +336,10 @@ def _field_type(path: list[str]) -> Any:
     for i, part in enumerate(path):
         name = part.replace("-", "_")
         if cls is TrainConfig:
-            if name not in _TRAIN_KEYS or i != len(path) - 1:
+            if name not in TRAIN_KEYS or i != len(path) - 1:
                 raise SpecError(
                     f"--set {'.'.join(path)}: unknown key; valid keys in [train]: "
-                    + ", ".join(_TRAIN_KEYS)
+                    + ", ".join(TRAIN_KEYS)
                 )
             return get_type_hints(TrainConfig)[name]
         names = [f.name for f in fields(cls)]

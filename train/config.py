@@ -9,10 +9,8 @@ into one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
-import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
@@ -94,6 +92,10 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+
+
+# Keys a TOML file or a job file's [train] table may set (one per flag).
+TRAIN_KEYS = [f.name for f in fields(TrainConfig) if f.name != "extra"]
 
 
 # --- parsing -------------------------------------------------------------------------------
@@ -197,13 +199,12 @@ def load_toml(path: str) -> dict[str, Any]:
             table["name"] = data["name"]
     else:
         table = data
-    known = {f.name for f in fields(TrainConfig)} - {"extra"}
     out: dict[str, Any] = {}
     for key, value in table.items():
         name = key.replace("-", "_")
-        if name not in known:
+        if name not in TRAIN_KEYS:
             raise ConfigError(
-                f"--config {path}: unknown key {key!r}; valid keys: {', '.join(sorted(known))}"
+                f"--config {path}: unknown key {key!r}; valid keys: {', '.join(sorted(TRAIN_KEYS))}"
             )
         out[name] = convert_value(name, value, f"--config {path}")
     return out
@@ -321,20 +322,13 @@ def dump(cfg: TrainConfig) -> str:
     return json.dumps(cfg.to_dict(), indent=2, sort_keys=False)
 
 
-def fail(message: str) -> None:
-    """Print one clear line and exit 2 (bad input)."""
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(EXIT_BAD_INPUT)
-
-
 __all__ = [
     "ConfigError",
     "EXIT_BAD_INPUT",
     "EXIT_REQUEUE",
+    "TRAIN_KEYS",
     "TrainConfig",
-    "dataclasses",
     "dump",
-    "fail",
     "parse_config",
     "validate",
 ]
