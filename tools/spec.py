@@ -22,6 +22,7 @@ import tomllib
 
 from train.config import TRAIN_KEYS, ConfigError, TrainConfig, read_toml
 from train.config import convert_value as _convert_train_value
+from train.errors import UserError
 
 DebugPreset = Literal["off", "warn", "info", "trace"]
 
@@ -33,8 +34,8 @@ SIZE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?([kmgtKMGT]i?[bB]?)?$")
 SBATCH_SIGNALS = ("USR1", "USR2", "TERM")
 
 
-class SpecError(ValueError):
-    """Bad user input: the message names the problem and the fix."""
+class SpecError(UserError):
+    """A bad job file value, override or combination (one line, exit 2)."""
 
 
 @dataclass

@@ -17,13 +17,12 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import tomllib
 
-EXIT_BAD_INPUT = 2
-# "Saved a checkpoint after a preemption signal, please requeue" (EX_TEMPFAIL from sysexits.h).
-EXIT_REQUEUE = 75
+from train.contract import EXIT_BAD_INPUT, EXIT_REQUEUE
+from train.errors import UserError
 
 
-class ConfigError(ValueError):
-    """Bad user input: the message names the problem and the fix."""
+class ConfigError(UserError):
+    """A bad training flag, config file value or combination (one line, exit 2)."""
 
 
 @dataclass

@@ -1,0 +1,41 @@
+"""The launch contract, in one torch-free place.
+
+Every party to a launch reads its values from here: the trainer (`python -m train`), the
+launcher's backends (tools/backends), the node scripts they render, the Docker entrypoint
+(through docker/launch_plan.py) and the tools. Importing this module must stay cheap (no
+torch, no third-party imports): the node side imports it before anything heavy.
+"""
+
+from __future__ import annotations
+
+import math
+
+# --- exit statuses ---------------------------------------------------------------------------
+EXIT_OK = 0
+EXIT_FAILED = 1  # an error that is not the user's input (crash, collective failure)
+EXIT_BAD_INPUT = 2  # the user's mistake: one line on stderr naming the problem and the fix
+EXIT_DIVERGED = 3  # a non-finite loss or gradient norm: nothing was saved from that state
+# "Saved a checkpoint after a preemption signal, please requeue" (EX_TEMPFAIL, sysexits.h).
+EXIT_REQUEUE = 75
+
+# --- files in the run dir / checkpoint dir ----------------------------------------------------
+REQUEUE_MARKER = "requeue.json"  # rank 0 writes it after a preemption save (torchrun exits 1)
+CKPT_MARKER = ".complete"  # a step dir counts only once this file is in it
+CKPT_STEP_PREFIX = "step-"  # <ckpt_dir>/step-<N>/
+
+# --- signals -----------------------------------------------------------------------------------
+# What the trainer treats as "save and requeue": SLURM preemption/time limit (TERM, or the
+# --signal a site configures: USR1/USR2), Kubernetes pod deletion and docker stop (TERM).
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
+# What torchrun must forward to its workers (--signals-to-handle). Its default lacks USR1/USR2,
+# and a USR1 sent to an agent that does not handle it kills the agent.
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+
+# --- the shutdown budget -------------------------------------------------------------------------
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0  # torchrun's --shutdown-timeout default
+
+
+def shutdown_budget_s(seconds: float) -> int:
+    """Whole seconds for torchrun's --shutdown-timeout and the schedulers' grace periods:
+    rounded up (a budget is never cut short), at least 1."""
+    return max(1, math.ceil(seconds))
