@@ -8,7 +8,12 @@ torch, no third-party imports): the node side imports it before anything heavy.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import time
+from pathlib import Path
+from typing import Any
 
 # --- exit statuses ---------------------------------------------------------------------------
 EXIT_OK = 0
@@ -39,3 +44,36 @@ def shutdown_budget_s(seconds: float) -> int:
     """Whole seconds for torchrun's --shutdown-timeout and the schedulers' grace periods:
     rounded up (a budget is never cut short), at least 1."""
     return max(1, math.ceil(seconds))
+
+
+# --- the requeue marker --------------------------------------------------------------------------
+# The node launcher sets DDPKIT_LAUNCH_ID (unique per torchrun launch) and DDPKIT_RUN_DIR for
+# every worker. Whoever saves after a stop signal (the trainer, or a user script through
+# train.preempt) writes <run dir>/requeue.json carrying that id; the launcher counts a marker
+# only when the id is its own, so a marker left by an earlier attempt never fakes a save.
+LAUNCH_ID_ENV = "DDPKIT_LAUNCH_ID"
+RUN_DIR_ENV = "DDPKIT_RUN_DIR"
+
+
+def write_requeue_marker(run_dir: str | Path, **info: Any) -> Path:
+    """Atomically write <run_dir>/requeue.json with this launch's id and `info`."""
+    path = Path(run_dir) / REQUEUE_MARKER
+    body = {"launch_id": os.environ.get(LAUNCH_ID_ENV), "time": time.time(), **info}
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(body) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def fresh_requeue_marker(run_dir: str | Path, launch_id: str | None, since: float) -> bool:
+    """True when <run_dir>/requeue.json was written by this launch: same launch id when the
+    launcher gave one, else written after `since` (epoch seconds)."""
+    try:
+        body = json.loads((Path(run_dir) / REQUEUE_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(body, dict):
+        return False
+    if launch_id:
+        return body.get("launch_id") == launch_id
+    return float(body.get("time") or 0) >= since
