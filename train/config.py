@@ -32,47 +32,54 @@ class TrainConfig:
     model: Literal["mlp", "mlp-deep", "resnet18", "gpt"] = (
         "mlp"  # mlp: 784-256-10; mlp-deep: 8x2048
     )
-    dataset: Literal["synthetic", "mnist", "cifar10", "imagefolder", "tokens"] = "synthetic"
+    dataset: Literal["synthetic", "mnist", "cifar10", "imagefolder", "tokens"] = (
+        "synthetic"  # synthetic: generated from the seed; tokens: a flat uint16/uint32 id file
+    )
     data_dir: str = "data"  # where mnist/cifar10/imagefolder/tokens files live
     download: bool = True  # let torchvision download mnist/cifar10 when the network allows
     synthetic_samples: int = (
         8192  # size of the synthetic training set (a held-out set is 1/8 of it)
     )
-    synthetic_classes: int = 10
+    synthetic_classes: int = 10  # classes of the synthetic classification set
     # gpt shape (ignored by other models)
-    seq_len: int = 128
-    vocab_size: int = 512
-    n_layer: int = 4
-    n_head: int = 4
-    d_model: int = 128
-    dropout: float = 0.0
+    seq_len: int = 128  # gpt: tokens per sample (context length)
+    vocab_size: int = 512  # gpt: token ids are < vocab_size
+    n_layer: int = 4  # gpt: transformer blocks
+    n_head: int = 4  # gpt: attention heads (must divide d_model)
+    d_model: int = 128  # gpt: hidden width
+    dropout: float = 0.0  # gpt: dropout probability
     # --- parallelism ---
-    parallel: Literal["ddp", "fsdp"] = "ddp"
-    sharding: Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"] | None = None
+    parallel: Literal["ddp", "fsdp"] = "ddp"  # ddp: full replicas; fsdp: FSDP2 sharding
+    sharding: Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"] | None = (
+        None  # fsdp only; default FULL_SHARD
+    )
     replicate_degree: int | None = None  # HYBRID_SHARD: replicas; default = number of nodes
-    mixed_precision: Literal["none", "bf16", "fp16"] = "none"
+    mixed_precision: Literal["none", "bf16", "fp16"] = "none"  # low-precision compute
     # --- optimisation ---
-    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
+    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"  # sgd uses momentum 0.9
     batch_size: int = 64  # per rank, per micro-step
     grad_accum: int = 1  # micro-steps per optimizer step
     steps: int | None = None  # optimizer steps; wins over epochs
     epochs: int | None = None  # full passes over the data (used when steps is unset)
     lr: float = 1e-3  # base LR, at base_batch_size when lr_scaling is not none
-    weight_decay: float = 0.0
-    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+    weight_decay: float = 0.0  # decoupled for adamw, L2 for adam and sgd
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"  # peak lr x (global/base batch)
     base_batch_size: int | None = None  # global batch the base LR was tuned for
-    warmup_steps: int = 0
-    lr_decay: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = 0  # linear LR warmup from 0
+    lr_decay: Literal["constant", "cosine"] = "constant"  # LR after warmup
     min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
     clip_grad: float | None = None  # max global grad norm; unset = no clipping
-    seed: int = 0
+    seed: int = 0  # same initial weights on every rank; data order
     # --- data loading, logging, outputs ---
-    num_workers: int = 0
-    log_interval: int = 10
+    num_workers: int = 0  # DataLoader worker processes per rank
+    log_interval: int = 10  # steps between metric lines
     eval: bool = True  # evaluate on the held-out split at the end
     run_dir: str | None = None  # default runs/<name>
-    tensorboard: bool = False
-    progress: Literal["auto", "bar", "plain"] = "auto"
+    tensorboard: bool = False  # same as --log-to tensorboard
+    progress: Literal["auto", "bar", "plain"] = "auto"  # auto: a bar on a terminal
+    log_to: str = ""  # comma list of tensorboard, wandb, mlflow (rank 0; package needed)
+    eval_interval: int = 0  # steps between held-out evaluations; 0 = only at the end
+    profile_steps: str | None = None  # A-B: torch.profiler trace of steps A..B in the run dir
     # --- checkpoints and fault tolerance ---
     ckpt_dir: str | None = None  # default <run_dir>/checkpoints
     ckpt_interval: int = 0  # steps between checkpoints; 0 = only at the end and on signals
@@ -85,7 +92,7 @@ class TrainConfig:
     stop_check_s: float = 0.25  # seconds between the ranks' stop-signal agreements (0: every step)
     # --- CUDA path ---
     compile: bool = False  # torch.compile each block
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = False  # recompute each block in backward
     peak_tflops: float | None = None  # for MFU; default from the device table
     extra: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
 
@@ -142,6 +149,44 @@ def convert_value(name: str, value: Any, where: str) -> Any:
     return value
 
 
+def field_help() -> dict[str, str]:
+    """Each field's trailing `# ...` comment in the TrainConfig source: the one home of its text.
+
+    The comments stay readable beside the fields (where reviewers look) and reach --help
+    without a second copy in field metadata that would drift.
+    """
+    import ast
+    import inspect
+    import io
+    import tokenize
+
+    src = inspect.getsource(TrainConfig)
+    spans: dict[str, tuple[int, int]] = {}
+    for node in ast.parse(src).body[0].body:  # type: ignore[attr-defined]
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            spans[node.target.id] = (node.lineno, node.end_lineno or node.lineno)
+    comments: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    return {
+        name: " ".join(comments[i] for i in range(lo, hi + 1) if i in comments)
+        for name, (lo, hi) in spans.items()
+    }
+
+
+def _default_text(value: Any, tp: type) -> str:
+    """The default as the user would type it; '' when unset (the comment says what happens)."""
+    if value is None or value == "":
+        return ""
+    if tp is bool:
+        return "on" if value else "off"
+    return str(value)
+
+
+_METAVAR = {int: "N", float: "X", str: "S"}
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, no usage dump
         raise ConfigError(f"{message} (see python -m train --help)")
@@ -151,19 +196,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="python -m train",
         description="ddpkit training: DDP or FSDP2 under torchrun (or a single process).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--config", help="TOML file with the same keys (top level or [train])")
     p.add_argument("--print-config", action="store_true", help="print the resolved config, exit")
-    defaults = TrainConfig()
+    defaults, texts = TrainConfig(), field_help()
     for f in fields(TrainConfig):
         if f.metadata.get("cli") is False:
             continue
         tp, choices = _base_type(_hints()[f.name])
-        default = getattr(defaults, f.name)
+        # argparse's default stays None (so a flag the user did not pass never overrides the
+        # file); the real default is written into the help text once, and only when set.
+        shown = _default_text(getattr(defaults, f.name), tp)
+        text = texts.get(f.name, "") + (f" (default: {shown})" if shown else "")
         if tp is bool:
             p.add_argument(
-                _flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=None
+                _flag(f.name),
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=text,
             )
             continue
         p.add_argument(
@@ -172,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
             type=tp,
             choices=choices,
             default=None,
-            help=f"(default: {default})",
+            metavar="{" + ",".join(choices) + "}" if choices else _METAVAR.get(tp, "S"),
+            help=text,
         )
     return p
 
