@@ -8,6 +8,8 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+import pytest
+
 from train.config import TrainConfig, build_parser, field_help
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,3 +70,133 @@ def test_a_flag_not_given_does_not_override_the_file(tmp_path):
     f.write_text("batch_size = 7\n")
     cfg, _ = parse_config(["--config", str(f), "--run-dir", str(tmp_path / "r")])
     assert cfg.batch_size == 7
+
+
+# --- one wrapper for every tool: a closed pipe is a quiet exit ---------------------------
+
+TOOLS = ["tools.doctor", "tools.memory", "tools.commbench", "tools.plot", "tools.ckpt"]
+
+
+def _run_into_closed_pipe(args: list[str]) -> subprocess.CompletedProcess:
+    """Run a tool whose stdout is a pipe nobody reads any more (what `| head` leaves)."""
+    import os
+
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the first write: EPIPE, deterministically
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", *args],
+            cwd=ROOT,
+            stdout=w,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(w)
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_help_into_a_closed_pipe_is_quiet(tool):
+    p = _run_into_closed_pipe([tool, "--help"])
+    assert p.stderr == "", p.stderr  # no BrokenPipeError traceback, no "Exception ignored"
+
+
+def test_memory_plan_into_a_closed_pipe_is_quiet():
+    p = _run_into_closed_pipe(["tools.memory", "--params", "7e9", "--gpus", "8"])
+    assert p.stderr == "" and p.returncode == 1, p.stderr
+
+
+@pytest.mark.parametrize(
+    "tool,args,needle",
+    [
+        ("tools.plot", ["/nonexistent-run"], "/nonexistent-run"),
+        ("tools.ckpt", ["inspect", "/nonexistent-run"], "no such directory"),
+        ("tools.ckpt", ["bogus"], "invalid choice"),
+        ("tools.commbench", ["--iters", "0"], "--iters 0 must be >= 1"),
+        ("tools.doctor", ["--timeout-s", "0"], "must be > 0 seconds"),
+        ("tools.memory", ["--params", "7e9", "--gpus", "x"], "invalid int value"),
+    ],
+)
+def test_a_user_error_is_one_line_and_exit_2(tool, args, needle):
+    p = subprocess.run(
+        [sys.executable, "-m", tool, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("error: ") and needle in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and p.stdout == ""
+
+
+@pytest.fixture(scope="module")
+def run_with_checkpoints(tmp_path_factory):
+    """A run dir with a complete step-4 and a cut-short step-6 (no marker), 1500 tensors each."""
+    import json
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    run = tmp_path_factory.mktemp("run")
+    for step, complete in ((4, True), (6, False)):
+        sd = {"model": {f"layers.{i}.weight": torch.full((4, 4), float(step)) for i in range(1500)}}
+        with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
+            warnings.simplefilter("ignore")
+            dcp.save(sd, checkpoint_id=str(run / "checkpoints" / f"step-{step}"), no_dist=True)
+        if complete:
+            info = {"step": step, "world_size": 2, "parallel": "ddp", "model": "mlp"}
+            (run / "checkpoints" / f"step-{step}" / ".complete").write_text(json.dumps(info))
+    return run
+
+
+@pytest.mark.parametrize("where", ["", "checkpoints"])
+def test_ckpt_inspect_takes_a_run_or_checkpoints_dir(run_with_checkpoints, where):
+    p = subprocess.run(
+        [sys.executable, "-m", "tools.ckpt", "inspect", str(run_with_checkpoints / where)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    first = p.stdout.splitlines()[0]
+    # the newest COMPLETE one: step-6 has no marker
+    assert first.startswith(f"{run_with_checkpoints / 'checkpoints' / 'step-4'}: step 4,"), first
+    assert len(p.stdout.splitlines()) == 2 + 1500
+
+
+def test_ckpt_inspect_with_only_cut_short_saves_names_them(tmp_path, run_with_checkpoints):
+    import shutil
+
+    shutil.copytree(run_with_checkpoints / "checkpoints" / "step-6", tmp_path / "step-6")
+    p = subprocess.run(
+        [sys.executable, "-m", "tools.ckpt", "inspect", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr == (
+        f"error: {tmp_path}: no complete checkpoint (step-6 lack .complete: a save was cut "
+        "short); pass a step-N dir to read one anyway\n"
+    )
+
+
+def test_ckpt_inspect_piped_into_head_ends_quietly(run_with_checkpoints):
+    # ~140 KB of output: more than a pipe holds, so the tool is still writing when head exits
+    tool = subprocess.Popen(
+        [sys.executable, "-m", "tools.ckpt", "inspect", str(run_with_checkpoints)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    head = subprocess.run(["head", "-1"], stdin=tool.stdout, capture_output=True, timeout=120)
+    tool.stdout.close()
+    err = tool.stderr.read().decode()
+    assert tool.wait(timeout=120) == 1
+    assert head.stdout.decode().count("\n") == 1 and "step 4" in head.stdout.decode()
+    assert "Traceback" not in err and "BrokenPipe" not in err and err == "", err

@@ -1,6 +1,6 @@
 """Inspect a ddpkit checkpoint, or export its model to one file for inference.
 
-    python -m tools.ckpt inspect runs/default/checkpoints/step-300 [--json]
+    python -m tools.ckpt inspect runs/default [--json]   # or .../checkpoints[/step-300]
     python -m tools.ckpt export  runs/default/checkpoints/step-300 model.pt
 
 The export holds {"model": {name: tensor}, "meta": {...}} with full (unsharded) tensors and
@@ -18,28 +18,43 @@ import sys
 from pathlib import Path
 from typing import Any
 
-MARKER = ".complete"  # same as train.checkpoint.MARKER (kept import-free for a fast --help)
+from train.contract import CKPT_MARKER as MARKER
+from train.contract import CKPT_STEP_PREFIX
+from train.errors import CliParser, UserError, run_cli
 
 
-def fail(msg: str) -> int:
-    print(f"error: {msg}", file=sys.stderr)
-    return 2
+def _step_dirs(d: Path) -> list[tuple[int, Path]]:
+    """(step, path) of the step-N directories directly under d, oldest first."""
+    out = []
+    for q in d.glob(CKPT_STEP_PREFIX + "*"):
+        n = q.name[len(CKPT_STEP_PREFIX) :]
+        if q.is_dir() and n.isdigit():
+            out.append((int(n), q))
+    return sorted(out)
 
 
 def _checkpoint_dir(path: str) -> Path:
+    """A step-N dir as given; for a run dir or a checkpoints dir, its newest complete one."""
     p = Path(path)
     if not p.is_dir():
-        raise ValueError(f"{path}: no such directory; pass a checkpoint's step-N directory")
-    if not (p / ".metadata").is_file():
-        steps = sorted(
-            str(q)
-            for pat in ("step-*", "checkpoints/step-*")
-            for q in p.glob(pat)
-            if (q / ".metadata").is_file()
+        raise UserError(
+            f"{path}: no such directory; pass a run dir, its checkpoints dir or a step-N dir"
         )
-        hint = f" (it holds {', '.join(steps[-3:])}: pass one of those)" if steps else ""
-        raise ValueError(f"{path}: not a DCP checkpoint (no .metadata){hint}")
-    return p
+    if (p / ".metadata").is_file():
+        return p
+    steps = _step_dirs(p) or _step_dirs(p / "checkpoints")
+    complete = [q for _, q in steps if (q / MARKER).is_file() and (q / ".metadata").is_file()]
+    if complete:
+        return complete[-1]
+    if steps:
+        raise UserError(
+            f"{path}: no complete checkpoint ({', '.join(q.name for _, q in steps[-3:])} lack "
+            f"{MARKER}: a save was cut short); pass a step-N dir to read one anyway"
+        )
+    raise UserError(
+        f"{path}: not a DCP checkpoint and no {CKPT_STEP_PREFIX}N checkpoints under it "
+        "(or under checkpoints/); pass a run dir, its checkpoints dir or a step-N dir"
+    )
 
 
 def _dtype_size(dtype: Any) -> int:
@@ -143,34 +158,35 @@ def _print_inspect(r: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
+    return run_cli(lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
+    ap = CliParser(
         prog="python -m tools.ckpt",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
     pi = sub.add_parser("inspect", help="step, world size, keys, shapes, dtypes, bytes")
-    pi.add_argument("dir")
+    pi.add_argument("dir", help="a step-N dir, or a run/checkpoints dir (its newest complete)")
     pi.add_argument("--json", action="store_true")
     pe = sub.add_parser("export", help="one consolidated file (torch.load weights_only=True)")
     pe.add_argument("dir")
     pe.add_argument("out")
     pe.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    try:
-        path = _checkpoint_dir(args.dir)
-        if args.cmd == "inspect":
-            r = inspect(path)
-            print(json.dumps(r, indent=2)) if args.json else _print_inspect(r)
-        else:
-            r = export(path, Path(args.out))
-            print(
-                json.dumps(r)
-                if args.json
-                else f"wrote {r['out']}: {r['tensors']} tensors, {r['bytes'] / 2**20:.2f} MiB"
-            )
-    except ValueError as e:
-        return fail(str(e))
+    path = _checkpoint_dir(args.dir)
+    if args.cmd == "inspect":
+        r = inspect(path)
+        print(json.dumps(r, indent=2)) if args.json else _print_inspect(r)
+    else:
+        r = export(path, Path(args.out))
+        print(
+            json.dumps(r)
+            if args.json
+            else f"wrote {r['out']}: {r['tensors']} tensors, {r['bytes'] / 2**20:.2f} MiB"
+        )
     return 0
 
 

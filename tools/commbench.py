@@ -25,12 +25,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-EXIT_BAD_INPUT = 2
+from train.contract import EXIT_BAD_INPUT
+from train.errors import CliParser, UserError, run_cli
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 DTYPES = ("float32", "bfloat16", "float16")
+# Default sweep tops: NVLink/InfiniBand reach their bus-bandwidth plateau only from ~256 MiB
+# (nccl-tests sweeps to 8G); gloo on CPUs plateaus early and 1 GB would take minutes.
+MAX_BYTES_GPU, MAX_BYTES_CPU = "1G", "16M"
 
 
-class BenchError(ValueError):
+class BenchError(UserError):
     """Bad input: the message names the problem and the fix."""
 
 
@@ -59,13 +64,14 @@ def parse_size(text: str) -> int:
     return value
 
 
-def size_sweep(args: argparse.Namespace) -> list[int]:
+def size_sweep(args: argparse.Namespace, on_gpu: bool = False) -> list[int]:
     if args.sizes:
         return [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    lo, hi = parse_size(args.min_bytes), parse_size(args.max_bytes)
+    max_bytes = args.max_bytes or (MAX_BYTES_GPU if on_gpu else MAX_BYTES_CPU)
+    lo, hi = parse_size(args.min_bytes), parse_size(max_bytes)
     if lo > hi or args.factor < 2:
         raise BenchError(
-            f"--min-bytes {args.min_bytes} > --max-bytes {args.max_bytes} or --factor "
+            f"--min-bytes {args.min_bytes} > --max-bytes {max_bytes} or --factor "
             f"{args.factor} < 2; give an increasing range and a factor of at least 2"
         )
     out = [lo]
@@ -281,14 +287,16 @@ def write_outputs(out: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CliParser(
         prog="torchrun ... -m tools.commbench",
         description="Benchmark and check collectives (nccl-tests' algbw/busbw).",
     )
     p.add_argument("--ops", default=",".join(OPS), help=f"comma list from {', '.join(OPS)}")
     p.add_argument("--sizes", help="comma list of byte sizes (64K,1M); overrides the sweep")
     p.add_argument("--min-bytes", default="1K")
-    p.add_argument("--max-bytes", default="16M")
+    p.add_argument(
+        "--max-bytes", help=f"sweep top (default: {MAX_BYTES_GPU} on GPUs, {MAX_BYTES_CPU} on CPU)"
+    )
     p.add_argument("--factor", type=int, default=4, help="sweep multiplier")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
@@ -302,24 +310,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    is_rank0 = os.environ.get("RANK", "0") == "0"
-    try:
-        args = build_parser().parse_args(argv)
-        ops = [o.strip() for o in args.ops.split(",") if o.strip()]
-        bad = [o for o in ops if o not in OPS]
-        if bad or not ops:
-            raise BenchError(f"--ops {args.ops}: unknown {bad}; pick from {', '.join(OPS)}")
-        if args.iters < 1 or args.warmup < 0:
-            raise BenchError(f"--iters {args.iters} must be >= 1 and --warmup {args.warmup} >= 0")
-        sizes = size_sweep(args)
-        import torch
-        import torch.distributed as dist
+    if os.environ.get("RANK", "0") != "0":  # the same bad input on every rank: say it once
+        try:
+            return _main(argv)
+        except UserError:
+            return EXIT_BAD_INPUT
+    return run_cli(lambda: _main(argv))
 
-        device, backend = init(args.backend, args.timeout_s)
-    except BenchError as e:
-        if is_rank0:
-            print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+
+def _main(argv: list[str] | None) -> int:
+    args = build_parser().parse_args(argv)
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    bad = [o for o in ops if o not in OPS]
+    if bad or not ops:
+        raise BenchError(f"--ops {args.ops}: unknown {bad}; pick from {', '.join(OPS)}")
+    if args.iters < 1 or args.warmup < 0:
+        raise BenchError(f"--iters {args.iters} must be >= 1 and --warmup {args.warmup} >= 0")
+    import torch
+    import torch.distributed as dist
+
+    on_gpu = args.backend == "nccl" or (args.backend == "auto" and torch.cuda.is_available())
+    sizes = size_sweep(args, on_gpu)
+    device, backend = init(args.backend, args.timeout_s)
     rank, n = dist.get_rank(), dist.get_world_size()
     dtype = getattr(torch, args.dtype)
     rows = []

@@ -44,12 +44,13 @@ from tools.doctor_net import (
     parse_endpoint,
     rendezvous_findings,
 )
+from train.errors import CliParser, UserError, run_cli
 
-EXIT_FATAL, EXIT_BAD_INPUT = 1, 2
+EXIT_FATAL = 1
 DEFAULT_PORT = 29500
 
 
-class DoctorError(ValueError):
+class DoctorError(UserError):
     """Bad input: the message names the problem and the fix."""
 
 
@@ -238,7 +239,7 @@ def cross_rank(reports: list[dict[str, Any]], times: dict[str, float]) -> list[F
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CliParser(
         prog="python -m tools.doctor",
         description="Find what will break a distributed job on this node (or every node).",
     )
@@ -258,19 +259,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return run_cli(lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
     lay = launch_env()
+    args = build_parser().parse_args(argv)
+    if args.connect_timeout <= 0 or args.timeout_s <= 0:
+        raise DoctorError("--connect-timeout and --timeout-s must be > 0 seconds")
     try:
-        args = build_parser().parse_args(argv)
-        if args.connect_timeout <= 0 or args.timeout_s <= 0:
-            raise DoctorError("--connect-timeout and --timeout-s must be > 0 seconds")
-        try:
-            ep = endpoint(args, lay["launcher"])
-        except ValueError as e:
-            raise DoctorError(f"{e}; pass --rdzv-endpoint HOST:PORT") from None
-        ckpt = ckpt_settings(args)  # a bad --config fails here, before any check runs
-    except DoctorError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        ep = endpoint(args, lay["launcher"])
+    except ValueError as e:
+        raise DoctorError(f"{e}; pass --rdzv-endpoint HOST:PORT") from None
+    ckpt = ckpt_settings(args)  # a bad --config fails here, before any check runs
     store, listen_error = None, None
     if lay["launcher"] == "srun" and lay["rank"] == 0 and ep is not None:
         from torch.distributed import TCPStore  # rank 0 listens: the others' connect check hits it

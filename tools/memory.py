@@ -27,7 +27,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-EXIT_BAD_INPUT = 2
+from train.errors import CliParser, UserError, run_cli
+
 GB = 1e9  # the article quotes decimal GB (7e9 * 16 B = 112 GB)
 STRATEGIES = ("DDP", "NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")
 ZERO_STAGE = {
@@ -43,7 +44,7 @@ OPTIM_BYTES = {"adamw": 8, "adam": 8, "sgd": 4}
 HALF_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
-class PlanError(ValueError):
+class PlanError(UserError):
     """Bad input: the message names the problem and the fix."""
 
 
@@ -299,13 +300,8 @@ def to_json(plan: Plan) -> dict[str, Any]:
 # --- command line ------------------------------------------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        raise PlanError(f"{message} (see python -m tools.memory --help)")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = CliParser(
         prog="python -m tools.memory",
         description="Per-GPU memory under DDP, SHARD_GRAD_OP, FULL_SHARD and HYBRID_SHARD.",
         epilog="Example: python -m tools.memory --params 7e9 --gpus 8 --gpu-mem 80",
@@ -330,42 +326,42 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-        if sum(x is not None for x in (args.params, args.model, args.config)) != 1:
-            raise PlanError("pass exactly one of --params N, --model NAME or --config FILE")
-        dtype, optimizer = args.dtype or "fp32", args.optimizer or "adamw"
-        kwargs: dict[str, Any] = {}
-        batch, label = None, None
-        if args.params is not None:
-            kwargs["num_params"] = parse_count(args.params)
-        else:
-            from tools.memory_model import describe_model
+    return run_cli(lambda: _main(argv))
 
-            desc = describe_model(args)
-            dtype = args.dtype or desc.dtype
-            optimizer = args.optimizer or desc.optimizer
-            batch = desc.batch_size
-            label = desc.name + (f" ({args.config})" if args.config else "")
-            kwargs.update(
-                num_params=desc.num_params,
-                shapes=desc.shapes,
-                unit_params=desc.unit_params,
-                root_params=desc.root_params,
-                activation_bytes=desc.activation_bytes(dtype),
-            )
-        plan = make_plan(
-            gpus=args.gpus,
-            nodes=args.nodes,
-            replicate_degree=args.replicate_degree,
-            dtype=dtype,
-            optimizer=optimizer,
-            strategies=tuple(args.strategy or STRATEGIES),
-            **kwargs,
+
+def _main(argv: list[str] | None) -> int:
+    args = build_parser().parse_args(argv)
+    if sum(x is not None for x in (args.params, args.model, args.config)) != 1:
+        raise PlanError("pass exactly one of --params N, --model NAME or --config FILE")
+    dtype, optimizer = args.dtype or "fp32", args.optimizer or "adamw"
+    kwargs: dict[str, Any] = {}
+    batch, label = None, None
+    if args.params is not None:
+        kwargs["num_params"] = parse_count(args.params)
+    else:
+        from tools.memory_model import describe_model
+
+        desc = describe_model(args)
+        dtype = args.dtype or desc.dtype
+        optimizer = args.optimizer or desc.optimizer
+        batch = desc.batch_size
+        label = desc.name + (f" ({args.config})" if args.config else "")
+        kwargs.update(
+            num_params=desc.num_params,
+            shapes=desc.shapes,
+            unit_params=desc.unit_params,
+            root_params=desc.root_params,
+            activation_bytes=desc.activation_bytes(dtype),
         )
-    except PlanError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    plan = make_plan(
+        gpus=args.gpus,
+        nodes=args.nodes,
+        replicate_degree=args.replicate_degree,
+        dtype=dtype,
+        optimizer=optimizer,
+        strategies=tuple(args.strategy or STRATEGIES),
+        **kwargs,
+    )
     plan.model = label
     plan.batch_size = batch
     plan.gpu_mem_bytes = int(args.gpu_mem * GB) if args.gpu_mem else None
@@ -374,7 +370,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the imported module's main so tools.memory_model raises the same PlanError class.
-    from tools.memory import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

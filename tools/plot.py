@@ -11,14 +11,14 @@ still going) is skipped.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-EXIT_BAD_INPUT = 2
+from train.errors import CliParser, UserError, run_cli
+
 # chart file -> (title, y label, metric keys to draw, scale applied to the values)
 CHARTS: dict[str, tuple[str, str, tuple[str, ...], float]] = {
     "loss": ("Training loss", "loss", ("loss",), 1.0),
@@ -29,7 +29,7 @@ CHARTS: dict[str, tuple[str, str, tuple[str, ...], float]] = {
 }
 
 
-class PlotError(ValueError):
+class PlotError(UserError):
     """Bad input: the message names the problem and the fix."""
 
 
@@ -147,7 +147,11 @@ def describe(run: Run) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    return run_cli(lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
+    p = CliParser(
         prog="python -m tools.plot",
         description="PNG charts (loss, lr, throughput, memory, grad norm) from metrics.jsonl.",
     )
@@ -159,24 +163,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--x", choices=["step", "time"], default="step", help="x axis")
     args = p.parse_args(argv)
-    try:
-        runs = [load_run(Path(d)) for d in args.run_dirs]
-        x = "step" if args.x == "step" else "time_s"
-        if x == "time_s" and any(not r.series("loss", "time_s")[0] for r in runs):
-            raise PlotError(
-                "--x time needs time_s in every record; these metrics lack it, use --x step"
-            )
-        if args.out:
-            out = Path(args.out)
-        elif len(runs) == 1:
-            out = runs[0].path
-        else:
-            out = runs[0].path.resolve().parent / "compare"
-        if out.exists() and not out.is_dir():
-            raise PlotError(f"--out {out} is a file; pass a directory")
-    except PlotError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    runs = [load_run(Path(d)) for d in args.run_dirs]
+    x = "step" if args.x == "step" else "time_s"
+    if x == "time_s" and any(not r.series("loss", "time_s")[0] for r in runs):
+        raise PlotError(
+            "--x time needs time_s in every record; these metrics lack it, use --x step"
+        )
+    if args.out:
+        out = Path(args.out)
+    elif len(runs) == 1:
+        out = runs[0].path
+    else:
+        out = runs[0].path.resolve().parent / "compare"
+    if out.exists() and not out.is_dir():
+        raise PlotError(f"--out {out} is a file; pass a directory")
     names = [r.name for r in runs]
     if len(set(names)) < len(names):  # same dir names under different parents
         for r in runs:

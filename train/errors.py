@@ -8,6 +8,7 @@ Torch-free: tools import it for a fast --help.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable
@@ -17,6 +18,13 @@ from train.contract import EXIT_BAD_INPUT, EXIT_FAILED
 
 class UserError(ValueError):
     """Bad user input: the message names the problem and the fix."""
+
+
+class CliParser(argparse.ArgumentParser):
+    """argparse whose usage errors are UserErrors: one line (no usage dump), exit 2 via run_cli."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(f"{message} (see {self.prog} --help)")
 
 
 def print_error(err: BaseException | str) -> None:
