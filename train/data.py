@@ -61,10 +61,17 @@ class GlobalBatchSampler:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+        # A checkpoint from another world size can stop where less than one of OUR global
+        # batches is left in the epoch: that rest is this world's dropped tail, so move on
+        # (staying would yield no batch and the data loop would spin forever).
+        self._roll_over()
 
     def advance(self) -> None:
         """Mark one global batch as consumed (called by the trainer after each micro-step)."""
         self.consumed += self.global_batch
+        self._roll_over()
+
+    def _roll_over(self) -> None:
         if self.consumed + self.global_batch > self.n:  # the rest is a dropped partial batch
             self.epoch, self.consumed = self.epoch + 1, 0
 
@@ -264,6 +271,11 @@ def iterate_batches(
     trace = _trace_file(rank)
     while True:
         index_lists = list(sampler.epoch_indices())
+        if not index_lists:  # the sampler rolls over before this; never spin on an empty epoch
+            raise RuntimeError(
+                f"sampler at epoch {sampler.epoch}, {sampler.consumed} of {sampler.n} samples "
+                f"consumed, has no global batch of {sampler.global_batch} left"
+            )
         if trace is not None:  # test hook: which samples this rank trains on, per epoch
             index_lists = _Traced(index_lists, sampler.epoch, trace)
         if isinstance(ds, TensorDataset) and num_workers == 0:
