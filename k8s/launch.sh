@@ -17,6 +17,16 @@ host_pod=$1
 wait_s=$2
 shift 2
 
+# RDMA registers (pins) memory, so it needs an unlimited locked-memory limit. A non-root
+# process cannot raise it itself (an added IPC_LOCK never reaches its effective set), so the
+# limit must come from the node's container runtime: say so now rather than let NCCL fail.
+if [[ ${DDPKIT_REQUIRE_MEMLOCK:-} == unlimited && $(ulimit -l) != unlimited ]]; then
+    echo "ddpkit: RDMA needs an unlimited locked-memory limit but this container has" \
+        "$(ulimit -l) KiB; raise it in the nodes' container runtime (containerd:" \
+        "LimitMEMLOCK=infinity in its systemd unit; CRI-O: default_ulimits memlock=-1:-1)" >&2
+    exit 1
+fi
+
 if [[ -n ${PET_RDZV_ENDPOINT:-} ]]; then
     endpoint=$PET_RDZV_ENDPOINT
 else

@@ -1,163 +1,22 @@
-"""submit/status/logs/cancel k8s through the real `kubernetes` client, against a small HTTP
-server on loopback that speaks the few API paths the backend uses."""
+"""submit/status/logs/cancel/list k8s through the real `kubernetes` client, against a small
+API server on loopback (tests/k8s_apiserver.py)."""
 
 from __future__ import annotations
 
-import json
-import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from argparse import Namespace
 from pathlib import Path
-from urllib.parse import parse_qs, urlparse
 
 import pytest
 import yaml
 
-from tools import launch
+from tests import k8s_apiserver
+from tests.k8s_apiserver import cli
 from tools.backends import k8s
 from tools.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVED = {("kubeflow.org", "v1", "pytorchjobs"), ("trainer.kubeflow.org", "v1alpha1", "trainjobs")}
-CUSTOM = re.compile(r"^/apis/([^/]+)/([^/]+)/namespaces/([^/]+)/([^/]+)(?:/([^/]+))?$")
-CORE = re.compile(r"^/api/v1/namespaces/([^/]+)/(pods|persistentvolumeclaims)(?:/([^/]+))?(/log)?$")
 
-
-class FakeCluster:
-    """The API server's state: namespaces, served resources, objects, pods and their logs."""
-
-    def __init__(self) -> None:
-        self.namespaces = {"default", "ml", "locked"}
-        self.forbidden = {"locked"}
-        self.served = set(SERVED)
-        self.objects: dict[tuple, dict] = {}  # (plural, ns, name) -> object
-        self.pods: dict[tuple, dict] = {}  # (ns, name) -> {"labels":..., "log":..., "phase":...}
-        self.requests: list[tuple[str, str, dict]] = []
-        self.finish_as: str | None = None  # a created job reports this condition at once
-
-
-def _status(code: int, reason: str, message: str, details: dict | None = None) -> dict:
-    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
-            "reason": reason, "details": details or {}, "code": code}  # fmt: skip
-
-
-class Handler(BaseHTTPRequestHandler):
-    cluster: FakeCluster
-
-    def log_message(self, *args: object) -> None:  # quiet
-        pass
-
-    def _send(self, code: int, body: dict | str, ctype: str = "application/json") -> None:
-        data = (json.dumps(body) if isinstance(body, dict) else body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _handle(self, method: str) -> None:
-        c, url = self.cluster, urlparse(self.path)
-        length = int(self.headers.get("Content-Length") or 0)
-        body = json.loads(self.rfile.read(length) or b"{}") if length else {}
-        query = {k: v[0] for k, v in parse_qs(url.query).items()}
-        c.requests.append((method, url.path, body | {"?": query} if query else body))
-        if m := CUSTOM.match(url.path):
-            group, version, ns, plural, name = m.groups()
-            if (group, version, plural) not in c.served:
-                return self._send(404, "404 page not found\n", "text/plain")
-            return self._object(method, plural, ns, name, body)
-        if m := CORE.match(url.path):
-            ns, plural, name, log = m.groups()
-            if ns in c.forbidden:
-                return self._forbidden(plural, ns)
-            if plural == "persistentvolumeclaims":
-                return self._object(method, plural, ns, name, body)
-            if log:
-                pod = c.pods.get((ns, name))
-                if pod is None:
-                    return self._send(404, _status(404, "NotFound", f'pods "{name}" not found',
-                                                   {"name": name, "kind": "pods"}))  # fmt: skip
-                return self._send(200, pod["log"], "text/plain")
-            want = dict(kv.split("=", 1) for kv in query.get("labelSelector", "").split(",") if kv)
-            items = [
-                {"metadata": {"name": n, "namespace": ns, "labels": p["labels"]},
-                 "status": {"phase": p["phase"], "containerStatuses": [
-                     {"name": "pytorch", "restartCount": p.get("restarts", 0), "ready": True,
-                      "image": "x", "imageID": "", "state": {}}]}}
-                for (pns, n), p in c.pods.items()
-                if pns == ns and want.items() <= p["labels"].items()
-            ]  # fmt: skip
-            return self._send(200, {"kind": "PodList", "apiVersion": "v1", "items": items})
-        self._send(404, "404 page not found\n", "text/plain")
-
-    def _forbidden(self, plural: str, ns: str) -> None:
-        self._send(403, _status(403, "Forbidden", f'{plural} is forbidden: User "dev" cannot '
-                                f'access {plural} in the namespace "{ns}"'))  # fmt: skip
-
-    def _object(self, method: str, plural: str, ns: str, name: str | None, body: dict) -> None:
-        c = self.cluster
-        if ns in c.forbidden:
-            return self._forbidden(plural, ns)
-        if ns not in c.namespaces:
-            return self._send(404, _status(404, "NotFound", f'namespaces "{ns}" not found',
-                                           {"name": ns, "kind": "namespaces"}))  # fmt: skip
-        if method == "POST":
-            key = (plural, ns, body["metadata"]["name"])
-            if key in c.objects:
-                return self._send(409, _status(409, "AlreadyExists",
-                                               f'{plural} "{key[2]}" already exists',
-                                               {"name": key[2], "kind": plural}))  # fmt: skip
-            c.objects[key] = body
-            if c.finish_as:
-                body = body | {"status": {"conditions": [{"type": c.finish_as, "status": "True"}]}}
-                c.objects[key] = body
-            return self._send(201, body)
-        key = (plural, ns, name)
-        if key not in c.objects:
-            return self._send(404, _status(404, "NotFound", f'{plural} "{name}" not found',
-                                           {"name": name, "kind": plural}))  # fmt: skip
-        if method == "DELETE":
-            del c.objects[key]
-            return self._send(200, {"kind": "Status", "status": "Success"})
-        return self._send(200, c.objects[key])
-
-    def do_GET(self) -> None:
-        self._handle("GET")
-
-    def do_POST(self) -> None:
-        self._handle("POST")
-
-    def do_DELETE(self) -> None:
-        self._handle("DELETE")
-
-
-@pytest.fixture
-def cluster(tmp_path, monkeypatch):
-    state = FakeCluster()
-    handler = type("H", (Handler,), {"cluster": state})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    kubeconfig = tmp_path / "kubeconfig"
-    server_url = f"http://127.0.0.1:{server.server_address[1]}"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": server_url}}],
-        "users": [{"name": "dev", "user": {"token": "t"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "dev"}}],
-    }))  # fmt: skip
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.setattr("tools.backends.OUT_DIR", tmp_path / "out")  # last_job.json
-    yield state
-    server.shutdown()
-    server.server_close()
-
-
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    rc = launch.main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
+cluster = k8s_apiserver.cluster  # the fake API server (a fixture)
 
 
 def test_submit_creates_the_rendered_objects_and_remembers_the_job(cluster, capsys):
@@ -169,10 +28,12 @@ def test_submit_creates_the_rendered_objects_and_remembers_the_job(cluster, caps
     assert cluster.objects[("persistentvolumeclaims", "default", "ctest-ckpt")] == rendered[0]
     assert cluster.objects[("pytorchjobs", "default", "ctest")] == rendered[1]
     assert "created pytorchjob/ctest" in out
-    # Again: the PVC is reused, the job exists -> 409 -> one line saying what to do.
+    # The dry run comes first: the job was created before, so 409 -> one line saying what
+    # to do, and nothing else is touched (no second PVC attempt).
+    posts = sum(1 for r in cluster.requests if r[0] == "POST")
     rc, out, err = cli(capsys, "submit", "k8s", *sets)
-    assert rc == 2 and "Traceback" not in err
-    assert "persistentvolumeclaim/ctest-ckpt exists; reusing it" in err
+    assert rc == 2 and "Traceback" not in err and err.count("\n") == 1
+    assert sum(1 for r in cluster.requests if r[0] == "POST") == posts + 1
     last = err.splitlines()[-1]
     assert last.startswith("error: PyTorchJob ctest: already exists")
     assert "cancel k8s ctest -n default" in last and "--set name=" in last
@@ -205,11 +66,15 @@ def test_submit_creates_the_rendered_objects_and_remembers_the_job(cluster, caps
     assert "Worker: active 1, succeeded 0, failed 0" in out
     assert "pod ctest-worker-0: Running (restarts 2)" in out and "other-master-0" not in out
 
-    rc, out, err = cli(capsys, "logs", "k8s")
-    assert rc == 0 and out == "step 1/3 loss 2.3\nstep 2/3 loss 2.1\n", err
+    rc, out, err = cli(capsys, "logs", "k8s")  # every pod of the job, prefixed
+    assert rc == 0, err
+    assert out == (
+        "[ctest-master-0] step 1/3 loss 2.3\n[ctest-master-0] step 2/3 loss 2.1\n"
+        "[ctest-worker-0] worker\n"
+    )
     method, path, body = cluster.requests[-1]
-    assert path == "/api/v1/namespaces/default/pods/ctest-master-0/log"
-    assert body["?"] == {"container": "pytorch", "follow": "true"}
+    assert path == "/api/v1/namespaces/default/pods/ctest-worker-0/log"
+    assert body["?"] == {"container": "pytorch"}
 
     rc, out, err = cli(capsys, "cancel", "k8s")
     assert rc == 0 and "deleted pytorchjob/ctest" in out
@@ -221,13 +86,14 @@ def test_submit_creates_the_rendered_objects_and_remembers_the_job(cluster, caps
     assert rc == 2 and "not found" in err and "Traceback" not in err
 
 
-def test_elastic_logs_come_from_worker_0_and_trainjob_goes_to_trainer_api(cluster, capsys):
+def test_elastic_logs_and_trainjob_goes_to_trainer_api(cluster, capsys):
     rc, _, err = cli(capsys, "submit", "k8s", "--set", "name=el", "--set", "k8s.elastic.min=1",
                      "--set", "k8s.elastic.max=2")  # fmt: skip
     assert rc == 0, err
-    cluster.pods[("default", "el-worker-0")] = {"labels": {}, "phase": "Running", "log": "w0\n"}
+    cluster.pods[("default", "el-worker-0")] = {
+        "labels": {"training.kubeflow.org/job-name": "el"}, "phase": "Running", "log": "w0\n"}  # fmt: skip
     rc, out, err = cli(capsys, "logs", "k8s", "el")
-    assert rc == 0 and out == "w0\n", err
+    assert rc == 0 and out == "[el-worker-0] w0\n", err
 
     rc, _, err = cli(capsys, "submit", "k8s", "--set", "name=tj", "--set", "k8s.api=trainjob",
                      "--set", "k8s.namespace=ml")  # fmt: skip
@@ -238,7 +104,7 @@ def test_elastic_logs_come_from_worker_0_and_trainjob_goes_to_trainer_api(cluste
                    "batch.kubernetes.io/job-completion-index": "0"},
         "phase": "Running", "log": "node0\n"}  # fmt: skip
     rc, out, err = cli(capsys, "logs", "k8s")  # the last job: tj in ml
-    assert rc == 0 and out == "node0\n", err
+    assert rc == 0 and out == "[tj-node-0-0-abcde] node0\n", err
     assert cluster.requests[-1][2]["?"]["container"] == "node"
 
 
@@ -274,3 +140,40 @@ def test_submit_wait_follows_the_job_to_its_end(cluster, capsys, outcome, rc):
     cluster.finish_as = outcome
     got, out, err = cli(capsys, "submit", "k8s", "--set", "name=w", "--wait")
     assert got == rc and f"w: {outcome}" in err
+
+
+def test_logs_follow_streams_every_pod_until_the_job_ends(cluster, capsys):
+    rc, _, err = cli(capsys, "submit", "k8s", "--set", "name=fw", "--nodes", "2")
+    assert rc == 0, err
+    labels = {"training.kubeflow.org/job-name": "fw"}
+    cluster.pods[("default", "fw-master-0")] = {"labels": labels, "phase": "Running",
+                                                "log": "m1\nm2\n"}  # fmt: skip
+    cluster.pods[("default", "fw-worker-0")] = {"labels": labels, "phase": "Succeeded",
+                                                "log": "w1\npartial"}  # fmt: skip
+    cluster.pods[("default", "fw-worker-1")] = {"labels": labels, "phase": "Pending", "log": ""}
+    cluster.objects[("pytorchjobs", "default", "fw")]["status"] = {
+        "conditions": [{"type": "Succeeded", "status": "True"}]}  # fmt: skip
+    rc, out, err = cli(capsys, "logs", "k8s", "--follow")
+    assert rc == 0, err
+    assert sorted(out.splitlines()) == [
+        "[fw-master-0] m1", "[fw-master-0] m2", "[fw-worker-0] partial", "[fw-worker-0] w1"]  # fmt: skip
+    watches = [b["?"] for m, p, b in cluster.requests if p.endswith("/pods") and "?" in b]
+    assert watches and all(q.get("watch") == "true" for q in watches)
+    assert watches[0]["labelSelector"] == "training.kubeflow.org/job-name=fw"
+    follows = [p for m, p, b in cluster.requests if p.endswith("/log")]
+    assert sorted(follows) == [f"/api/v1/namespaces/default/pods/fw-{p}/log"
+                               for p in ("master-0", "worker-0")]  # fmt: skip
+
+
+def test_list_shows_the_namespaces_ddpkit_jobs_of_both_kinds(cluster, capsys):
+    for name, api in (("a1", "pytorchjob"), ("b2", "trainjob")):
+        rc, _, err = cli(capsys, "submit", "k8s", "--set", f"name={name}", "--set",
+                         f"k8s.api={api}")  # fmt: skip
+        assert rc == 0, err
+    cluster.objects[("pytorchjobs", "default", "other")] = {
+        "kind": "PyTorchJob", "metadata": {"name": "other", "labels": {"app": "x"}}}  # fmt: skip
+    rc = k8s.list_jobs(Namespace(spec=None, namespace=None))
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert sorted(line.split("\t")[:3] for line in out.splitlines()) == [
+        ["a1", "PyTorchJob", "Pending"], ["b2", "TrainJob", "Pending"]]  # fmt: skip

@@ -168,6 +168,21 @@ def test_launch_script_elastic_host_is_worker_0(tmp_path):
     assert rc == 1 and "not reachable" in err  # worker 1 waits for the host
 
 
+def test_launch_script_refuses_rdma_without_an_unlimited_memlock(tmp_path):
+    """This machine's memlock limit is finite (and a non-root process cannot raise it): an
+    RDMA job stops at once with the fix instead of NCCL failing to register memory."""
+    import resource
+
+    assert resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] != resource.RLIM_INFINITY
+    env = {"PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": "1", "PET_NODE_RANK": "0"}
+    rc, err, got = launch_script(tmp_path, env | {"DDPKIT_REQUIRE_MEMLOCK": "unlimited"}, wait_s=1)
+    assert rc == 1 and not got
+    assert "RDMA needs an unlimited locked-memory limit" in err and "LimitMEMLOCK=infinity" in err
+    assert err.count("\n") == 1
+    rc, err, got = launch_script(tmp_path, env, wait_s=1)  # no RDMA: no such check
+    assert rc == 0 and got, err
+
+
 def test_launch_script_passes_shellcheck():
     shellcheck = Path(sys.executable).parent / "shellcheck"
     p = subprocess.run([str(shellcheck), str(k8s.LAUNCH_SCRIPT)], capture_output=True, text=True)

@@ -84,7 +84,7 @@ def job_of(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def pods_of(job: dict[str, Any]) -> list[dict[str, Any]]:
     """Each replica's pod template as a Pod; for a TrainJob, the pod the torch-distributed
-    runtime makes from `trainer` and the podSpecOverrides."""
+    runtime makes from `trainer` and the runtimePatches (Trainer 2.3)."""
     name = job["metadata"]["name"]
     if job["kind"] == "PyTorchJob":
         return [
@@ -93,11 +93,12 @@ def pods_of(job: dict[str, Any]) -> list[dict[str, Any]]:
              "spec": r["template"]["spec"]}
             for rtype, r in job["spec"]["pytorchReplicaSpecs"].items()
         ]  # fmt: skip
-    t, (o,) = job["spec"]["trainer"], job["spec"]["podSpecOverrides"]
+    t, (patch,) = job["spec"]["trainer"], job["spec"]["runtimePatches"]
+    (rjob,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    o = rjob["template"]["spec"]["template"]["spec"]
     c = {"name": "node", "image": t["image"], "command": t["command"], "args": t["args"],
-         "env": t["env"], "resources": t["resourcesPerNode"],
-         "volumeMounts": o["containers"][0]["volumeMounts"]}  # fmt: skip
-    spec = {"containers": [c], "volumes": o["volumes"], "restartPolicy": "Never"}
+         "env": t["env"], "resources": t["resourcesPerNode"], **o["containers"][0]}  # fmt: skip
+    spec = {**o, "containers": [c], "restartPolicy": "Never"}
     return [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{name}-node-0-0"},
              "spec": spec}]  # fmt: skip
 
@@ -221,7 +222,7 @@ def test_elastic_gang_job_shape() -> None:
     pod = s["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     (c,) = pod["containers"]
     assert c["args"][0] == "gpt-worker-0"  # the rendezvous host the others wait for
-    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}  # no IPC_LOCK: README RDMA
     assert c["resources"]["limits"]["rdma/ib"] == "1"
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
     env = {e["name"]: e.get("value") for e in c["env"]}
@@ -253,10 +254,12 @@ def test_trainjob_shape() -> None:
     assert (t["numNodes"], t["numProcPerNode"]) == (2, 4)
     assert t["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "4"
     assert not [e for e in t["env"] if e["name"].startswith("PET_")]  # v2 rejects them
-    (o,) = s["podSpecOverrides"]
-    assert o["targetJobs"] == [{"name": "node"}]
-    assert {m["mountPath"] for m in o["containers"][0]["volumeMounts"]} == {
+    (pod,) = pods_of(job)  # runtimePatches: test_k8s_trainjob.py checks every release's shape
+    assert {m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]} == {
         "/dev/shm", "/workspace/runs/default/checkpoints"}  # fmt: skip
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 60
+    assert pod["spec"]["securityContext"]["fsGroup"] == 1000
+    assert s["activeDeadlineSeconds"] == 3600
 
 
 PAYLOADS = [
@@ -300,6 +303,15 @@ def test_user_strings_come_out_literally(payload: str) -> None:
         (["k8s.pvc=Bad_Name"], None, "not a Kubernetes object name"),
         (["k8s.namespace=ML"], None, "not a namespace name"),
         (["k8s.pvc_size=lots"], None, "not a Kubernetes quantity"),
+        (["image=--privileged"], None, "is not an image reference"),
+        ([], 2**31, "is over 2147483647"),
+        (["k8s.elastic.min=1", f"k8s.elastic.max={2**31}"], None, "is over 2147483647"),
+        (["ckpt_dir=/dev/shm/ckpt"], None, "collides with the mounted /dev/shm"),
+        (["ckpt_dir=/workspace"], None, "collides with the mounted /workspace"),
+        (["ckpt_dir=/opt/ddpkit/ck"], None, "collides with the mounted /opt/ddpkit"),
+        (["train.ckpt_dir=data/ck"], None, "collides with the mounted /workspace/data"),
+        (["k8s.secret_env.WANDB_API_KEY=wandb"], None, 'give NAME = "secret/key"'),
+        (["env.TOKEN=x", "k8s.secret_env.TOKEN=s/k"], None, "in both env and k8s.secret_env"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, monkeypatch, sets, nodes,
@@ -325,3 +337,21 @@ def test_make_k8s_render_prints_and_writes(tmp_path: Path) -> None:
     assert written.read_text() == p.stdout
     job = job_of(list(yaml.safe_load_all(p.stdout)))
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
+
+
+def test_secrets_are_references_never_values() -> None:
+    spec = load_spec(None, ["k8s.secret_env.WANDB_API_KEY=wandb/api-key", "k8s.api=trainjob"])
+    text = k8s.render(spec)
+    env = job_of(list(yaml.safe_load_all(text)))["spec"]["trainer"]["env"]
+    ref = {"secretKeyRef": {"name": "wandb", "key": "api-key"}}
+    assert {"name": "WANDB_API_KEY", "valueFrom": ref} in env
+    assert not [e for e in env if e["name"] == "WANDB_API_KEY" and "value" in e]
+
+
+def test_rdma_asks_for_an_unlimited_memlock_instead_of_a_useless_ipc_lock() -> None:
+    job = job_of(docs_for("gpt-elastic-gang"))  # k8s.rdma = true
+    c = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert {"name": "DDPKIT_REQUIRE_MEMLOCK", "value": "unlimited"} in c["env"]
+    assert c["resources"]["limits"]["rdma/ib"] == "1"

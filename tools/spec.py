@@ -12,10 +12,11 @@ exits 2. Rendering reads nothing but a JobSpec, so everything a backend needs is
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 import re
 import types
 from dataclasses import dataclass, field, fields
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import tomllib
@@ -66,6 +67,9 @@ class ElasticSpec:
 class K8sSpec:
     namespace: str = "default"
     api: Literal["pytorchjob", "trainjob"] = "pytorchjob"  # kubeflow.org/v1 or Trainer v2
+    # The Kubeflow Trainer release a TrainJob is shaped for (its per-job pod field changed name
+    # in 2.1 and 2.2); submit checks it against the cluster's CRD.
+    trainer_version: Literal["2.0", "2.1", "2.2", "2.3"] = "2.3"
     elastic: ElasticSpec = field(default_factory=ElasticSpec)
     pvc: str | None = None  # PersistentVolumeClaim mounted for runs/checkpoints
     node_selector: dict[str, str] = field(default_factory=dict)
@@ -76,13 +80,16 @@ class K8sSpec:
     queue: str | None = None  # Kueue LocalQueue / Volcano queue name
     scheduler: str | None = None  # schedulerName, e.g. "volcano"
     shm_size: str = "16Gi"  # /dev/shm as a memory-backed emptyDir
-    rdma: bool = False  # request RDMA/InfiniBand devices and IPC_LOCK
+    rdma: bool = False  # request RDMA/InfiniBand devices; needs an unlimited memlock (README)
     rdma_resource: str = "rdma/ib"  # the device plugin's RDMA resource, requested when rdma
     pvc_size: str | None = None  # also render the PVC (ReadWriteMany), e.g. "100Gi"
     storage_class: str | None = None  # storageClassName of the rendered PVC
     backoff_limit: int = 3  # runPolicy.backoffLimit: pod restarts before the job fails
     ttl_seconds_after_finished: int | None = 86400  # runPolicy: delete the job this long after
     clean_pod_policy: Literal["None", "Running", "All"] = "Running"  # pods deleted at the end
+    # Environment from Kubernetes Secrets: NAME = "secret/key" (secretKeyRef), so the value is
+    # never written into the manifest, e.g. WANDB_API_KEY = "wandb/api-key".
+    secret_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -91,6 +98,10 @@ class DockerSpec:
     data_dir: str | None = None  # host dir mounted read-only at the container's data dir
     out_dir: str | None = None  # host dir mounted for runs/ (outputs and checkpoints)
     extra_args: list[str] = field(default_factory=list)  # extra `docker run` arguments
+    # Code shipping: `render docker --build` also builds `image` FROM the ddpkit image with
+    # this directory (copied to /workspace/<its name>) and its pip requirements file.
+    user_dir: str | None = None
+    requirements: str | None = None  # relative to the repository root, like user_dir
 
 
 @dataclass
@@ -442,6 +453,7 @@ def validate(spec: JobSpec) -> JobSpec:
         if not ENV_NAME_RE.match(key):
             raise SpecError(f"env key {key!r} is not a variable name; use [A-Za-z_][A-Za-z0-9_]*")
     _validate_train(spec)
+    validate_containers(spec)
     s = spec.slurm
     if s.grace_s < 0 or s.requeue_limit < 0:
         raise SpecError("slurm.grace_s and slurm.requeue_limit must be >= 0")
@@ -483,6 +495,46 @@ def _validate_train(spec: JobSpec) -> None:
             raise SpecError(f"train.{key} contains a newline; use a plain path")
 
 
+INT32_MAX = 2**31 - 1  # Kubernetes replica counts and many scheduler fields are int32
+CONTAINER_WORKDIR = "/workspace"  # the image's WORKDIR (docker/Dockerfile)
+
+
+def validate_containers(spec: JobSpec) -> None:
+    """The container backends' rules (k8s, docker; images for SLURM containers too)."""
+    if spec.image.startswith("-") or not spec.image.strip() or any(c.isspace() for c in spec.image):
+        raise SpecError(
+            f"image {spec.image!r} is not an image reference (it must not start with '-' or "
+            "hold spaces, or an engine reads it as an option); use e.g. registry/ddpkit:1.0"
+        )
+    counts = {"nodes": spec.nodes, "nproc_per_node": spec.nproc_per_node}
+    counts |= {"k8s.elastic.max": spec.k8s.elastic.max or 0}
+    counts |= {"k8s.backoff_limit": spec.k8s.backoff_limit}
+    for key, n in counts.items():
+        if n > INT32_MAX:
+            raise SpecError(f"{key} = {n} is over {INT32_MAX} (int32, what Kubernetes stores)")
+    for name, ref in spec.k8s.secret_env.items():
+        secret, _, key = ref.partition("/")
+        if not ENV_NAME_RE.match(name) or not secret or not key or "/" in key:
+            raise SpecError(
+                f'k8s.secret_env {name} = {ref!r}: give NAME = "secret/key" '
+                '(e.g. WANDB_API_KEY = "wandb/api-key")'
+            )
+        if name in spec.env:
+            raise SpecError(f"{name} is in both env and k8s.secret_env; keep one")
+    # A checkpoint dir on a path something else is mounted at: /dev/shm is memory (gone with
+    # the pod), the data volume is read-only, and a volume on the work dir or the code dir
+    # (or above them) would hide what the image put there.
+    ckpt = str(spec.ckpt_dir or spec.train.get("ckpt_dir") or f"{spec.run_dir}/checkpoints")
+    absolute = posixpath.normpath(posixpath.join(CONTAINER_WORKDIR, ckpt))
+    for mounted in ("/dev/shm", "/opt/ddpkit", f"{CONTAINER_WORKDIR}/data", CONTAINER_WORKDIR):
+        below = PurePosixPath(absolute).is_relative_to(mounted) and mounted != CONTAINER_WORKDIR
+        if below or PurePosixPath(mounted).is_relative_to(absolute):
+            raise SpecError(
+                f"ckpt_dir {ckpt!r} ({absolute} in the container) collides with the mounted "
+                f"{mounted}; use a directory of its own, e.g. runs/<name>/checkpoints"
+            )
+
+
 def load_spec(
     path: str | Path | None,
     sets: list[str] | None = None,
@@ -520,4 +572,5 @@ __all__ = [
     "load_spec",
     "parse_time_minutes",
     "validate",
+    "validate_containers",
 ]

@@ -5,7 +5,8 @@ every user string comes out as the literal string (no splicing into YAML). Every
 k8s/launch.sh (embedded as `bash -c`): wait for a TCP connection to the rendezvous
 endpoint, then `exec torchrun ... -m train ...` with the rendezvous taken from the PET_*
 variables the controller injects (facts/kubeflow.md). submit/status/logs/cancel use the
-`kubernetes` client (imported when used), in tools/backends/k8s_api.py.
+`kubernetes` client (imported when used), in tools/backends/k8s_api.py; the resource names
+and the TrainJob shape of each Kubeflow Trainer release are in tools/backends/k8s_crds.py.
 """
 
 from __future__ import annotations
@@ -16,20 +17,20 @@ from typing import Any
 
 import yaml
 
+from tools.backends import k8s_crds
+from tools.backends.k8s_crds import PYTORCH_CONTAINER as CONTAINER
+from tools.backends.k8s_crds import PYTORCHJOB, TRAINJOB
+from tools.backends.k8s_crds import RUNTIME as TRAINER_RUNTIME
 from tools.spec import JobSpec, SpecError
 from tools.templating import REPO_ROOT
+from train.contract import TORCHRUN_SIGNALS, shutdown_budget_s
 
 FILE_EXT = "yaml"
-PYTORCHJOB = ("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
-TRAINJOB = ("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob")
-TRAINER_RUNTIME = "torch-distributed"  # ClusterTrainingRuntime of Kubeflow Trainer v2
-CONTAINER = "pytorch"  # the container the PyTorchJob controller wires up
-TRAINJOB_CONTAINER = "node"  # the trainer container of the torch-distributed runtime
 PORT_NAME = "pytorchjob-port"
 WORKDIR = "/workspace"  # the image's WORKDIR: relative run/checkpoint paths resolve here
 RUN_AS = 1000  # the image's non-root user (docker/Dockerfile UID/GID)
 RDZV_WAIT_S = 600  # how long a pod waits for the rendezvous endpoint to accept connections
-SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+GRACE_MARGIN_S = 30  # on top of the shutdown budget: the agent's teardown and the exit
 ELASTIC_DEFAULT_RESTARTS = 3  # an elastic job restarts its group on every membership change
 LAUNCH_SCRIPT = REPO_ROOT / "k8s" / "launch.sh"
 # Set by the controllers; a user value would conflict (TrainJob rejects PET_* outright).
@@ -105,18 +106,21 @@ def check(spec: JobSpec) -> None:
             "with min <= N <= max (the replicas started first)"
         )
     if k.api == "trainjob":
+        can = k8s_crds.supports(k.trainer_version)
         unsupported = {
             "k8s.elastic": e.min is not None,
             "k8s.priority_class": k.priority_class,
-            "k8s.image_pull_secrets": k.image_pull_secrets,
             "k8s.scheduler": k.scheduler,
-            "k8s.rdma": k.rdma,
         }
+        unsupported["k8s.image_pull_secrets"] = (
+            k.image_pull_secrets and not can["image_pull_secrets"]
+        )
         for key, value in unsupported.items():
             if value:
                 raise SpecError(
-                    f"{key} is not supported with k8s.api=trainjob (set it in the "
-                    f"ClusterTrainingRuntime {TRAINER_RUNTIME!r}); unset it or use k8s.api=pytorchjob"
+                    f"{key} is not supported with k8s.api=trainjob and k8s.trainer_version="
+                    f"{k.trainer_version} (set it in the ClusterTrainingRuntime "
+                    f"{TRAINER_RUNTIME!r}); unset it or use k8s.api=pytorchjob"
                 )
 
 
@@ -156,6 +160,8 @@ def resources(spec: JobSpec) -> dict[str, Any]:
 
 
 def env(spec: JobSpec) -> list[dict[str, Any]]:
+    """The container's environment: POD_NAME, the launch environment, then the Secret refs
+    (only the Secret's name and key are written here, never the value)."""
     values: dict[str, str] = {}
     if spec.k8s.elastic.min is not None:
         # torch shares the rendezvous TCPStore with the workers and caches its address from
@@ -163,15 +169,30 @@ def env(spec: JobSpec) -> list[dict[str, Any]]:
         # the old rank 0 never rewrites. Found by the operator emulation (a killed replica).
         values["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     values.update(spec.launch_env())
+    if spec.k8s.rdma:
+        # RDMA registers (pins) memory: launch.sh refuses to start without an unlimited
+        # memlock limit, with the fix, instead of NCCL failing later (README: RDMA).
+        values["DDPKIT_REQUIRE_MEMLOCK"] = "unlimited"
     pod_name = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
-    return [pod_name] + [{"name": k, "value": str(v)} for k, v in sorted(values.items())]
+    plain = [{"name": k, "value": str(v)} for k, v in sorted(values.items())]
+    secrets = [
+        {"name": k, "valueFrom": {"secretKeyRef": {"name": ref.partition("/")[0],
+                                                   "key": ref.partition("/")[2]}}}
+        for k, ref in sorted(spec.k8s.secret_env.items())
+    ]  # fmt: skip
+    return [pod_name, *plain, *secrets]
 
 
 def shutdown_timeout_s(spec: JobSpec) -> int:
     from train.config import TrainConfig
 
-    value = spec.train.get("shutdown_timeout_s", TrainConfig.shutdown_timeout_s)
-    return max(1, round(float(value)))
+    return shutdown_budget_s(spec.train.get("shutdown_timeout_s", TrainConfig.shutdown_timeout_s))
+
+
+def grace_period_s(spec: JobSpec) -> int:
+    """terminationGracePeriodSeconds: SIGTERM, then this long for the checkpoint save (the
+    shutdown budget) and the agent's exit before the kubelet sends SIGKILL."""
+    return shutdown_timeout_s(spec) + GRACE_MARGIN_S
 
 
 def max_restarts(spec: JobSpec) -> int:
@@ -196,7 +217,7 @@ def command(spec: JobSpec) -> tuple[list[str], list[str]]:
         host_pod(spec),
         str(RDZV_WAIT_S),
         "--signals-to-handle",
-        SIGNALS_TO_HANDLE,
+        TORCHRUN_SIGNALS,
         "--shutdown-timeout",
         str(shutdown_timeout_s(spec)),
         "--max-restarts",
@@ -228,12 +249,25 @@ def labels(spec: JobSpec, component: str) -> dict[str, str]:
     }
 
 
+def container_security() -> dict[str, Any]:
+    # No IPC_LOCK for RDMA: an added capability never reaches a non-root process's effective
+    # set (Kubernetes sets no ambient capabilities), so it would not raise memlock anyway.
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def pod_security() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "fsGroup": RUN_AS,  # the PVC is writable by the non-root user
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
 def container(spec: JobSpec) -> dict[str, Any]:
     cmd, args = command(spec)
     vols, mounts = volumes(spec)
-    caps: dict[str, Any] = {"drop": ["ALL"]}
-    if spec.k8s.rdma:  # RDMA verbs pin (lock) memory
-        caps["add"] = ["IPC_LOCK"]
     return {
         "name": CONTAINER,
         "image": spec.image,
@@ -245,7 +279,7 @@ def container(spec: JobSpec) -> dict[str, Any]:
         "ports": [{"name": PORT_NAME, "containerPort": spec.rdzv_port, "protocol": "TCP"}],
         "resources": resources(spec),
         "volumeMounts": mounts,
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": caps},
+        "securityContext": container_security(),
     }
 
 
@@ -254,14 +288,8 @@ def pod_template(spec: JobSpec) -> dict[str, Any]:
     pod: dict[str, Any] = {
         "restartPolicy": "OnFailure",
         # SIGTERM on deletion/preemption: torchrun forwards it, the workers save a checkpoint.
-        "terminationGracePeriodSeconds": shutdown_timeout_s(spec) + 30,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS,
-            "runAsGroup": RUN_AS,
-            "fsGroup": RUN_AS,  # the PVC is writable by the non-root user
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "terminationGracePeriodSeconds": grace_period_s(spec),
+        "securityContext": pod_security(),
         "containers": [container(spec)],
         "volumes": volumes(spec)[0],
     }
@@ -334,41 +362,49 @@ def pytorchjob(spec: JobSpec) -> dict[str, Any]:
 
 
 def trainjob(spec: JobSpec) -> dict[str, Any]:
+    """A TrainJob on the torch-distributed runtime, its pod changes in the shape of
+    k8s.trainer_version (k8s_crds.py)."""
     group, version, _, kind = TRAINJOB
+    k = spec.k8s
     c = container(spec)
     vols, mounts = volumes(spec)
-    override: dict[str, Any] = {
-        "targetJobs": [{"name": TRAINJOB_CONTAINER}],
-        "volumes": vols,
-        "containers": [{"name": TRAINJOB_CONTAINER, "volumeMounts": mounts}],
+    patch = k8s_crds.pod_patch(
+        k.trainer_version,
+        volumes=vols,
+        mounts=mounts,
+        node_selector=k.node_selector,
+        tolerations=k.tolerations,
+        service_account=k.service_account,
+        image_pull_secrets=k.image_pull_secrets,
+        pod_security=pod_security(),
+        container_security=container_security(),
+        grace_s=grace_period_s(spec),
+        labels=labels(spec, "training"),
+    )
+    body: dict[str, Any] = {
+        "runtimeRef": {
+            "name": TRAINER_RUNTIME,
+            "apiGroup": group,
+            "kind": "ClusterTrainingRuntime",
+        },
+        "trainer": {
+            "image": c["image"],
+            "command": c["command"],
+            "args": c["args"],
+            "env": c["env"],
+            "numNodes": spec.nodes,
+            "numProcPerNode": spec.nproc_per_node,
+            "resourcesPerNode": c["resources"],
+        },
+        **patch,
     }
-    if spec.k8s.node_selector:
-        override["nodeSelector"] = dict(spec.k8s.node_selector)
-    if spec.k8s.tolerations:
-        override["tolerations"] = [dict(t) for t in spec.k8s.tolerations]
-    if spec.k8s.service_account:
-        override["serviceAccountName"] = spec.k8s.service_account
+    if k8s_crds.supports(k.trainer_version)["deadline"]:
+        body["activeDeadlineSeconds"] = spec.time_minutes * 60
     return {
         "apiVersion": f"{group}/{version}",
         "kind": kind,
         "metadata": metadata(spec, "training"),
-        "spec": {
-            "runtimeRef": {
-                "name": TRAINER_RUNTIME,
-                "apiGroup": group,
-                "kind": "ClusterTrainingRuntime",
-            },
-            "trainer": {
-                "image": c["image"],
-                "command": c["command"],
-                "args": c["args"],
-                "env": c["env"],
-                "numNodes": spec.nodes,
-                "numProcPerNode": spec.nproc_per_node,
-                "resourcesPerNode": c["resources"],
-            },
-            "podSpecOverrides": [override],
-        },
+        "spec": body,
     }
 
 
@@ -414,6 +450,19 @@ _Dumper.add_representer(str, _str)
 def render(spec: JobSpec) -> str:
     docs = manifests(spec)
     head = [f"# ddpkit job {spec.name!r}: kubectl apply -f <this file>"]
+    if spec.k8s.api == "trainjob":
+        v = spec.k8s.trainer_version
+        head.append(
+            f"# shaped for Kubeflow Trainer {v} (k8s.trainer_version); submit checks the CRD"
+        )
+        lacking = [
+            k for k, ok in k8s_crds.supports(v).items() if not ok and k != "image_pull_secrets"
+        ]
+        if lacking:
+            head.append(
+                f"# Trainer {v} takes no per-job {', '.join(lacking).replace('_', ' ')}: they come "
+                f"from the ClusterTrainingRuntime {TRAINER_RUNTIME!r}"
+            )
     if pvc_name(spec) is None:
         head.append(
             "# no k8s.pvc: checkpoints stay on each pod's disk and are lost with the pod; "
@@ -427,7 +476,11 @@ def render(spec: JobSpec) -> str:
 
 
 def add_arguments(parser: Any) -> None:
-    parser.add_argument("-n", "--namespace", help="status/logs/cancel: the job's namespace")
+    parser.add_argument("-n", "--namespace", help="status/logs/cancel/list: the namespace")
+    if "--follow" not in parser._option_string_actions:  # the launcher may define it for all
+        parser.add_argument(
+            "-f", "--follow", action="store_true", help="logs: stream every pod to the job's end"
+        )
 
 
 def submit(spec: JobSpec, opts: Any) -> int:
@@ -452,3 +505,9 @@ def cancel(job: str | None, opts: Any) -> int:
     from tools.backends import k8s_api
 
     return k8s_api.cancel(job, opts)
+
+
+def list_jobs(opts: Any) -> int:
+    from tools.backends import k8s_api
+
+    return k8s_api.list_jobs(opts)

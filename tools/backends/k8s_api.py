@@ -2,7 +2,9 @@
 client (kubeconfig, or the in-cluster service account). Imported only by those actions.
 
 Every API failure a user can fix ends as one line (SpecError, exit 2): no kubeconfig, the
-CRD not installed, 403, 409 (already exists), a namespace that does not exist.
+CRD not installed, 403, 409 (already exists), a namespace that does not exist, a manifest the
+cluster rejects or would prune (submit reads the TrainJob CRD and does a server-side dry run
+with strict field validation before it creates anything).
 """
 
 from __future__ import annotations
@@ -10,13 +12,17 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from tools.backends import last_job, record_job
-from tools.backends.k8s import PYTORCHJOB, TRAINJOB, TRAINJOB_CONTAINER
+from tools.backends import k8s_crds, last_job, record_job
+from tools.backends.k8s_crds import NODE as TRAINJOB_CONTAINER
+from tools.backends.k8s_crds import PYTORCH_CONTAINER, PYTORCHJOB, TRAINJOB
 from tools.spec import JobSpec, SpecError
+
+JOB_LABEL = "app.kubernetes.io/instance"  # k8s.labels(): on the job and on every pod template
 
 OPERATOR = {
     "pytorchjob": "install the Kubeflow training operator (v1.9 serves kubeflow.org/v1 "
@@ -26,7 +32,7 @@ OPERATOR = {
 }
 
 
-def _clients() -> tuple[Any, Any]:
+def _clients() -> tuple[Any, Any, Any]:
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
 
@@ -45,7 +51,7 @@ def _clients() -> tuple[Any, Any]:
             "point KUBECONFIG at a kubeconfig (kubectl config view) or run inside a cluster"
         ) from None
     api = client.ApiClient(cfg)
-    return client.CustomObjectsApi(api), client.CoreV1Api(api)
+    return client.CustomObjectsApi(api), client.CoreV1Api(api), client.ApiextensionsV1Api(api)
 
 
 def _body(e: Any) -> dict[str, Any]:
@@ -89,6 +95,11 @@ def _call(fn: Callable[..., Any], what: str, api: str, namespace: str, *args: An
             raise SpecError(
                 f"{what}: the cluster does not serve this resource ({message}); {OPERATOR[api]}"
             ) from None
+        if e.status in (400, 422):  # invalid, or a field strict validation found unknown
+            raise SpecError(
+                f"{what}: the cluster rejects the manifest: {' '.join(str(message).split())}; "
+                + FIX_SHAPE[api]
+            ) from None
         raise SpecError(
             f"{what}: the API server answered {e.status} {e.reason}: {message}"
         ) from None
@@ -96,15 +107,83 @@ def _call(fn: Callable[..., Any], what: str, api: str, namespace: str, *args: An
         raise SpecError(f"{what}: cannot reach the Kubernetes API server ({e})") from None
 
 
+FIX_SHAPE = {
+    "pytorchjob": "upgrade the training operator to v1.9 or use --set k8s.api=trainjob",
+    "trainjob": "render for the cluster's Kubeflow Trainer release with "
+    "--set k8s.trainer_version=2.0|2.1|2.2|2.3",
+}
+
+
+def check_trainer_shape(ext: Any, spec: JobSpec) -> None:
+    """Read the served TrainJob CRD and refuse a manifest shaped for another Trainer release.
+    Reading CRDs (cluster-scoped) may be forbidden to a user: then only the dry run checks."""
+    from kubernetes.client.exceptions import ApiException
+
+    rendered = spec.k8s.trainer_version
+    try:
+        resp = ext.read_custom_resource_definition(k8s_crds.CRD_NAME, _preload_content=False)
+        crd = json.loads(resp.data)
+    except ApiException as e:
+        if e.status == 404:
+            raise SpecError(
+                f"the cluster has no CustomResourceDefinition {k8s_crds.CRD_NAME}; "
+                + OPERATOR["trainjob"]
+            ) from None
+        print(
+            f"cannot read CRD {k8s_crds.CRD_NAME} ({e.status} {e.reason}); relying on the "
+            "server-side dry run to catch a TrainJob shaped for another Trainer release",
+            file=sys.stderr,
+        )
+        return
+    served = k8s_crds.served_version(crd)
+    if served is None:
+        raise SpecError(
+            f"the cluster's TrainJob CRD has no field ddpkit knows for per-job pod changes "
+            f"(podSpecOverrides, podTemplateOverrides, runtimePatches: Trainer "
+            f"{k8s_crds.VERSIONS[0]}-{k8s_crds.NEWEST}); upgrade Kubeflow Trainer"
+        )
+    if not k8s_crds.compatible(rendered, served):
+        field = k8s_crds.OVERRIDE_FIELD
+        raise SpecError(
+            f"the cluster serves the TrainJob of Kubeflow Trainer {served} "
+            f"(spec.{field[served]}), but the job is rendered for {rendered} "
+            f"(spec.{field[rendered]}), which it would drop or reject; "
+            f"pass --set k8s.trainer_version={served}"
+        )
+
+
+def dry_run(custom: Any, spec: JobSpec, doc: dict[str, Any]) -> None:
+    """Server-side dry run (dryRun=All, fieldValidation=Strict): admission, validation and
+    pruning without persisting. A field missing from the answer was pruned: refuse."""
+    api, ns = spec.k8s.api, spec.k8s.namespace
+    group, version, plural, kind = _resource(api)
+    what = f"{kind} {spec.name}"
+    answer = _call(
+        custom.create_namespaced_custom_object, what, api, ns, group, version, ns, plural, doc,
+        dry_run="All", field_validation="Strict",
+    )  # fmt: skip
+    pruned = k8s_crds.missing_paths(doc, answer or {})
+    if pruned:
+        more = f" and {len(pruned) - 3} more" if len(pruned) > 3 else ""
+        raise SpecError(
+            f"{what}: the cluster would drop {', '.join(pruned[:3])}{more} (unknown to its "
+            f"CRD, so /dev/shm, volumes or limits would silently vanish); {FIX_SHAPE[api]}"
+        )
+
+
 def _resource(api: str) -> tuple[str, str, str, str]:
     return TRAINJOB if api == "trainjob" else PYTORCHJOB
 
 
 def submit(spec: JobSpec, docs: list[dict[str, Any]], opts: Any) -> int:
-    """Create the PVC (kept when it exists) and the job, as `render` shows them."""
-    custom, core = _clients()
+    """Check the job against the cluster (CRD shape, dry run), then create the PVC (kept
+    when it exists) and the job, as `render` shows them."""
+    custom, core, ext = _clients()
     ns, api = spec.k8s.namespace, spec.k8s.api
     group, version, plural, kind = _resource(api)
+    if api == "trainjob":
+        check_trainer_shape(ext, spec)
+    dry_run(custom, spec, next(d for d in docs if d["kind"] == kind))
     for doc in docs:
         if doc["kind"] == "PersistentVolumeClaim":
             name = doc["metadata"]["name"]
@@ -190,7 +269,7 @@ def _pod_selector(name: str, api: str) -> str:
 
 
 def status(job: str | None, opts: Any) -> int:
-    custom, core = _clients()
+    custom, core, _ = _clients()
     name, ns, api = _target(job, opts)
     obj = _get(custom, name, ns, api)
     st = obj.get("status") or {}
@@ -210,40 +289,122 @@ def status(job: str | None, opts: Any) -> int:
     return 0
 
 
-def _log_pod(custom: Any, core: Any, name: str, ns: str, api: str) -> tuple[str, str]:
-    """The pod that runs rank 0: the master, worker 0 of an elastic job, node 0 of a TrainJob."""
-    if api == "trainjob":
-        selector = f"{_pod_selector(name, api)},batch.kubernetes.io/job-completion-index=0"
-        pods = _call(core.list_namespaced_pod, "pods", api, ns, ns, label_selector=selector)
-        if not pods.items:
-            raise SpecError(f"TrainJob {name}: no pod of node 0 yet; try again when it runs")
-        return pods.items[0].metadata.name, TRAINJOB_CONTAINER
-    spec = _get(custom, name, ns, api).get("spec") or {}
-    role = "master" if "Master" in (spec.get("pytorchReplicaSpecs") or {}) else "worker"
-    return f"{name}-{role}-0", "pytorch"
+def _container(api: str) -> str:
+    return TRAINJOB_CONTAINER if api == "trainjob" else PYTORCH_CONTAINER
+
+
+def _print_prefixed(pod: str, text: str, lock: threading.Lock) -> None:
+    with lock:
+        for line in text.splitlines():
+            sys.stdout.write(f"[{pod}] {line}\n")
+        sys.stdout.flush()
+
+
+def _stream(core: Any, pod: str, ns: str, container: str, lock: threading.Lock) -> None:
+    """Follow one container's log to its end, each line prefixed with the pod's name."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        resp = core.read_namespaced_pod_log(
+            pod, ns, container=container, follow=True, _preload_content=False
+        )
+    except ApiException as e:  # the pod went away meanwhile
+        _print_prefixed(pod, f"(no log: {e.status} {e.reason})", lock)
+        return
+    partial = b""
+    try:
+        for chunk in resp.stream(4096):
+            partial += chunk
+            *lines, partial = partial.split(b"\n")
+            if lines:
+                _print_prefixed(pod, b"\n".join(lines).decode(errors="replace"), lock)
+        if partial:
+            _print_prefixed(pod, partial.decode(errors="replace"), lock)
+    finally:
+        resp.release_conn()
 
 
 def logs(job: str | None, opts: Any) -> int:
-    """Stream the rank-0 pod's log until the container exits."""
-    custom, core = _clients()
+    """Every pod's log with a `[pod] ` prefix. --follow: stream them (the follow API), pick
+    up pods and restarted containers as they start (the watch API), end with the job."""
+    custom, core, _ = _clients()
     name, ns, api = _target(job, opts)
-    pod, container = _log_pod(custom, core, name, ns, api)
-    resp = _call(
-        core.read_namespaced_pod_log, f"log of pod {pod}", api, ns, pod, ns,
-        container=container, follow=True, _preload_content=False,
-    )  # fmt: skip
-    try:
-        for chunk in resp.stream(4096):
-            sys.stdout.write(chunk.decode(errors="replace"))
-            sys.stdout.flush()
-    finally:
-        resp.release_conn()
+    container, lock = _container(api), threading.Lock()
+    selector = _pod_selector(name, api)
+    if not getattr(opts, "follow", False):
+        pods = _call(core.list_namespaced_pod, "pods", api, ns, ns, label_selector=selector)
+        if not pods.items:
+            raise SpecError(f"{name}: no pods yet in namespace {ns!r}; try again, or --follow")
+        for pod in sorted(pods.items, key=lambda p: p.metadata.name):
+            text = _call(
+                core.read_namespaced_pod_log, f"log of pod {pod.metadata.name}", api, ns,
+                pod.metadata.name, ns, container=container,
+            )  # fmt: skip
+            _print_prefixed(pod.metadata.name, text or "", lock)
+        return 0
+    return follow(custom, core, name, ns, api, lock)
+
+
+def follow(custom: Any, core: Any, name: str, ns: str, api: str, lock: threading.Lock) -> int:
+    from kubernetes import watch
+
+    streams: dict[tuple[str, int], threading.Thread] = {}
+    while True:
+        # A fresh watch each round: it starts with an ADDED event per existing pod, so a
+        # round never misses one; a container restart shows as a new restart count.
+        for event in watch.Watch().stream(
+            core.list_namespaced_pod, ns, label_selector=_pod_selector(name, api),
+            timeout_seconds=5,
+        ):  # fmt: skip
+            pod = event["object"]
+            restarts = sum(c.restart_count for c in pod.status.container_statuses or [])
+            key = (pod.metadata.uid or pod.metadata.name, restarts)
+            started = pod.status.phase in ("Running", "Succeeded", "Failed")
+            if event["type"] != "DELETED" and started and key not in streams:
+                t = threading.Thread(
+                    target=_stream, args=(core, pod.metadata.name, ns, _container(api), lock),
+                    daemon=True,
+                )  # fmt: skip
+                t.start()
+                streams[key] = t
+        done = _finished(_get(custom, name, ns, api))
+        if done and not any(t.is_alive() for t in streams.values()):
+            return 0 if done in ("Succeeded", "Complete") else 1
+
+
+def list_jobs(opts: Any) -> int:
+    """The ddpkit jobs (both kinds) in the namespace, newest first. Kubernetes objects do
+    not record who created them, so the namespace is the unit: one per user or team."""
+    custom, _, _ = _clients()
+    spec = getattr(opts, "spec", None)
+    ns = getattr(opts, "namespace", None) or (spec.k8s.namespace if spec else "default")
+    rows = []
+    for api in ("pytorchjob", "trainjob"):
+        group, version, plural, kind = _resource(api)
+        try:
+            found = _call(
+                custom.list_namespaced_custom_object, f"{kind}s", api, ns, group, version, ns,
+                plural, label_selector="app.kubernetes.io/name=ddpkit",
+            )  # fmt: skip
+        except SpecError as e:
+            if "does not serve" not in str(e):
+                raise
+            continue  # that operator is not installed
+        for obj in found.get("items") or []:
+            conds = (obj.get("status") or {}).get("conditions") or []
+            state = _finished(obj) or (conds[-1]["type"] if conds else "Pending")
+            meta = obj["metadata"]
+            rows.append((meta.get("creationTimestamp") or "", meta["name"], kind, state))
+    for created, job, kind, state in sorted(rows, reverse=True):
+        print(f"{job}\t{kind}\t{state}\t{created}")
+    if not rows:
+        print(f"no ddpkit jobs in namespace {ns}", file=sys.stderr)
     return 0
 
 
 def cancel(job: str | None, opts: Any) -> int:
     """Delete the job and (foreground) its pods; a PVC with checkpoints stays."""
-    custom, _ = _clients()
+    custom, _, _ = _clients()
     name, ns, api = _target(job, opts)
     group, version, plural, kind = _resource(api)
     _call(
