@@ -73,8 +73,8 @@ bench: $(STAMP) ## Benchmarks: step time vs a plain loop, checkpoint save times
 docker-build: $(STAMP) ## Build the image (IMAGE, BASE_IMAGE); docker or podman
 	$(PY) -m tools.launch render docker $(LAUNCH_ARGS) --build $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE))
 
-docker-run: $(STAMP) ## Run the image on this node with the GPU flags (ARGS go to train)
-	$(PY) -m tools.launch submit docker $(LAUNCH_ARGS) $(if $(ARGS),-- $(ARGS))
+docker-run: $(STAMP) ## Run the image here: GPUS=N processes and GPUs, else one per visible GPU
+	$(PY) -m tools.launch submit docker $(LAUNCH_ARGS) $(if $(GPUS),,--set docker.gpus=all) $(if $(ARGS),-- $(ARGS))
 
 slurm-up: $(STAMP) ## Start a real local SLURM cluster (NODES, default 2)
 	bash slurm/local/up.sh $(or $(NODES),2)

@@ -82,7 +82,7 @@ def test_render_has_the_gpu_flags_and_the_volumes():
     argv = docker.run_argv(_spec(gpus=8))
     text = " ".join(argv)
     assert argv[:3] == ["docker", "run", "--rm"]
-    assert "--gpus all" in text
+    assert "--gpus 8" in text  # as many GPUs as processes, not all of the machine's
     assert "--shm-size=16g" in argv
     assert "--ulimit memlock=-1" in text and "--ulimit stack=67108864" in text
     assert f"{REPO_ROOT}/runs:/workspace/runs" in argv
@@ -91,6 +91,43 @@ def test_render_has_the_gpu_flags_and_the_volumes():
     assert "--stop-timeout=60" in argv
     image_at = argv.index("ddpkit:latest")
     assert argv[image_at + 1 :] == _spec(gpus=8).train_argv()
+
+
+@pytest.mark.parametrize(
+    ("sets", "gpus", "flag", "nproc"),
+    [
+        ([], 2, "2", "2"),
+        ([], None, "1", "1"),
+        (["docker.gpus=all"], None, "all", None),  # the entrypoint counts the visible GPUs
+        (["docker.gpus=1,3"], None, '"device=1,3"', "2"),
+        (["docker.gpus=1,3"], 2, '"device=1,3"', "2"),
+    ],
+)
+def test_gpus_follow_the_process_count(sets, gpus, flag, nproc):
+    argv = docker.run_argv(_spec(*sets, gpus=gpus))
+    assert argv[argv.index("--gpus") + 1] == flag
+    found = [a for a in argv if a.startswith("PET_NPROC_PER_NODE=")]
+    assert found == ([f"PET_NPROC_PER_NODE={nproc}"] if nproc else [])
+
+
+def test_make_docker_run_without_gpus_gives_all_and_with_gpus_the_count(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "docker").write_text(
+        "#!/usr/bin/env python3\nimport json, sys\n"
+        "print(json.dumps(sys.argv[1:]), file=open(sys.argv[0] + '.log', 'a'))\n"
+    )
+    (fake / "docker").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    for extra in ([], ["GPUS=2"]):
+        r = subprocess.run(["make", "-s", "docker-run", *extra, "ARGS=--steps 1"],
+                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+    runs = [json.loads(line) for line in (fake / "docker.log").read_text().splitlines()]
+    runs = [a for a in runs if a[0] == "run"]
+    assert [a[a.index("--gpus") + 1] for a in runs] == ["all", "2"]
+    assert not [a for a in runs[0] if a.startswith("PET_NPROC_PER_NODE")]
+    assert "PET_NPROC_PER_NODE=2" in runs[1]
 
 
 def test_render_cpu_run_has_no_gpu_flag_and_mounts_data_read_only(tmp_path):
@@ -126,6 +163,10 @@ def test_rendered_text_is_the_argv_and_quotes_hostile_values(tmp_path):
         (["--nodes", "2"], "docker runs one node"),
         (["--set", "train.run_dir=/scratch/x"], "outside the mounted runs/ volume"),
         (["--set", "ckpt_dir=../elsewhere"], "outside the mounted runs/ volume"),
+        (["--set", "docker.gpus=all", "--gpus", "4"], "drop one of them"),
+        (["--set", "docker.gpus=0,1", "--gpus", "4"], "2 device(s)"),
+        (["--set", "docker.gpus=first"], 'use "all" or device ids'),
+        (["--set", "image=-v/:/host"], "is not an image reference"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, expect):

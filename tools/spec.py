@@ -98,6 +98,10 @@ class DockerSpec:
     data_dir: str | None = None  # host dir mounted read-only at the container's data dir
     out_dir: str | None = None  # host dir mounted for runs/ (outputs and checkpoints)
     extra_args: list[str] = field(default_factory=list)  # extra `docker run` arguments
+    # GPUs for the container: unset = as many as processes (`--gpus N`); "all" = every visible
+    # GPU, one process each (the entrypoint counts; make docker-run without GPUS); "0,1" =
+    # those devices, one process each.
+    gpus: str | None = None
     # Code shipping: `render docker --build` also builds `image` FROM the ddpkit image with
     # this directory (copied to /workspace/<its name>) and its pip requirements file.
     user_dir: str | None = None
@@ -512,6 +516,9 @@ def validate_containers(spec: JobSpec) -> None:
     for key, n in counts.items():
         if n > INT32_MAX:
             raise SpecError(f"{key} = {n} is over {INT32_MAX} (int32, what Kubernetes stores)")
+    gpus = spec.docker.gpus
+    if gpus is not None and gpus != "all" and not re.fullmatch(r"\d+(,\d+)*", gpus):
+        raise SpecError(f'docker.gpus {gpus!r}: use "all" or device ids like "0,1" (or unset)')
     for name, ref in spec.k8s.secret_env.items():
         secret, _, key = ref.partition("/")
         if not ENV_NAME_RE.match(name) or not secret or not key or "/" in key:

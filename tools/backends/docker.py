@@ -61,9 +61,29 @@ def stop_timeout_s(spec: JobSpec) -> int:
     return math.ceil(shutdown) + STOP_GRACE_S
 
 
+def gpu_flag(spec: JobSpec) -> str | None:
+    """`--gpus` value: the process count, the listed devices, or all (None on CPU)."""
+    if spec.accelerator != "gpu":
+        return None
+    gpus = spec.docker.gpus
+    if gpus is None:
+        return str(spec.nproc_per_node)  # a count: the engine picks that many GPUs
+    # Docker splits --gpus on commas unless the device list is quoted inside the value.
+    return "all" if gpus == "all" else f'"device={gpus}"'
+
+
+def nproc(spec: JobSpec) -> int | None:
+    """Processes per container; None = one per visible GPU, counted by the entrypoint."""
+    gpus = spec.docker.gpus
+    if spec.accelerator != "gpu" or gpus is None:
+        return spec.nproc_per_node
+    return None if gpus == "all" else len(gpus.split(","))
+
+
 def environment(spec: JobSpec) -> dict[str, str]:
     """Environment of the container: process count, debug preset, NCCL choices, env."""
-    env = {"PET_NPROC_PER_NODE": str(spec.nproc_per_node)}
+    n = nproc(spec)
+    env = {"PET_NPROC_PER_NODE": str(n)} if n is not None else {}
     if spec.max_restarts:
         env["PET_MAX_RESTARTS"] = str(spec.max_restarts)
     env.update(spec.launch_env())
@@ -77,13 +97,20 @@ def run_argv(spec: JobSpec, engine: str = "docker") -> list[str]:
             f"docker runs one node, got nodes = {spec.nodes}; use --nodes 1, or the slurm "
             "or k8s backend for several nodes"
         )
+    listed = nproc(spec)
+    if spec.docker.gpus is not None and spec.nproc_per_node not in (1, listed):
+        what = "every visible GPU" if listed is None else f"{listed} device(s)"
+        raise SpecError(
+            f"docker.gpus = {spec.docker.gpus!r} runs one process per GPU ({what}), but "
+            f"nproc_per_node is {spec.nproc_per_node}; drop one of them (make: GPUS=N alone)"
+        )
     _under_runs(spec, "train.run_dir", spec.run_dir)
     if spec.ckpt_dir or spec.train.get("ckpt_dir"):
         _under_runs(spec, "ckpt_dir", spec.ckpt_dir or spec.train["ckpt_dir"])
     d = spec.docker
     argv = [engine, "run", "--rm", "--name", spec.name]
-    if spec.accelerator == "gpu":
-        argv += ["--gpus", "all"]
+    if gpus := gpu_flag(spec):
+        argv += ["--gpus", gpus]
     argv += [
         f"--shm-size={d.shm_size}",  # DataLoader workers and NCCL's shared-memory transport
         "--ulimit",
