@@ -102,10 +102,6 @@ class DockerSpec:
     # GPU, one process each (the entrypoint counts; make docker-run without GPUS); "0,1" =
     # those devices, one process each.
     gpus: str | None = None
-    # Code shipping: `render docker --build` also builds `image` FROM the ddpkit image with
-    # this directory (copied to /workspace/<its name>) and its pip requirements file.
-    user_dir: str | None = None
-    requirements: str | None = None  # relative to the repository root, like user_dir
 
 
 @dataclass
