@@ -89,6 +89,7 @@ class TrainConfig:
     resume: str = "auto"  # auto | never | PATH to a step-N checkpoint directory
     timeout_s: float = 600.0  # a collective that waits longer fails the job
     shutdown_timeout_s: float = 30.0  # torchrun's --shutdown-timeout: a signal save must fit in it
+    max_bad_steps: int = 0  # skip up to N non-finite steps before stopping (syncs every step)
     stop_check_s: float = 0.25  # seconds between the ranks' stop-signal agreements (0: every step)
     # --- CUDA path ---
     compile: bool = False  # torch.compile each block
@@ -298,6 +299,8 @@ def validate(cfg: TrainConfig) -> None:
     positive("ckpt_keep")
     if cfg.lr <= 0:
         raise ConfigError(f"--lr must be > 0, got {cfg.lr}")
+    if cfg.max_bad_steps < 0:
+        raise ConfigError(f"--max-bad-steps must be >= 0, got {cfg.max_bad_steps}")
     if cfg.warmup_steps < 0 or cfg.ckpt_interval < 0 or cfg.num_workers < 0:
         raise ConfigError("--warmup-steps, --ckpt-interval and --num-workers must be >= 0")
     if cfg.timeout_s <= 0:

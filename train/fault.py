@@ -133,7 +133,8 @@ def diagnose_collective_failure(phase: str, step: int, timeout_s: float, err: Ba
 @dataclass(frozen=True)
 class Fault:
     """DDPKIT_FAULT=kind@step[:rank[:arg]]: kill (SIGKILL itself), hang (sleep arg seconds),
-    signal (send SIGNAME to the torchrun agent, or to itself without torchrun).
+    signal (send SIGNAME to the torchrun agent, or to itself without torchrun), nan (that
+    rank's loss becomes NaN for that step: its gradients, all-reduced, poison every rank).
     Fires once per job: only in the first torchrun attempt (TORCHELASTIC_RESTART_COUNT=0)."""
 
     kind: str
@@ -155,8 +156,11 @@ class Fault:
             parts[2] if len(parts) > 2 else "",
         )
 
+    def poisons(self, step: int, rank: int) -> bool:
+        return self.kind == "nan" and step == self.step and rank == self.rank
+
     def maybe_fire(self, step: int, rank: int) -> None:
-        if step != self.step or rank != self.rank:
+        if step != self.step or rank != self.rank or self.kind == "nan":
             return
         print(
             f"[fault injection] {self.kind} on rank {rank} at step {step}",
@@ -185,3 +189,64 @@ def is_collective_error(e: BaseException) -> bool:
     return isinstance(e, dist.DistError) or any(
         k in text for k in ("timed out", "timeout", "gloo", "nccl", "connection", "peer")
     )
+
+
+# --- divergence -------------------------------------------------------------------------------
+
+
+class Diverged(Exception):
+    """A non-finite loss or gradient norm: the run stops (EXIT_DIVERGED) and saves nothing."""
+
+    def __init__(self, step: int, skipped: int = 0) -> None:
+        super().__init__(step)
+        self.step, self.skipped = step, skipped
+
+
+_NO_BAD_STEP = 2**62
+
+
+class Health:
+    """Non-finite loss / gradient norm detection without a host sync per step.
+
+    Each step folds `isfinite` into a device tensor holding the first bad step (a few tiny
+    kernels, no sync); `first_bad()` reads it with one MIN all-reduce, at logging steps and
+    before every save (both sync anyway). With --max-bad-steps N the step itself must know
+    (to skip the optimizer), so `step_ok()` syncs and agrees every step: the opt-in cost.
+    """
+
+    def __init__(self, device: torch.device, max_bad_steps: int) -> None:
+        self.first = torch.full((), _NO_BAD_STEP, dtype=torch.int64, device=device)
+        self.max_bad_steps = max_bad_steps
+        self.skipped = 0
+
+    @staticmethod
+    def finite(loss: torch.Tensor, gnorm: torch.Tensor | None) -> torch.Tensor:
+        ok = torch.isfinite(loss)
+        if gnorm is not None:
+            # FSDP: the local part of the norm; a non-finite global norm has a non-finite
+            # part on some rank, and the MIN all-reduce below brings it to every rank.
+            g = gnorm.to_local() if hasattr(gnorm, "to_local") else gnorm
+            ok = ok & torch.isfinite(g)
+        return ok
+
+    def observe(self, step: int, ok: torch.Tensor) -> None:
+        self.first = torch.where(ok, self.first, torch.clamp(self.first, max=step))
+
+    def check(self) -> None:
+        """Raise Diverged if any rank saw a non-finite step since the start (collective)."""
+        t = self.first.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        if int(t) != _NO_BAD_STEP:
+            raise Diverged(int(t), self.skipped)
+
+    def step_ok(self, step: int, ok: torch.Tensor) -> bool:
+        """--max-bad-steps: True to apply this step, False to skip it (agreed by all ranks);
+        past the budget, Diverged (the bad step is never applied)."""
+        t = ok.to(torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        if int(t):
+            return True
+        self.skipped += 1
+        if self.skipped > self.max_bad_steps:
+            raise Diverged(step, self.skipped - 1)
+        return False

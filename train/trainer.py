@@ -15,10 +15,13 @@ import torch.nn.functional as F
 
 from train.checkpoint import Checkpointer
 from train.config import EXIT_REQUEUE, TrainConfig, dump
+from train.contract import EXIT_DIVERGED
 from train.data import DataBundle, GlobalBatchSampler, build_data, iterate_batches
 from train.distributed import World
 from train.fault import (
+    Diverged,
     Fault,
+    Health,
     StopRequest,
     diagnose_collective_failure,
     is_collective_error,
@@ -98,6 +101,7 @@ class Trainer:
         self.resumed_from: str | None = None
         self.time_to_first_step: float | None = None
         self.last_saved = -1
+        self.health = Health(world.device, cfg.max_bad_steps)
 
     # --- setup helpers -----------------------------------------------------------------
 
@@ -155,6 +159,12 @@ class Trainer:
     # --- the loop ----------------------------------------------------------------------
 
     def train(self) -> int:
+        try:
+            return self._train()
+        except Diverged as e:
+            return self.diverged(e)
+
+    def _train(self) -> int:
         self.maybe_resume()
         batches = self._batches()
         timer_t, timer_step = time.perf_counter(), self.step
@@ -168,6 +178,7 @@ class Trainer:
             if self.step % self.cfg.log_interval == 0 or self.step in (1, self.total_steps):
                 now = time.perf_counter()
                 self.log_step(loss, gnorm, (now - timer_t) / max(1, self.step - timer_step))
+                self.health.check()  # the logging step synced anyway
                 timer_t, timer_step = time.perf_counter(), self.step
             self.ckpt.poll()
             if self.cfg.ckpt_interval and self.step % self.cfg.ckpt_interval == 0:
@@ -192,6 +203,7 @@ class Trainer:
             g["lr"] = lr
         opt.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.world.device)
+        poison = self.fault is not None and self.fault.poisons(self.step + 1, self.world.rank)
         for micro in range(cfg.grad_accum):
             x, y = next(batches)
             self.sampler.advance()
@@ -200,6 +212,8 @@ class Trainer:
             with self._autocast():
                 out = model(x)
                 loss = F.cross_entropy(out.flatten(0, -2).float(), y.flatten()) / cfg.grad_accum
+            if poison:  # test hook (DDPKIT_FAULT=nan@STEP:RANK)
+                loss = loss * float("nan")
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             loss_sum += loss.detach()
         if self.scaler:
@@ -216,6 +230,18 @@ class Trainer:
             self.phase = "grad-norm all_reduce"
             grads = [p.grad for p in model.parameters() if p.grad is not None]
             gnorm = torch.nn.utils.get_total_norm(grads)
+        # fp16: the grad scaler skips steps with inf gradients by design; only the loss counts.
+        ok = Health.finite(loss_sum, None if self.scaler else gnorm)
+        if cfg.max_bad_steps:
+            if not self.health.step_ok(self.step + 1, ok):
+                opt.zero_grad(set_to_none=True)
+                self.reporter.info(
+                    f"warning: step {self.step + 1}: non-finite loss or gradient norm, "
+                    f"skipped ({self.health.skipped} of --max-bad-steps {cfg.max_bad_steps})"
+                )
+                return loss_sum, gnorm
+        else:
+            self.health.observe(self.step + 1, ok)
         self.phase = "optimizer step"
         self.ckpt.wait_staging()
         if self.scaler:
@@ -293,6 +319,7 @@ class Trainer:
 
     def save(self, force_sync: bool = False) -> float:
         self.phase = "checkpoint save"
+        self.health.check()  # never save (nor prune for) a non-finite state
         self.last_saved = self.step
         return self.ckpt.save(
             self.step,
@@ -385,6 +412,34 @@ class Trainer:
             )
         self.reporter.close()
         return EXIT_REQUEUE
+
+    def diverged(self, e: Diverged) -> int:
+        """Stop on a non-finite state: nothing saved from it; name the checkpoint to use."""
+        from train.checkpoint import list_checkpoints
+
+        self.stop.drain()
+        self.ckpt.close()  # a save in flight was started from a checked, finite state
+        if self.world.is_main:
+            import sys
+
+            complete, _ = list_checkpoints(Path(self.cfg.ckpt_dir))
+            skipped = f" after skipping {e.skipped} (--max-bad-steps)" if e.skipped else ""
+            fix = "lower --lr, or add --clip-grad or --max-bad-steps N"
+            where = (
+                f"the last finite checkpoint is {complete[-1]}: {fix} and rerun with "
+                f"--resume {complete[-1]}"
+                if complete
+                else f"no checkpoint was saved before it: {fix} and start over"
+            )
+            print(
+                f"error: training diverged: non-finite loss or gradient norm at step "
+                f"{e.step}{skipped}; nothing was saved from that state; {where}",
+                file=sys.stderr,
+                flush=True,
+            )
+        self.reporter.close()
+        dist.barrier()
+        return EXIT_DIVERGED
 
     # --- the end -------------------------------------------------------------------------
 
