@@ -34,7 +34,9 @@ def test_every_third_party_import_is_declared():
     for reqs in PROJECT["optional-dependencies"].values():
         declared |= {_name(r) for r in reqs}
     dists = packages_distributions()
-    code = sorted((ROOT / "train").glob("*.py")) + sorted((ROOT / "tools").rglob("*.py"))
+    code = [
+        p for d in ("train", "tools", "tests", "bench") for p in sorted((ROOT / d).rglob("*.py"))
+    ]
     missing = {}
     for mod in _imports(code):
         names = {d.lower().replace("_", "-") for d in dists.get(mod, [mod])}
