@@ -11,11 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
-
-import tomllib
 
 from train.contract import EXIT_BAD_INPUT, EXIT_REQUEUE
 from train.errors import UserError
@@ -100,6 +99,10 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
 
+
+# --log-to name -> the package it needs: checked on the node before the run writes anything
+# (train.metrics imports it on rank 0 only, and only when chosen).
+LOG_BACKENDS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 
 # Keys a TOML file or a job file's [train] table may set (one per flag).
 TRAIN_KEYS = [f.name for f in fields(TrainConfig) if f.name != "extra"]
@@ -274,6 +277,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
             values[f.name] = v
     cfg = TrainConfig(**values)
     validate(cfg)
+    check_packages(cfg)  # here, not in validate(): what is installed is the node's business
     _, size, _, local_size = world_from_env()
     check_world(cfg, size, max(1, size // max(1, local_size)))
     return cfg, bool(args.print_config)
@@ -344,10 +348,69 @@ def validate(cfg: TrainConfig) -> None:
             f"--resume {cfg.resume}: no such checkpoint directory; pass a step-N directory "
             "under the checkpoint dir, or auto / never"
         )
+    check_outputs(cfg)
     if cfg.run_dir is None:
         cfg.run_dir = str(Path("runs") / cfg.name)
     if cfg.ckpt_dir is None:
         cfg.ckpt_dir = str(Path(cfg.run_dir) / "checkpoints")
+
+
+def log_backends(cfg: TrainConfig) -> list[str]:
+    """The chosen logging backends: --log-to's list, plus tensorboard for --tensorboard."""
+    names = [n.strip() for n in cfg.log_to.split(",") if n.strip()]
+    if cfg.tensorboard:
+        names.insert(0, "tensorboard")
+    return list(dict.fromkeys(names))
+
+
+def profile_range(spec: str | None) -> tuple[int, int] | None:
+    """--profile-steps A-B (or just A) as (A, B), 1 <= A <= B; None when unset."""
+    if not spec:
+        return None
+    a, _, b = spec.partition("-")
+    if not (a.strip().isdigit() and (not b or b.strip().isdigit())):
+        raise ConfigError(
+            f"--profile-steps {spec!r}: write A-B (first and last step to trace), e.g. 10-12"
+        )
+    lo, hi = int(a), int(b or a)
+    if not 1 <= lo <= hi:
+        raise ConfigError(f"--profile-steps {spec}: need 1 <= A <= B, got A={lo} B={hi}")
+    return lo, hi
+
+
+def check_outputs(cfg: TrainConfig) -> None:
+    """--log-to, --eval-interval and --profile-steps values (no package lookups here)."""
+    unknown = [n for n in log_backends(cfg) if n not in LOG_BACKENDS]
+    if unknown:
+        raise ConfigError(
+            f"--log-to {cfg.log_to}: unknown {', '.join(unknown)}; pick from "
+            f"{', '.join(LOG_BACKENDS)} (comma-separated)"
+        )
+    if cfg.eval_interval < 0:
+        raise ConfigError(
+            f"--eval-interval must be >= 0 steps (0 = at the end), got {cfg.eval_interval}"
+        )
+    profile_range(cfg.profile_steps)
+
+
+def check_packages(cfg: TrainConfig) -> None:
+    """Each chosen logging backend's package is importable, before anything is written."""
+    from importlib.util import find_spec
+
+    for name in log_backends(cfg):
+        module = LOG_BACKENDS[name]
+        try:
+            found = find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            flag = (
+                "--tensorboard" if name == "tensorboard" and cfg.tensorboard else f"--log-to {name}"
+            )
+            raise ConfigError(
+                f"{flag} needs the {module} package, which is not installed: "
+                f"pip install {module} (or pip install -e '.[logging]'), or drop {flag}"
+            )
 
 
 def world_from_env() -> tuple[int, int, int, int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -61,61 +62,163 @@ def gather_objects(obj: Any) -> list[Any]:
     return out
 
 
+class _TensorBoard:
+    def __init__(self, run_dir: Path, cfg: dict[str, Any]):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.w = SummaryWriter(str(run_dir / "tensorboard"))
+        self.w.add_text("config", "```\n" + json.dumps(cfg, indent=2) + "\n```")
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        for k, v in values.items():
+            self.w.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        self.w.close()
+
+
+class _WandB:
+    """W&B run named after the run; WANDB_PROJECT/WANDB_MODE etc. from the environment."""
+
+    def __init__(self, run_dir: Path, cfg: dict[str, Any]):
+        import wandb
+
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "ddpkit"),
+            name=cfg.get("name"),
+            dir=str(run_dir),
+            config=cfg,
+        )
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        self.run.log(values, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class _MLflow:
+    """An MLflow run; MLFLOW_TRACKING_URI wins, else a SQLite store in the run dir."""
+
+    def __init__(self, run_dir: Path, cfg: dict[str, Any]):
+        import logging
+
+        import mlflow
+
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # no per-run INFO chatter
+        self.mlflow = mlflow
+        if not os.environ.get("MLFLOW_TRACKING_URI"):
+            mlflow.set_tracking_uri(f"sqlite:///{(run_dir / 'mlflow.db').resolve()}")
+        mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME", "ddpkit"))
+        self.run = mlflow.start_run(run_name=cfg.get("name"))
+        mlflow.log_params({k: str(v)[:500] for k, v in cfg.items()})
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        self.mlflow.log_metrics(values, step=step)
+
+    def close(self) -> None:
+        self.mlflow.end_run()
+
+
+# One class per name in train.config.LOG_BACKENDS; imported on rank 0 only, when chosen.
+_BACKEND_CLASSES = {"tensorboard": _TensorBoard, "wandb": _WandB, "mlflow": _MLflow}
+
+
 class Reporter:
-    """Rank 0's progress output and metric files; other ranks hold a silent instance."""
+    """Rank 0's progress output, metrics.jsonl and logging backends; a silent one elsewhere.
+
+    On a terminal (or --progress bar) a tqdm bar shows steps, elapsed time, ETA and the last
+    metric line; messages print above it. Otherwise every logged step is one plain line.
+    """
 
     def __init__(
-        self, run_dir: Path, enabled: bool, total_steps: int, mode: str, tensorboard: bool
+        self,
+        run_dir: Path,
+        enabled: bool,
+        total_steps: int,
+        mode: str,
+        backends: list[str] | tuple[str, ...] = (),
+        config: dict[str, Any] | None = None,
     ):
         self.enabled = enabled
         self.total = total_steps
-        self.bar = enabled and (mode == "bar" or (mode == "auto" and sys.stdout.isatty()))
+        self.bar = None
+        if enabled and (mode == "bar" or (mode == "auto" and sys.stdout.isatty())):
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=total_steps, unit="step", file=sys.stdout, dynamic_ncols=True, leave=True
+            )
         self.file = open(run_dir / "metrics.jsonl", "a") if enabled else None  # noqa: SIM115
-        self.tb = None
-        if enabled and tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise SystemExit(
-                    "error: --tensorboard needs the tensorboard package: pip install tensorboard"
-                ) from None
-            self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+        self.backends = (
+            [_BACKEND_CLASSES[b](run_dir, config or {}) for b in backends] if enabled else []
+        )
 
     def info(self, msg: str) -> None:
-        if self.enabled:
-            if self.bar:
-                sys.stdout.write("\r\033[K")
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(msg, file=sys.stdout)
+            sys.stdout.flush()
+        else:
             print(msg, flush=True)
+
+    def tick(self, step: int) -> None:
+        """Move the bar to `step` (every step; tqdm redraws at most ~10 times a second)."""
+        if self.bar is None:
+            return
+        if self.bar.n == 0 and step > 1:  # resumed: the rate and ETA count from here
+            self.bar.reset(total=self.total)
+            self.bar.update(step - 1)
+            self.bar.last_print_n = self.bar.n
+            self.bar.start_t = self.bar.last_print_t = self.bar._time()
+        self.bar.update(step - self.bar.n)
+
+    def _write(self, rec: dict[str, Any]) -> None:
+        assert self.file is not None
+        self.file.write(json.dumps(rec) + "\n")
+        self.file.flush()
+        values = {
+            k: float(v)
+            for k, v in rec.items()
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        for b in self.backends:
+            b.log(values, rec["step"])
 
     def log(self, rec: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        assert self.file is not None
-        self.file.write(json.dumps(rec) + "\n")
-        self.file.flush()
-        if self.tb is not None:
-            for k, v in rec.items():
-                if k != "step" and isinstance(v, (int, float)):
-                    self.tb.add_scalar(k, v, rec["step"])
-        line = (
-            f"step {rec['step']:>6}/{self.total} loss {rec['loss']:.4f} lr {rec['lr']:.3e} "
+        self._write(rec)
+        values = (
+            f"loss {rec['loss']:.4f} lr {rec['lr']:.3e} "
             f"gnorm {rec['grad_norm']:.3f} {rec['throughput']:.0f} {rec['throughput_unit']} "
             f"step {rec['step_time_s'] * 1000:.1f}ms mem {rec['mem_bytes'] / 2**20:.0f}MiB"
         )
-        if self.bar:
-            done = int(30 * rec["step"] / max(1, self.total))
-            sys.stdout.write(f"\r\033[K[{'#' * done}{'.' * (30 - done)}] {line}")
-            sys.stdout.flush()
+        if self.bar is not None:  # the bar shows the step count, elapsed time and ETA itself
+            self.tick(rec["step"])
+            self.bar.set_postfix_str(values, refresh=True)
         else:
-            print(line, flush=True)
+            print(f"step {rec['step']:>6}/{self.total} {values}", flush=True)
+
+    def log_eval(self, rec: dict[str, Any]) -> None:
+        """A held-out evaluation: its own record in metrics.jsonl (eval_* keys, no loss)."""
+        if not self.enabled:
+            return
+        self._write(rec)
+        acc = f" accuracy {rec['eval_accuracy']:.4f}" if "eval_accuracy" in rec else ""
+        self.info(f"eval at step {rec['step']}: loss {rec['eval_loss']:.4f}{acc}")
 
     def close(self) -> None:
-        if self.bar:
-            print()
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
         if self.file:
             self.file.close()
-        if self.tb is not None:
-            self.tb.close()
+            self.file = None
+        for b in self.backends:
+            b.close()
+        self.backends = []
 
 
 def memory_bytes(device: torch.device) -> int:
@@ -123,8 +226,6 @@ def memory_bytes(device: torch.device) -> int:
         return torch.cuda.max_memory_allocated(device)
     try:  # resident set size of this process, from /proc (Linux)
         with open("/proc/self/statm") as f:
-            import os
-
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:
         return 0

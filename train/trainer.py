@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from train.checkpoint import Checkpointer
-from train.config import EXIT_REQUEUE, TrainConfig, dump
+from train.config import EXIT_REQUEUE, TrainConfig, dump, log_backends, profile_range
 from train.contract import EXIT_DIVERGED
 from train.data import DataBundle, GlobalBatchSampler, build_data, iterate_batches
 from train.distributed import World
@@ -38,6 +38,7 @@ from train.metrics import (
 )
 from train.models import build_model, gpt_flops_per_token
 from train.parallel import DTYPES, parallelize, set_grad_sync
+from train.profiling import StepProfiler
 from train.schedule import lr_multiplier, scaled_lr
 
 
@@ -87,7 +88,15 @@ class Trainer:
         self.stop = StopRequest(boundary_timeout_s=cfg.timeout_s)
         self.fault = Fault.from_env()
         self.reporter = Reporter(
-            self.run_dir, world.is_main, self.total_steps, cfg.progress, cfg.tensorboard
+            self.run_dir,
+            world.is_main,
+            self.total_steps,
+            cfg.progress,
+            log_backends(cfg),
+            cfg.to_dict(),
+        )
+        self.profiler = StepProfiler(
+            profile_range(cfg.profile_steps), self.run_dir, world.rank, world.device
         )
         self.ckpt = Checkpointer(cfg.ckpt_dir, cfg.ckpt_keep, cfg.ckpt_async, self.reporter.info)
         self.scaler = (
@@ -171,8 +180,11 @@ class Trainer:
         while self.step < self.total_steps:
             if self.fault:
                 self.fault.maybe_fire(self.step + 1, self.world.rank)
+            self.profiler.before(self.step + 1)
             loss, gnorm = self.guarded(self.train_step, batches)
             self.step += 1
+            self.profiler.after(self.step)
+            self.reporter.tick(self.step)
             if self.time_to_first_step is None:
                 self.time_to_first_step = time.perf_counter() - self.t_start
             if self.step % self.cfg.log_interval == 0 or self.step in (1, self.total_steps):
@@ -180,6 +192,8 @@ class Trainer:
                 self.log_step(loss, gnorm, (now - timer_t) / max(1, self.step - timer_step))
                 self.health.check()  # the logging step synced anyway
                 timer_t, timer_step = time.perf_counter(), self.step
+            if self.cfg.eval_interval and self.step % self.cfg.eval_interval == 0:
+                self.log_eval(self.evaluate(force=True))
             self.ckpt.poll()
             if self.cfg.ckpt_interval and self.step % self.cfg.ckpt_interval == 0:
                 self.save()
@@ -381,6 +395,7 @@ class Trainer:
         import signal as _signal
 
         self.stop.drain()
+        self.profiler.close()
         name = _signal.Signals(signum).name
         self.reporter.info(f"{name} received: saving a checkpoint at step {self.step}")
         self.save(force_sync=True)
@@ -443,10 +458,17 @@ class Trainer:
 
     # --- the end -------------------------------------------------------------------------
 
+    def log_eval(self, ev: dict[str, float]) -> None:
+        if ev:
+            self.reporter.log_eval(
+                {"step": self.step, **ev, "time_s": time.perf_counter() - self.t_start}
+            )
+
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, force: bool = False) -> dict[str, float]:
+        """Held-out loss/accuracy; collective (every rank calls it). force: despite --no-eval."""
         val = self.data.val
-        if not self.cfg.eval or val is None or len(val) < self.world.size:
+        if not (self.cfg.eval or force) or val is None or len(val) < self.world.size:
             return {}
         self.model.eval()
         n = len(val) // self.world.size  # same count on every rank: FSDP needs lockstep
@@ -469,10 +491,15 @@ class Trainer:
         }
 
     def finish(self) -> int:
+        self.profiler.close()
         ev = self.evaluate()
+        trained = self.last_loss is not None  # False: resumed at the last step, nothing ran
+        every = self.cfg.eval_interval
+        if trained and every and self.step % every:
+            self.log_eval(ev)  # the eval curve's last point (unless the interval just logged it)
         per_rank = gather_objects(state_bytes(self.model, self.optimizer))
         digest = param_digest(self.raw_model)
-        if self.world.is_main:
+        if self.world.is_main and (trained or not (self.run_dir / "summary.json").exists()):
             summary = {
                 "world_size": self.world.size,
                 "nnodes": self.world.nnodes,
@@ -504,11 +531,12 @@ class Trainer:
                 "param_digest": digest,
             }
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if self.world.is_main:
             losses = (
                 f"loss {self.first_loss:.4f} -> {self.last_loss:.4f}"
                 if self.last_loss is not None
-                else "nothing left to train (resumed at the last step; --resume never or a "
-                "new --run-dir starts over)"
+                else "nothing left to train (resumed at the last step; summary.json kept; "
+                "--resume never or a new --run-dir starts over)"
             )
             self.reporter.info(
                 f"done: {self.step} steps, {losses}"
