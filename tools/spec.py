@@ -14,12 +14,11 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 import re
+import tomllib
 import types
 from dataclasses import dataclass, field, fields
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
-
-import tomllib
 
 from train.config import TRAIN_KEYS, ConfigError, TrainConfig, read_toml
 from train.config import convert_value as _convert_train_value

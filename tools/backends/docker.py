@@ -20,9 +20,8 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path, PurePosixPath
-
 import tomllib
+from pathlib import Path, PurePosixPath
 
 from tools.backends import last_job, record_job
 from tools.spec import JobSpec, SpecError
