@@ -20,10 +20,11 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path, PurePosixPath
 
-from tools.backends import last_job, record_job
+from tools.backends import docker_user, last_job, record_job
 from tools.spec import JobSpec, SpecError
 from tools.templating import REPO_ROOT, shell_quote
 from train.config import TrainConfig
@@ -103,6 +104,7 @@ def run_argv(spec: JobSpec, engine: str = "docker") -> list[str]:
             f"docker.gpus = {spec.docker.gpus!r} runs one process per GPU ({what}), but "
             f"nproc_per_node is {spec.nproc_per_node}; drop one of them (make: GPUS=N alone)"
         )
+    docker_user.check(spec)
     _under_runs(spec, "train.run_dir", spec.run_dir)
     if spec.ckpt_dir or spec.train.get("ckpt_dir"):
         _under_runs(spec, "ckpt_dir", spec.ckpt_dir or spec.train["ckpt_dir"])
@@ -205,13 +207,18 @@ def build_argv(
 
 
 def build(spec: JobSpec, opts: argparse.Namespace) -> int:
+    """Build the ddpkit image; with docker.user_dir/requirements, then the user's image
+    FROM it (docker_user.py)."""
+    user = docker_user.wanted(spec)
+    if user:
+        docker_user.check_files(spec)  # before minutes of building
     engine = find_engine(getattr(opts, "engine", None))
     revision = _git("rev-parse", "HEAD")
     if revision and _git("status", "--porcelain", "--", "train", "configs", "docker"):
         revision += "-dirty"
     argv = build_argv(
         engine,
-        spec.image,
+        spec.docker.kit_image if user else spec.image,
         getattr(opts, "base_image", None),
         revision,
         _git("remote", "get-url", "origin"),
@@ -220,7 +227,14 @@ def build(spec: JobSpec, opts: argparse.Namespace) -> int:
         tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"],
     )
     print("+ " + " ".join(shell_quote(a) for a in argv), file=sys.stderr)
-    return subprocess.run(argv).returncode
+    rc = subprocess.run(argv).returncode
+    if rc or not user:
+        return rc
+    with tempfile.TemporaryDirectory(prefix="ddpkit-user-") as ctx:
+        docker_user.stage_context(spec, Path(ctx))
+        argv = docker_user.build_argv(engine, spec, Path(ctx), os.getuid(), os.getgid())
+        print("+ " + " ".join(shell_quote(a) for a in argv), file=sys.stderr)
+        return subprocess.run(argv).returncode
 
 
 def after_render(spec: JobSpec, opts: argparse.Namespace, text: str) -> int:

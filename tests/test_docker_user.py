@@ -1,0 +1,146 @@
+"""Code shipping: the user's image FROM the ddpkit image (tools/backends/docker_user.py), its
+generated Containerfile checked by hadolint, bad input refused, and built and run with podman:
+a plain torchrun script that knows nothing of ddpkit, with a dependency from its requirements
+file, runs on 2 gloo ranks in the built image."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests import container_harness as harness
+from tools.backends import docker, docker_user
+from tools.spec import load_spec
+from tools.templating import REPO_ROOT
+
+PLAIN_SCRIPT = """\
+# A plain torchrun DDP script: no ddpkit import; its one dependency comes from requirements.
+import json, os
+import torch
+import torch.distributed as dist
+import userdep
+
+dist.init_process_group("gloo")
+t = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+if dist.get_rank() == 0:
+    os.makedirs("runs/ship", exist_ok=True)
+    with open("runs/ship/result.json", "w") as f:
+        json.dump({"world": dist.get_world_size(), "sum": t.item(), "dep": userdep.VALUE,
+                   "script": os.path.abspath(__file__)}, f)
+dist.destroy_process_group()
+"""
+
+
+def _wheel(path: Path) -> None:
+    """A minimal pure-Python wheel `userdep` 0.1 (VALUE = 42), built without a backend."""
+    files = {
+        "userdep/__init__.py": "VALUE = 42\n",
+        "userdep-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: userdep\nVersion: 0.1\n",
+        "userdep-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\n"
+        "Root-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{name},,\n" for name in files) + "userdep-0.1.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in {**files, "userdep-0.1.dist-info/RECORD": record}.items():
+            z.writestr(name, text)
+
+
+def user_project(root: Path) -> Path:
+    ship = root / "shipme"
+    (ship / "wheels").mkdir(parents=True)
+    (ship / "train.py").write_text(PLAIN_SCRIPT)
+    _wheel(ship / "wheels" / "userdep-0.1-py3-none-any.whl")
+    # relative to /workspace, where the absolute user_dir lands as shipme/
+    (ship / "requirements.txt").write_text("shipme/wheels/userdep-0.1-py3-none-any.whl\n")
+    return ship
+
+
+def _spec(*sets: str):
+    return load_spec(REPO_ROOT / "configs/default.toml", list(sets))
+
+
+def test_containerfile_copies_the_code_where_relative_paths_expect_it():
+    spec = _spec("image=me/proj:1", "docker.user_dir=examples/mypkg",
+                 "docker.requirements=examples/mypkg/requirements.txt")  # fmt: skip
+    text = docker_user.containerfile(spec)
+    assert "COPY user/ /workspace/examples/mypkg/" in text
+    assert text.index("COPY user/") < text.index("RUN python -m pip install --no-cache-dir")
+    assert text.rstrip().endswith("USER ${UID}:${GID}")  # back to the non-root user
+    argv = docker_user.build_argv("podman", spec, Path("/ctx"), 1234, 99)
+    assert argv[argv.index("-t") + 1] == "me/proj:1"
+    assert "KIT_IMAGE=ddpkit:latest" in argv and "UID=1234" in argv and argv[-1] == "/ctx"
+
+
+def test_hadolint_passes_on_the_generated_containerfile(tmp_path):
+    spec = _spec("image=me/proj:1", "docker.user_dir=examples/mypkg",
+                 "docker.requirements=examples/mypkg/requirements.txt")  # fmt: skip
+    path = tmp_path / "Containerfile"
+    path.write_text(docker_user.containerfile(spec))
+    hadolint = Path(sys.executable).parent / "hadolint"
+    r = subprocess.run([str(hadolint), str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize(
+    ("sets", "expect"),
+    [
+        (["docker.user_dir=mypkg"], "is the ddpkit image itself"),
+        (["image=me/p:1", "docker.user_dir=../elsewhere"], "no '..'"),
+        (["image=me/p:1", "docker.user_dir=runs/code"], "where a volume is mounted"),
+        (["image=me/p:1", "docker.user_dir=."], "not the checkout itself"),
+        (["image=me/p:1", "docker.user_dir=mypkg", "docker.kit_image=-x"], "not an image"),
+    ],
+)
+def test_bad_user_layer_is_one_line_before_anything_runs(sets, expect):
+    args = [a for s in sets for a in ("--set", s)]
+    r = subprocess.run(
+        [sys.executable, "-m", "tools.launch", "render", "docker", *args, "--build"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr.count("\n") == 1 and expect in r.stderr, r.stderr
+
+
+# --- built and run with podman --------------------------------------------------------------
+
+
+@pytest.mark.skipif(harness.skip_reason() is not None, reason=harness.skip_reason() or "")
+@pytest.mark.container
+@pytest.mark.slow
+def test_plain_torchrun_script_runs_in_the_podman_built_user_image(tmp_path):
+    base, _ = harness.ensure_base_image(log=lambda m: print(m, file=sys.stderr))
+    ship = user_project(tmp_path)
+    sets = [
+        "image=localhost/ddpkit-user:test", "docker.kit_image=localhost/ddpkit:test",
+        f"docker.user_dir={ship}", f"docker.requirements={ship / 'requirements.txt'}",
+        "accelerator=cpu", f"docker.out_dir={tmp_path / 'runs'}", "name=ship",
+    ]  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "tools.launch", "render", "docker",
+         *[a for s in sets for a in ("--set", s)], "--build", "--base-image", base],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, env=harness.engine_env(),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-4000:]
+    out = tmp_path / "runs"
+    out.mkdir()
+    spec = load_spec(REPO_ROOT / "configs/default.toml", sets, gpus=2)
+    argv = docker.run_argv(spec)
+    argv = argv[: argv.index(spec.image) + 1]
+    ident = ["podman", "run", "--rm", "--entrypoint", "id", spec.image, "-u"]
+    uid = subprocess.run(harness.adapt_run_argv(ident), capture_output=True, text=True,
+                         timeout=120).stdout.strip()  # fmt: skip
+    if os.geteuid() == 0:
+        os.chown(out, int(uid), int(uid))
+    cmd = ["torchrun", "--standalone", "--nproc-per-node", "2", "shipme/train.py"]
+    r = subprocess.run(harness.adapt_run_argv(argv + cmd), capture_output=True, text=True,
+                       timeout=300)  # fmt: skip
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    result = json.loads((out / "ship" / "result.json").read_text())
+    assert result == {"world": 2, "sum": 3.0, "dep": 42, "script": "/workspace/shipme/train.py"}
