@@ -130,6 +130,23 @@ def test_make_docker_run_without_gpus_gives_all_and_with_gpus_the_count(tmp_path
     assert "PET_NPROC_PER_NODE=2" in runs[1]
 
 
+def test_logs_follow_and_list_ask_the_engine(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "docker").write_text(
+        "#!/usr/bin/env python3\nimport json, sys\n"
+        "print(json.dumps(sys.argv[1:]), file=open(sys.argv[0] + '.log', 'a'))\n"
+    )
+    (fake / "docker").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    r = _launch("logs", "docker", "job1", "--follow", env=env)
+    assert r.returncode == 0, r.stderr
+    calls = [json.loads(line) for line in (fake / "docker.log").read_text().splitlines()]
+    assert calls[-1] == ["logs", "--follow", "job1"]
+    argv = docker.run_argv(_spec("name=job1"))
+    assert argv[argv.index("--label") + 1] == "app.kubernetes.io/instance=job1"
+
+
 def test_render_cpu_run_has_no_gpu_flag_and_mounts_data_read_only(tmp_path):
     spec = _spec("accelerator=cpu", f"docker.data_dir={tmp_path}", "train.data_dir=data/mnist")
     argv = docker.run_argv(spec)
@@ -415,6 +432,18 @@ def test_container_trains_is_preempted_and_resumes(image, tmp_path):
     while not metrics.exists() or not metrics.read_text().strip():
         assert p.poll() is None and time.time() < deadline, p.communicate()[0][-3000:]
         time.sleep(0.5)
+    # list: the running container carries the ddpkit label; logs: its output so far
+    r = subprocess.run(
+        [sys.executable, "-c", "import sys, argparse; from tools.backends import docker; "
+         "sys.exit(docker.list_jobs(argparse.Namespace(engine=sys.argv[1])))", harness.engine()],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0 and r.stdout.startswith(f"{name}\t"), r.stdout + r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "tools.launch", "logs", "docker", name, "--engine",
+         harness.engine()], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0 and "ddpkit" in r.stdout + r.stderr, r.stderr
     assert docker.cancel(name, Namespace(spec=spec, engine=harness.engine())) == 0
     log, _ = p.communicate(timeout=120)
     assert p.returncode == 75, log[-3000:]

@@ -34,6 +34,7 @@ DOCKERFILE = "docker/Dockerfile"
 WORKDIR = PurePosixPath("/workspace")  # the image's WORKDIR: relative train paths land here
 RUNS = "runs"  # mounted from docker.out_dir; run and checkpoint dirs must be below it
 STOP_GRACE_S = 30  # on top of torchrun's shutdown timeout, for the agent and the entrypoint
+LABEL = "app.kubernetes.io/instance"  # on every ddpkit container (list), as on k8s objects
 DEFAULT_UID = 1000  # the image's user when built by root (never build a root-user image)
 
 
@@ -109,7 +110,7 @@ def run_argv(spec: JobSpec, engine: str = "docker") -> list[str]:
     if spec.ckpt_dir or spec.train.get("ckpt_dir"):
         _under_runs(spec, "ckpt_dir", spec.ckpt_dir or spec.train["ckpt_dir"])
     d = spec.docker
-    argv = [engine, "run", "--rm", "--name", spec.name]
+    argv = [engine, "run", "--rm", "--name", spec.name, "--label", f"{LABEL}={spec.name}"]
     if gpus := gpu_flag(spec):
         argv += ["--gpus", gpus]
     argv += [
@@ -140,7 +141,7 @@ def render(spec: JobSpec) -> str:
     lines, i = [" ".join(shell_quote(a) for a in argv[:2])], 2
     image_at = len(argv) - len(spec.train_argv()) - 1
     while i < image_at:
-        takes_value = argv[i] in ("--name", "--gpus", "--ulimit", "-v", "-e")
+        takes_value = argv[i] in ("--name", "--label", "--gpus", "--ulimit", "-v", "-e")
         lines.append(" ".join(shell_quote(a) for a in argv[i : i + 1 + takes_value]))
         i += 1 + takes_value
     lines.append(" ".join(shell_quote(a) for a in argv[image_at:]))
@@ -156,6 +157,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--engine", choices=("docker", "podman"), help="default: docker if its engine answers"
     )
+    if "--follow" not in p._option_string_actions:  # the launcher may define it for all
+        p.add_argument("-f", "--follow", action="store_true", help="logs: stream to the end")
 
 
 def find_engine(preferred: str | None = None) -> str:
@@ -292,8 +295,20 @@ def status(job: str | None, opts: argparse.Namespace) -> int:
 
 
 def logs(job: str | None, opts: argparse.Namespace) -> int:
+    """The container's output (every rank: torchrun prefixes lines with the rank when
+    asked); --follow streams it until the container exits."""
     name, engine = _job(job, opts)
-    return subprocess.run([engine, "logs", name]).returncode
+    follow = ["--follow"] if getattr(opts, "follow", False) else []
+    return subprocess.run([engine, "logs", *follow, name]).returncode
+
+
+def list_jobs(opts: argparse.Namespace) -> int:
+    """ddpkit containers on this machine (running ones: finished containers are removed)."""
+    engine = find_engine(getattr(opts, "engine", None))
+    fmt = "{{.Names}}\t{{.Status}}\t{{.Image}}"
+    return subprocess.run(
+        [engine, "ps", "-a", "--filter", f"label={LABEL}", "--format", fmt]
+    ).returncode
 
 
 def cancel(job: str | None, opts: argparse.Namespace) -> int:
