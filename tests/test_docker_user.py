@@ -1,4 +1,4 @@
-"""Code shipping: the user's image FROM the ddpkit image (tools/backends/docker_user.py), its
+"""Code shipping: the user's image FROM the ddpkit image (tools/backends/docker/user.py), its
 generated Containerfile checked by hadolint, bad input refused, and built and run with podman:
 a plain torchrun script that knows nothing of ddpkit, with a dependency from its requirements
 file, runs on 2 gloo ranks in the built image."""
@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests import container_harness as harness
-from tools.backends import docker, docker_user
+from tools.backends import docker
+from tools.backends.docker import user as docker_user
 from tools.spec import load_spec
 from tools.templating import REPO_ROOT
 

@@ -11,7 +11,8 @@ import yaml
 
 from tests import k8s_apiserver
 from tests.k8s_apiserver import cli, prune_object, trainjob_crd
-from tools.backends import k8s, k8s_crds
+from tools.backends import k8s
+from tools.backends.k8s import crds as k8s_crds
 from tools.spec import load_spec
 
 VERSIONS = k8s_crds.VERSIONS

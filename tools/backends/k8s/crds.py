@@ -1,8 +1,8 @@
 """The custom resources ddpkit renders: PyTorchJob (kubeflow.org/v1) and TrainJob (Kubeflow
 Trainer v2), with the TrainJob's per-job pod changes in the shape of each Trainer release.
 
-Pure data shared by the renderer (k8s.py) and the API side (k8s_api.py), so neither imports
-the other. Field names read from kubeflow/trainer's pkg/apis/trainer/v1alpha1/trainjob_types.go at the tags:
+Pure data shared by the renderer (__init__.py, checks.py) and the API side (api.py), so
+neither imports the other. Field names read from kubeflow/trainer's pkg/apis/trainer/v1alpha1/trainjob_types.go at the tags:
 
     2.0  spec.podSpecOverrides[]     {targetJobs, volumes, containers, nodeSelector, tolerations,
                                       serviceAccountName}

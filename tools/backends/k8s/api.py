@@ -17,9 +17,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tools.backends import k8s_crds, last_job, record_job
-from tools.backends.k8s_crds import NODE as TRAINJOB_CONTAINER
-from tools.backends.k8s_crds import PYTORCH_CONTAINER, PYTORCHJOB, TRAINJOB
+from tools.backends import last_job, record_job
+from tools.backends.k8s import crds as k8s_crds
+from tools.backends.k8s.crds import NODE as TRAINJOB_CONTAINER
+from tools.backends.k8s.crds import PYTORCH_CONTAINER, PYTORCHJOB, TRAINJOB
 from tools.spec import JobSpec, SpecError
 
 JOB_LABEL = "app.kubernetes.io/instance"  # k8s.labels(): on the job and on every pod template

@@ -24,7 +24,8 @@ import tempfile
 import tomllib
 from pathlib import Path, PurePosixPath
 
-from tools.backends import docker_user, last_job, record_job
+from tools.backends import last_job, record_job
+from tools.backends.docker import user as docker_user
 from tools.spec import JobSpec, SpecError
 from tools.templating import REPO_ROOT, shell_quote
 from train.config import TrainConfig

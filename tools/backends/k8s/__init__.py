@@ -5,23 +5,29 @@ every user string comes out as the literal string (no splicing into YAML). Every
 k8s/launch.sh (embedded as `bash -c`): wait for a TCP connection to the rendezvous
 endpoint, then `exec torchrun ... -m train ...` with the rendezvous taken from the PET_*
 variables the controller injects (facts/kubeflow.md). submit/status/logs/cancel use the
-`kubernetes` client (imported when used), in tools/backends/k8s_api.py; the resource names
-and the TrainJob shape of each Kubeflow Trainer release are in tools/backends/k8s_crds.py.
+`kubernetes` client (imported when used).
+
+Everything about Kubernetes, in this package and k8s/:
+    __init__.py  the manifests (pure) and the backend's entry points
+    checks.py    what a cluster would reject, refused at render time
+    crds.py      the resources, and the TrainJob shape of each Kubeflow Trainer release
+    api.py       submit/status/logs/list/cancel with the kubernetes client
+    k8s/launch.sh (repository root)  the container command of every pod
 """
 
 from __future__ import annotations
 
 import posixpath
-import re
 from typing import Any
 
 import yaml
 
-from tools.backends import k8s_crds
-from tools.backends.k8s_crds import PYTORCH_CONTAINER as CONTAINER
-from tools.backends.k8s_crds import PYTORCHJOB, TRAINJOB
-from tools.backends.k8s_crds import RUNTIME as TRAINER_RUNTIME
-from tools.spec import JobSpec, SpecError
+from tools.backends.k8s import crds as k8s_crds
+from tools.backends.k8s.checks import check
+from tools.backends.k8s.crds import PYTORCH_CONTAINER as CONTAINER
+from tools.backends.k8s.crds import PYTORCHJOB, TRAINJOB
+from tools.backends.k8s.crds import RUNTIME as TRAINER_RUNTIME
+from tools.spec import JobSpec
 from tools.templating import REPO_ROOT
 from train.contract import TORCHRUN_SIGNALS, shutdown_budget_s
 
@@ -33,95 +39,6 @@ RDZV_WAIT_S = 600  # how long a pod waits for the rendezvous endpoint to accept 
 GRACE_MARGIN_S = 30  # on top of the shutdown budget: the agent's teardown and the exit
 ELASTIC_DEFAULT_RESTARTS = 3  # an elastic job restarts its group on every membership change
 LAUNCH_SCRIPT = REPO_ROOT / "k8s" / "launch.sh"
-# Set by the controllers; a user value would conflict (TrainJob rejects PET_* outright).
-RESERVED_ENV = re.compile(r"^(PET_.*|MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|POD_NAME)$")
-DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-QUALIFIED = re.compile(
-    r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-)
-QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
-
-
-# --- checks -----------------------------------------------------------------------------------
-
-
-def longest_host_name(spec: JobSpec) -> str:
-    """The longest Service/host name the controller derives; a DNS-1035 label (<= 63)."""
-    if spec.k8s.api == "trainjob":  # JobSet pod hostnames: <trainjob>-node-<job>-<pod index>
-        return f"{spec.name}-node-0-{spec.nodes - 1}"
-    replicas = spec.k8s.elastic.max or spec.nodes
-    return f"{spec.name}-worker-{max(replicas - 1, 0)}"
-
-
-def check(spec: JobSpec) -> None:
-    """What a cluster would reject, as one clear line each (SpecError: exit 2)."""
-    k = spec.k8s
-    if not DNS1035.match(spec.name):
-        raise SpecError(
-            f"name {spec.name!r} is not a DNS-1035 label, which Kubernetes needs for the job's "
-            "Services: start with a letter, then lowercase letters, digits and '-' (e.g. mnist-ddp)"
-        )
-    longest = longest_host_name(spec)
-    if len(longest) > 63:
-        raise SpecError(
-            f"name {spec.name!r} is too long: the Service/host name {longest!r} has "
-            f"{len(longest)} characters, over 63; shorten the name by {len(longest) - 63}"
-        )
-    if not DNS1123_LABEL.match(k.namespace) or len(k.namespace) > 63:
-        raise SpecError(f"k8s.namespace {k.namespace!r} is not a namespace name (e.g. ml-team)")
-    named = {
-        "k8s.pvc": k.pvc,
-        "k8s.priority_class": k.priority_class,
-        "k8s.service_account": k.service_account,
-        "k8s.queue": k.queue,
-        "k8s.scheduler": k.scheduler,
-        "k8s.storage_class": k.storage_class,
-    }
-    named |= {f"k8s.image_pull_secrets[{i}]": s for i, s in enumerate(k.image_pull_secrets)}
-    for key, value in named.items():
-        if value is not None and (not DNS1123_SUBDOMAIN.match(value) or len(value) > 253):
-            raise SpecError(
-                f"{key} {value!r} is not a Kubernetes object name: use lowercase letters, "
-                "digits, '-' and '.'"
-            )
-    if not QUALIFIED.match(k.rdma_resource):
-        raise SpecError(f"k8s.rdma_resource {k.rdma_resource!r}: use a resource name like rdma/ib")
-    for key, size in (("k8s.shm_size", k.shm_size), ("k8s.pvc_size", k.pvc_size)):
-        if size is not None and not QUANTITY.match(size):
-            raise SpecError(f"{key} {size!r} is not a Kubernetes quantity; use e.g. 16Gi")
-    if k.backoff_limit < 0 or (k.ttl_seconds_after_finished or 0) < 0:
-        raise SpecError("k8s.backoff_limit and k8s.ttl_seconds_after_finished must be >= 0")
-    for key in spec.env:
-        if RESERVED_ENV.match(key):
-            raise SpecError(
-                f"env {key} is set by the Kubeflow controller (or by ddpkit); remove it from env "
-                "and use the matching spec field (nodes, rdzv_port, ...)"
-            )
-    e = k.elastic
-    if e.min is not None and not e.min <= spec.nodes <= e.max:
-        raise SpecError(
-            f"nodes {spec.nodes} is outside k8s.elastic min={e.min} max={e.max}; pass --nodes N "
-            "with min <= N <= max (the replicas started first)"
-        )
-    if k.api == "trainjob":
-        can = k8s_crds.supports(k.trainer_version)
-        unsupported = {
-            "k8s.elastic": e.min is not None,
-            "k8s.priority_class": k.priority_class,
-            "k8s.scheduler": k.scheduler,
-        }
-        unsupported["k8s.image_pull_secrets"] = (
-            k.image_pull_secrets and not can["image_pull_secrets"]
-        )
-        for key, value in unsupported.items():
-            if value:
-                raise SpecError(
-                    f"{key} is not supported with k8s.api=trainjob and k8s.trainer_version="
-                    f"{k.trainer_version} (set it in the ClusterTrainingRuntime "
-                    f"{TRAINER_RUNTIME!r}); unset it or use k8s.api=pytorchjob"
-                )
 
 
 # --- pieces -----------------------------------------------------------------------------------
@@ -484,30 +401,30 @@ def add_arguments(parser: Any) -> None:
 
 
 def submit(spec: JobSpec, opts: Any) -> int:
-    from tools.backends import k8s_api
+    from tools.backends.k8s import api as k8s_api
 
     return k8s_api.submit(spec, manifests(spec), opts)
 
 
 def status(job: str | None, opts: Any) -> int:
-    from tools.backends import k8s_api
+    from tools.backends.k8s import api as k8s_api
 
     return k8s_api.status(job, opts)
 
 
 def logs(job: str | None, opts: Any) -> int:
-    from tools.backends import k8s_api
+    from tools.backends.k8s import api as k8s_api
 
     return k8s_api.logs(job, opts)
 
 
 def cancel(job: str | None, opts: Any) -> int:
-    from tools.backends import k8s_api
+    from tools.backends.k8s import api as k8s_api
 
     return k8s_api.cancel(job, opts)
 
 
 def list_jobs(opts: Any) -> int:
-    from tools.backends import k8s_api
+    from tools.backends.k8s import api as k8s_api
 
     return k8s_api.list_jobs(opts)
