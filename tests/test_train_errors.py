@@ -17,7 +17,7 @@ CASES = [
     ),
     (["--sharding", "FULL_SHARD"], {}, r"--sharding FULL_SHARD needs --parallel fsdp"),
     (["--batch-size", "0"], {}, r"--batch-size must be >= 1, got 0"),
-    (["--model", "vgg"], {}, r"invalid choice: 'vgg'"),
+    (["--model", "vgg"], {}, r"--model vgg: not a built-in \(mlp, mlp-deep, resnet18, gpt\)"),
     (
         ["--dataset", "imagefolder", "--data-dir", "/nonexistent/x"],
         {},

@@ -308,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     src = p.add_argument_group("what to plan (one of)")
     src.add_argument("--params", help="parameter count: 7e9, 7B, 125M")
-    src.add_argument("--model", choices=["mlp", "mlp-deep", "resnet18", "gpt"])
+    src.add_argument("--model", help="mlp, mlp-deep, resnet18, gpt, pkg.module:factory, hf:PATH")
     src.add_argument("--config", help="a job/training TOML file (its [train] model settings)")
     p.add_argument("--gpus", type=int, default=1, help="total GPUs (ranks), all nodes")
     p.add_argument("--nodes", type=int, default=1, help="nodes (HYBRID_SHARD replicates across)")

@@ -67,12 +67,12 @@ def load_cfg(args: argparse.Namespace) -> Any:
         cfg = TrainConfig(**values)
     except TypeError as e:
         raise PlanError(f"bad model settings: {e}") from None
-    if cfg.model == "gpt" and cfg.d_model % cfg.n_head:
+    if _kind(cfg) == "tokens" and cfg.d_model % cfg.n_head:
         raise PlanError(f"--d-model {cfg.d_model} is not divisible by --n-head {cfg.n_head}")
     for key in ("batch_size", "seq_len", "vocab_size", "n_layer", "n_head", "d_model"):
         if getattr(cfg, key) < 1:
             raise PlanError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(cfg, key)}")
-    if cfg.model != "gpt" and cfg.dataset not in DATASET_SHAPES:
+    if _kind(cfg) != "tokens" and cfg.dataset not in DATASET_SHAPES:
         raise PlanError(
             f"--dataset {cfg.dataset} does not fit --model {cfg.model}; "
             f"use one of {', '.join(DATASET_SHAPES)}"
@@ -80,8 +80,18 @@ def load_cfg(args: argparse.Namespace) -> Any:
     return cfg
 
 
+def _kind(cfg: Any) -> str:
+    """The model's data kind from the registry (the planner builds models through it too)."""
+    from train import registry
+
+    try:
+        return registry.model_spec(cfg).data_kind
+    except registry.UserError as e:
+        raise PlanError(str(e)) from None
+
+
 def in_shape(cfg: Any) -> tuple[tuple[int, ...], int]:
-    if cfg.model == "gpt":
+    if _kind(cfg) == "tokens":
         return (cfg.seq_len,), cfg.vocab_size
     shape, classes = DATASET_SHAPES[cfg.dataset]
     return shape, classes or cfg.synthetic_classes
@@ -119,7 +129,7 @@ def saved_activation_bytes(cfg: Any, batch: int, dtype: str) -> int:
         return t
 
     shape, classes = in_shape(cfg)
-    if cfg.model == "gpt":
+    if _kind(cfg) == "tokens":
         x = torch.zeros(batch, cfg.seq_len, dtype=torch.long, device="meta")
         y = torch.zeros(batch * cfg.seq_len, dtype=torch.long, device="meta")
     else:
@@ -135,8 +145,10 @@ def describe_model(args: argparse.Namespace) -> ModelDesc:
     cfg = load_cfg(args)
     model = build_meta(cfg)
     shapes = [tuple(p.shape) for p in model.parameters()]
-    in_blocks = {id(p) for b in model.blocks() for p in b.parameters()}
-    units = [sum(p.numel() for p in b.parameters()) for b in model.blocks()]
+    from train.registry import find_blocks
+
+    in_blocks = {id(p) for b in find_blocks(model) for p in b.parameters()}
+    units = [sum(p.numel() for p in b.parameters()) for b in find_blocks(model)]
     root = sum(p.numel() for p in model.parameters() if id(p) not in in_blocks)
     mp = cfg.mixed_precision if cfg.mixed_precision != "none" else "fp32"
     return ModelDesc(

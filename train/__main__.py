@@ -8,19 +8,28 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from train.config import EXIT_BAD_INPUT, ConfigError, dump, parse_config
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, defaults: dict[str, Any] | None = None) -> int:
+    """`defaults`: settings a script passes through train.fit (flags and --config win)."""
     try:
-        cfg, print_only = parse_config(argv)
+        cfg, print_only = parse_config(argv, defaults)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if print_only:
         print(dump(cfg))
         return 0
+    try:  # imports the user's model/dataset/loss: a bad path exits 2 before any process group
+        from train.registry import precheck
+
+        precheck(cfg)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
     # Before torch touches CUDA: segments that grow instead of fragmenting (fewer OOMs from
     # fragmentation with FSDP's all-gather buffers). A value the user set wins.

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
+from train import registry
 from train.contract import EXIT_BAD_INPUT, EXIT_REQUEUE
 from train.errors import UserError
 
@@ -28,12 +29,19 @@ class ConfigError(UserError):
 class TrainConfig:
     # --- what to train ---
     name: str = "default"  # run name; the run dir defaults to runs/<name>
-    model: Literal["mlp", "mlp-deep", "resnet18", "gpt"] = (
-        "mlp"  # mlp: 784-256-10; mlp-deep: 8x2048
+    # model/dataset/loss: a built-in name, an import path pkg.module:attr or hf:PATH (the
+    # contracts: train/registry.py and the README's "Your own model")
+    model: str = (
+        "mlp"  # mlp (784-256-10), mlp-deep (8x2048), resnet18, gpt, pkg.mod:factory, hf:DIR
     )
-    dataset: Literal["synthetic", "mnist", "cifar10", "imagefolder", "tokens"] = (
-        "synthetic"  # synthetic: generated from the seed; tokens: a flat uint16/uint32 id file
-    )
+    dataset: str = "synthetic"  # synthetic (from the seed), mnist, cifar10, imagefolder, tokens (uint16/uint32 id file), pkg.mod:build_dataset, hf:FILES
+    loss: str | None = None  # cross_entropy or pkg.mod:loss; unset: the model's (cross_entropy)
+    model_args: dict[str, Any] = field(
+        default_factory=dict
+    )  # keywords for a model factory: JSON, or [train.model_args] in TOML
+    dataset_args: dict[str, Any] = field(
+        default_factory=dict
+    )  # keywords for a dataset factory: JSON, or [train.dataset_args] in TOML
     data_dir: str = "data"  # where mnist/cifar10/imagefolder/tokens files live
     download: bool = True  # let torchvision download mnist/cifar10 when the network allows
     synthetic_samples: int = (
@@ -117,6 +125,8 @@ def _flag(name: str) -> str:
 
 def _base_type(tp: Any) -> tuple[type, tuple[str, ...] | None]:
     """(python type, choices) of a field annotation, unwrapping `X | None` and Literal."""
+    if get_origin(tp) is dict:
+        return dict, None
     args = [a for a in get_args(tp) if a is not type(None)] if get_origin(tp) else []
     if args and get_origin(tp) is not Literal:
         tp = args[0]
@@ -138,6 +148,12 @@ def convert_value(name: str, value: Any, where: str) -> Any:
         if value not in choices:
             raise ConfigError(
                 f"{where}: {name} = {value!r} is not one of {', '.join(choices)}; pick one of them"
+            )
+        return value
+    if tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f"{where}: {name} must be a table ([train.{name}] or {{key = value}}), got {value!r}"
             )
         return value
     if tp is bool:
@@ -191,6 +207,16 @@ def _default_text(value: Any, tp: type) -> str:
 _METAVAR = {int: "N", float: "X", str: "S"}
 
 
+def _json_table(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f'{text!r} is not a JSON object such as {{"width": 64}}')
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, no usage dump
         raise ConfigError(f"{message} (see python -m train --help)")
@@ -220,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
                 default=None,
                 help=text,
             )
+            continue
+        if tp is dict:
+            p.add_argument(_flag(f.name), dest=f.name, type=_json_table, default=None, help=text)
             continue
         p.add_argument(
             _flag(f.name),
@@ -265,10 +294,17 @@ def load_toml(path: str) -> dict[str, Any]:
     return out
 
 
-def parse_config(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
-    """Resolve defaults < --config file < flags. Returns (config, print_only)."""
+def parse_config(
+    argv: list[str] | None = None, defaults: dict[str, Any] | None = None
+) -> tuple[TrainConfig, bool]:
+    """Resolve defaults < (a script's `defaults`, see train.fit) < --config file < flags.
+    Returns (config, print_only)."""
     args = build_parser().parse_args(argv)
     values: dict[str, Any] = {}
+    for key, value in (defaults or {}).items():
+        if key not in TRAIN_KEYS:
+            raise ConfigError(f"fit(): unknown setting {key!r}; valid: {', '.join(TRAIN_KEYS)}")
+        values[key] = convert_value(key, value, "fit()")
     if args.config:
         values.update(load_toml(args.config))
     for f in fields(TrainConfig):
@@ -328,12 +364,13 @@ def validate(cfg: TrainConfig) -> None:
             f"--lr-scaling {cfg.lr_scaling} needs --base-batch-size (the global batch "
             "the base --lr was tuned for)"
         )
-    if cfg.model == "gpt" and cfg.dataset not in ("synthetic", "tokens"):
+    registry.check_names(cfg)
+    mkind, dkind = registry.model_kind(cfg), registry.dataset_kind(cfg)
+    if mkind is not None and dkind != "any" and mkind != dkind:
         raise ConfigError(
-            f"--model gpt trains on token data; use --dataset tokens or synthetic, not {cfg.dataset}"
+            f"--model {cfg.model} trains on {mkind} data, --dataset {cfg.dataset} holds {dkind}; "
+            f"pick a dataset of {mkind} (synthetic fits every model)"
         )
-    if cfg.dataset == "tokens" and cfg.model != "gpt":
-        raise ConfigError("--dataset tokens is for --model gpt")
     if cfg.model == "gpt" and cfg.d_model % cfg.n_head:
         raise ConfigError(
             f"--d-model {cfg.d_model} is not divisible by --n-head {cfg.n_head}; "

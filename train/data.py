@@ -248,13 +248,38 @@ def torchvision_dataset(cfg: TrainConfig, rank0_download: bool) -> DataBundle:
 
 
 def build_data(cfg: TrainConfig, rank0_download: bool = True) -> DataBundle:
-    if cfg.dataset == "synthetic":
-        return synthetic_tokens(cfg) if cfg.model == "gpt" else synthetic_classification(cfg)
-    if cfg.dataset == "tokens":
-        return token_file(cfg)
-    if cfg.dataset == "mnist":
-        return mnist(cfg, rank0_download)
-    return torchvision_dataset(cfg, rank0_download)
+    from train import registry
+
+    kind = registry.model_spec(cfg).data_kind
+    return registry.dataset_spec(cfg).build(cfg, rank0_download, kind)
+
+
+def bundle_from_user(out: object, path: str, contract: str) -> DataBundle:
+    """A dataset factory's (train, val[, info]) as a DataBundle, or a ConfigError."""
+
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"--dataset {path} returned {why}; expected {contract}")
+
+    if not isinstance(out, tuple) or len(out) not in (2, 3):
+        return_type = type(out).__name__
+        raise bad(f"a {return_type}" + (f" of {len(out)}" if isinstance(out, tuple) else ""))
+    train, val, info = (*out, {}) if len(out) == 2 else out
+    for name, ds in (("train", train), ("val", val)):
+        if ds is None and name == "val":
+            continue
+        if not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
+            raise bad(f"a {type(ds).__name__} as {name} (no len() / [i])")
+    if len(train) == 0:
+        raise bad("an empty train dataset")
+    first = train[0]
+    if not (isinstance(first, (tuple, list)) and len(first) == 2):
+        raise bad(f"items of type {type(first).__name__} (train[0]); items must be (x, y) pairs")
+    if not isinstance(info, dict):
+        raise bad(f"info of type {type(info).__name__}; info must be a dict")
+    x = torch.as_tensor(first[0])
+    tokens = int(info.get("tokens_per_sample", 0))
+    classes = int(info.get("num_classes", 0))
+    return DataBundle(train, val, tuple(x.shape), classes, tokens)
 
 
 # --- iteration --------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Models: the article's MLPs, torchvision's ResNet-18 and a small decoder-only GPT.
 
-Every model exposes `blocks()`: the submodules that parallelize.py wraps one by one (one FSDP
-unit, one compile region, one activation-checkpoint region each).
+They are registered in train/builtins.py like a user's model. Every model here exposes
+`blocks()`: the submodules that parallel.py wraps one by one (one FSDP unit, one compile
+region, one activation-checkpoint region each).
 """
 
 from __future__ import annotations
@@ -119,13 +120,9 @@ def gpt_flops_per_token(cfg: TrainConfig, num_params: int) -> float:
 
 
 def build_model(cfg: TrainConfig, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """Build on the CPU from the current RNG state (the caller seeds it identically on all ranks)."""
-    if cfg.model == "mlp":
-        return MLP(math.prod(in_shape), [256], num_classes)
-    if cfg.model == "mlp-deep":  # the article's SimpleMLP: 8 Linear layers, 2048 wide
-        return MLP(math.prod(in_shape), [2048] * 7, num_classes)
-    if cfg.model == "resnet18":
-        return ResNet(num_classes, in_shape[0] if len(in_shape) == 3 else 1)
-    if cfg.model == "gpt":
-        return GPT(cfg)
-    raise AssertionError(cfg.model)
+    """Build through the registry on the CPU from the current RNG state (the caller seeds it
+    identically on all ranks); in_shape/num_classes are what the data gives."""
+    from train import registry
+    from train.data import DataBundle
+
+    return registry.model_spec(cfg).build(cfg, DataBundle(None, None, in_shape, num_classes))

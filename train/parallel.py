@@ -79,10 +79,12 @@ def apply_ddp(model: nn.Module, world: World) -> nn.Module:
 
 def parallelize(model: nn.Module, cfg: TrainConfig, world: World) -> tuple[nn.Module, nn.Module]:
     """Returns (the module to train, the unwrapped model whose parameter names are canonical)."""
-    blocks = model.blocks()
+    from train.registry import find_blocks
+
+    blocks = find_blocks(model)
     if cfg.activation_checkpointing:
         apply_activation_checkpointing(blocks, model)
-        blocks = model.blocks()
+        blocks = find_blocks(model)
     if cfg.compile:
         apply_compile(blocks)
     model.to(world.device)

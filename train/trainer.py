@@ -13,10 +13,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from train import registry
 from train.checkpoint import Checkpointer
 from train.config import EXIT_REQUEUE, TrainConfig, dump, log_backends, profile_range
 from train.contract import EXIT_DIVERGED
-from train.data import DataBundle, GlobalBatchSampler, build_data, iterate_batches
+from train.data import DataBundle, GlobalBatchSampler, iterate_batches
 from train.distributed import World
 from train.fault import (
     Diverged,
@@ -36,7 +37,6 @@ from train.metrics import (
     peak_flops,
     state_bytes,
 )
-from train.models import build_model, gpt_flops_per_token
 from train.parallel import DTYPES, parallelize, set_grad_sync
 from train.profiling import StepProfiler
 from train.schedule import lr_multiplier, scaled_lr
@@ -51,11 +51,15 @@ class Trainer:
         self.cfg, self.world = cfg, world
         self.t_start = time.perf_counter()
         self.run_dir = Path(cfg.run_dir)
+        self.spec = registry.model_spec(cfg)
+        self.loss_fn = registry.loss_fn(cfg, self.spec)
         self.data = self._load_data()
         # Same seed on every rank: identical initial weights without a broadcast.
         torch.manual_seed(cfg.seed)
-        model = build_model(cfg, self.data.in_shape, self.data.num_classes)
+        model = self.spec.build(cfg, self.data)
         self.num_params = sum(p.numel() for p in model.parameters())
+        flops = self.spec.flops_per_token
+        self.flops_per_token = flops(cfg, model) if flops else None
         self.model, self.raw_model = parallelize(model, cfg, world)
         self.optimizer = self._build_optimizer()
         # Per-rank seed from here on: dropout and augmentation differ across ranks.
@@ -117,11 +121,15 @@ class Trainer:
     def _load_data(self) -> DataBundle:
         # Rank 0 downloads (where allowed) while the others wait, then everyone reads.
         if self.world.is_main:
-            data = build_data(self.cfg, rank0_download=True)
+            data = self._build_data(rank0_download=True)
         dist.barrier()
         if not self.world.is_main:
-            data = build_data(self.cfg, rank0_download=False)
+            data = self._build_data(rank0_download=False)
         return data
+
+    def _build_data(self, rank0_download: bool) -> DataBundle:
+        spec = registry.dataset_spec(self.cfg)
+        return spec.build(self.cfg, rank0_download, self.spec.data_kind)
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         cfg, params = self.cfg, self.model.parameters()
@@ -225,7 +233,7 @@ class Trainer:
             self.phase = f"forward/backward ({self._collective_name()})"
             with self._autocast():
                 out = model(x)
-                loss = F.cross_entropy(out.flatten(0, -2).float(), y.flatten()) / cfg.grad_accum
+                loss = self.loss_fn(out, y) / cfg.grad_accum
             if poison:  # test hook (DDPKIT_FAULT=nan@STEP:RANK)
                 loss = loss * float("nan")
             (self.scaler.scale(loss) if self.scaler else loss).backward()
@@ -320,14 +328,10 @@ class Trainer:
         )
 
     def mfu(self, tokens_per_s: float) -> float | None:
-        """Model FLOPs utilisation of the gpt model: achieved / (peak x GPUs)."""
-        if self.cfg.model != "gpt" or self.peak_flops is None:
+        """Model FLOPs utilisation (models that give FLOPs per token): achieved / (peak x GPUs)."""
+        if self.flops_per_token is None or self.peak_flops is None:
             return None
-        return (
-            tokens_per_s
-            * gpt_flops_per_token(self.cfg, self.num_params)
-            / (self.peak_flops * self.world.size)
-        )
+        return tokens_per_s * self.flops_per_token / (self.peak_flops * self.world.size)
 
     # --- checkpoints, resume, preemption -------------------------------------------------
 
@@ -387,7 +391,7 @@ class Trainer:
         x, y = next(self._batches())
         for _ in range(2):  # DDP rebuilds its buckets at the start of the second forward
             with self._autocast():
-                F.cross_entropy(self.model(x).flatten(0, -2).float(), y.flatten()).backward()
+                self.loss_fn(self.model(x), y).backward()
         self.optimizer.zero_grad(set_to_none=True)
         torch.set_rng_state(rng)
 
@@ -474,21 +478,27 @@ class Trainer:
         n = len(val) // self.world.size  # same count on every rank: FSDP needs lockstep
         idx = list(range(self.world.rank * n, (self.world.rank + 1) * n))
         stats = torch.zeros(3, device=self.world.device)
+        # Accuracy means something only for a cross-entropy over classes or tokens.
+        classes = self.loss_fn is registry.LOSSES["cross_entropy"]
         for lo in range(0, n, 256):
             batch = [val[i] for i in idx[lo : lo + 256]]
             x = torch.stack([b[0] for b in batch]).to(self.world.device)
             y = torch.stack([torch.as_tensor(b[1]) for b in batch]).to(self.world.device)
             with self._autocast():
                 out = self.model(x).float()
-            stats[0] += F.cross_entropy(out.flatten(0, -2), y.flatten(), reduction="sum")
-            stats[1] += (out.argmax(-1) == y).sum()
-            stats[2] += y.numel()
+            if classes:
+                stats[0] += F.cross_entropy(out.flatten(0, -2), y.flatten(), reduction="sum")
+                stats[1] += (out.argmax(-1) == y).sum()
+                stats[2] += y.numel()
+            else:  # the user's loss is a mean over the batch: weight it by the batch size
+                stats[0] += self.loss_fn(out, y).float() * len(batch)
+                stats[2] += len(batch)
         dist.all_reduce(stats)
         self.model.train()
-        return {
-            "eval_loss": float(stats[0] / stats[2]),
-            "eval_accuracy": float(stats[1] / stats[2]),
-        }
+        ev = {"eval_loss": float(stats[0] / stats[2])}
+        if classes:
+            ev["eval_accuracy"] = float(stats[1] / stats[2])
+        return ev
 
     def finish(self) -> int:
         self.profiler.close()
