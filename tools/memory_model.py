@@ -67,8 +67,12 @@ def load_cfg(args: argparse.Namespace) -> Any:
         cfg = TrainConfig(**values)
     except TypeError as e:
         raise PlanError(f"bad model settings: {e}") from None
-    if _kind(cfg) == "tokens" and cfg.d_model % cfg.n_head:
-        raise PlanError(f"--d-model {cfg.d_model} is not divisible by --n-head {cfg.n_head}")
+    from train import registry
+
+    try:
+        registry.check_model(cfg)  # the model's own rules (gpt: heads divide the width)
+    except registry.UserError as e:
+        raise PlanError(str(e)) from None
     for key in ("batch_size", "seq_len", "vocab_size", "n_layer", "n_head", "d_model"):
         if getattr(cfg, key) < 1:
             raise PlanError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(cfg, key)}")

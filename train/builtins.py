@@ -40,7 +40,19 @@ def _gpt_flops(cfg: Any, model: Any) -> float:
 register_model(ModelSpec("mlp", _mlp([256])))  # the article's 784-256-10
 register_model(ModelSpec("mlp-deep", _mlp([2048] * 7)))  # the article's SimpleMLP: 8 Linear
 register_model(ModelSpec("resnet18", _resnet18))
-register_model(ModelSpec("gpt", _gpt, "tokens", "cross_entropy", _gpt_flops))
+
+
+def _gpt_check(cfg: Any) -> None:
+    from train.config import ConfigError
+
+    if cfg.d_model % cfg.n_head:
+        raise ConfigError(
+            f"--d-model {cfg.d_model} is not divisible by --n-head {cfg.n_head}; "
+            "pick a head count that divides it"
+        )
+
+
+register_model(ModelSpec("gpt", _gpt, "tokens", "cross_entropy", _gpt_flops, _gpt_check))
 
 
 def _synthetic(cfg: Any, rank0_download: bool, kind: str) -> Any:

@@ -371,11 +371,7 @@ def validate(cfg: TrainConfig) -> None:
             f"--model {cfg.model} trains on {mkind} data, --dataset {cfg.dataset} holds {dkind}; "
             f"pick a dataset of {mkind} (synthetic fits every model)"
         )
-    if cfg.model == "gpt" and cfg.d_model % cfg.n_head:
-        raise ConfigError(
-            f"--d-model {cfg.d_model} is not divisible by --n-head {cfg.n_head}; "
-            "pick a head count that divides it"
-        )
+    registry.check_model(cfg)
     if cfg.dataset in ("imagefolder", "tokens") and not Path(cfg.data_dir).exists():
         raise ConfigError(
             f"--data-dir {cfg.data_dir} does not exist; point it at your {cfg.dataset} data"

@@ -74,6 +74,8 @@ class ModelSpec:
     loss: str = "cross_entropy"  # the default loss when cfg.loss is unset
     # Training FLOPs per token for MFU, or None when the model does not say.
     flops_per_token: Callable[[TrainConfig, nn.Module], float | None] | None = None
+    # Config rules of this model (torch-free; raises ConfigError), run by config validation.
+    check: Callable[[TrainConfig], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,14 @@ def check_names(cfg: TrainConfig) -> None:
                 f"{flag} {value}: {value[len(HF_PREFIX) :]} does not exist; point hf: at a "
                 "local directory (or file) on this machine"
             )
+
+
+def check_model(cfg: TrainConfig) -> None:
+    """A built-in model's own config rules (e.g. gpt: heads divide the width)."""
+    _builtins()
+    spec = MODELS.get(cfg.model)
+    if spec is not None and spec.check is not None:
+        spec.check(cfg)
 
 
 def model_kind(cfg: TrainConfig) -> DataKind | None:
