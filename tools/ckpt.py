@@ -2,9 +2,12 @@
 
     python -m tools.ckpt inspect runs/default [--json]   # or .../checkpoints[/step-300]
     python -m tools.ckpt export  runs/default/checkpoints/step-300 model.pt
+    python -m tools.ckpt export  runs/hf-run OUT_DIR --format hf      # an hf:DIR model
 
 The export holds {"model": {name: tensor}, "meta": {...}} with full (unsharded) tensors and
-loads with `torch.load(path, weights_only=True)`. DCP's own metadata is pickled: inspect and
+loads with `torch.load(path, weights_only=True)`. `--format hf` (for a model trained as
+`hf:DIR`) writes a directory that `AutoModelForCausalLM.from_pretrained(OUT)` loads
+(safetensors, DIR's config and tokenizer; `--model-dir` if DIR has moved). DCP's own metadata is pickled: inspect and
 export only checkpoints from storage you trust.
 """
 
@@ -144,6 +147,27 @@ def export(path: Path, out: Path) -> dict[str, Any]:
     }
 
 
+def export_hf(path: Path, out: Path, model_dir: str | None) -> dict[str, Any]:
+    marker = path / MARKER
+    model = (json.loads(marker.read_text()) if marker.is_file() else {}).get("model") or ""
+    if model_dir is None:
+        if not model.startswith("hf:"):
+            raise UserError(
+                f"{path}: model {model or '?'} was not trained as hf:DIR; --format hf exports "
+                "Hugging Face models only (use the default --format pt, or pass --model-dir)"
+            )
+        model_dir = model[3:]
+    if not (Path(model_dir) / "config.json").is_file():
+        raise UserError(
+            f"--model-dir {model_dir}: no config.json there; pass the hf: directory the run "
+            "was trained with"
+        )
+    from train import hf
+
+    r = hf.export(load_full_model(path), Path(model_dir), out)
+    return {**r, "model": model}
+
+
 def _print_inspect(r: dict[str, Any]) -> None:
     print(
         f"{r['path']}: step {r['step']}, written by {r['world_size']} ranks "
@@ -175,13 +199,23 @@ def _main(argv: list[str] | None) -> int:
     pe.add_argument("dir")
     pe.add_argument("out")
     pe.add_argument("--json", action="store_true")
+    pe.add_argument(
+        "--format",
+        choices=["pt", "hf"],
+        default="pt",
+        help="pt: one torch file; hf: a from_pretrained directory (safetensors)",
+    )
+    pe.add_argument("--model-dir", help="--format hf: the model's hf: directory (its config)")
     args = ap.parse_args(argv)
     path = _checkpoint_dir(args.dir)
     if args.cmd == "inspect":
         r = inspect(path)
         print(json.dumps(r, indent=2)) if args.json else _print_inspect(r)
     else:
-        r = export(path, Path(args.out))
+        if args.format == "hf":
+            r = export_hf(path, Path(args.out), args.model_dir)
+        else:
+            r = export(path, Path(args.out))
         print(
             json.dumps(r)
             if args.json
