@@ -273,7 +273,7 @@ def test_user_strings_come_out_literally(payload: str) -> None:
     spec = load_spec(
         None,
         ["k8s.pvc_size=1Gi"],
-        train_args=["--run-note", payload],
+        train_args=[f"--data-dir={payload}"],  # a flag the trainer's render-time check accepts
     )
     spec.image = f"reg/img:{payload}"
     spec.env = {"NOTE": payload}
@@ -284,7 +284,7 @@ def test_user_strings_come_out_literally(payload: str) -> None:
     pod = docs[1]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     (c,) = pod["containers"]
     assert c["image"] == f"reg/img:{payload}"
-    assert c["args"][-2:] == ["--run-note", payload]
+    assert c["args"][-1] == f"--data-dir={payload}"
     assert {"name": "NOTE", "value": payload} in c["env"]
     assert pod["nodeSelector"] == {"example.com/zone": payload}
     assert pod["tolerations"][0]["value"] == payload

@@ -136,31 +136,38 @@ def test_submitit_parameters_match_render() -> None:
     assert slurm.node_script(spec) in text
 
 
-def run_node_script(spec: JobSpec, tmp_path: Path, node_id: str = "0") -> tuple[int, dict]:
-    """Run the rendered node script with a fake torchrun that records its argv and env."""
+def fake_bin(tmp_path: Path, name: str, rc: int = 0) -> Path:
+    """A fake command on PATH that records its argv and environment to <tmp>/<name>.json."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    fake = bin_dir / "torchrun"
+    fake = bin_dir / name
     fake.write_text(
-        "#!/usr/bin/env python3\nimport json, os, sys\n"
-        "json.dump({'argv': sys.argv[1:], 'env': dict(os.environ)}, open(os.environ['REC'], 'w'))\n"
-        "sys.exit(int(os.environ.get('FAKE_RC', '0')))\n"
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        f"json.dump({{'argv': sys.argv[1:], 'env': dict(os.environ)}}, "
+        f"open({str(tmp_path / (name + '.json'))!r}, 'w'))\n"
+        f"sys.exit({rc})\n"
     )
     fake.chmod(0o755)
-    rec = tmp_path / "rec.json"
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "REC": str(rec), "SLURM_NODEID": node_id,
-           "SLURM_JOB_ID": "42", "DDPKIT_HEAD_NODE": "node1", "HOME": str(tmp_path)}  # fmt: skip
+    return bin_dir
+
+
+def run_node_script(spec: JobSpec, tmp_path: Path, node_id: str = "0") -> tuple[int, dict]:
+    """Run the rendered node script with a fake `python` (the node launcher) that records."""
+    bin_dir = fake_bin(tmp_path, "python")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_NODEID": node_id, "SLURM_JOB_ID": "42",
+           "DDPKIT_HEAD_ADDR": "10.1.2.3", "DDPKIT_RDZV_PORT": "20042", "HOME": str(tmp_path)}  # fmt: skip
     rc = subprocess.run(
         ["bash", "-c", slurm.node_script(spec)], cwd=tmp_path, env=env, check=False
     ).returncode
-    return rc, json.loads(rec.read_text())
+    return rc, json.loads((tmp_path / "python.json").read_text())
 
 
 @pytest.mark.parametrize("payload", PAYLOADS)
 def test_values_are_inert(payload: str, tmp_path: Path) -> None:
-    spec = load_spec(None, [f"env.X={payload}", "slurm.container_mounts=['/a:/a']"], 2, 2,
-                     train_args=["--progress", payload])  # fmt: skip
-    spec.image = payload  # images are not validated: quoting alone must hold
+    spec = load_spec(None, [f"env.X={payload}", "slurm.container_mounts=['/a:/a']",
+                            "script=user/train.py"], 2, 2, train_args=["--x", payload])  # fmt: skip
+    spec.image = payload  # images are only checked for a leading '-': quoting must hold
+    spec.slurm.image_cache = payload
     for container in ("none", "pyxis", "apptainer"):
         spec.slurm.container = container
         shellcheck(slurm.render(spec), tmp_path)
@@ -169,31 +176,119 @@ def test_values_are_inert(payload: str, tmp_path: Path) -> None:
     assert rc == 0 and not (tmp_path / "PWNED").exists()
     assert rec["env"]["X"] == payload
     argv = rec["argv"]
-    assert argv[argv.index("-m") + 1 :] == ["train", *spec.train_argv()]
-    assert argv[-1] == payload
+    assert argv[argv.index("--") + 1 :] == ["user/train.py", "--x", payload]
 
 
-def test_node_script_wires_torchrun(tmp_path: Path) -> None:
-    spec = load_spec(REPO / "configs/default.toml", ["rdzv_port=29123", "debug=trace"], 2, 3)
+def test_node_script_runs_the_node_launcher_with_the_rendezvous(tmp_path: Path) -> None:
+    spec = load_spec(REPO / "configs/default.toml", ["debug=trace"], 2, 3)
     rc, rec = run_node_script(spec, tmp_path, node_id="1")
     argv, env = rec["argv"], rec["env"]
-    for flag in ("--nnodes=2", "--nproc-per-node=3", "--rdzv-backend=c10d",
-                 "--rdzv-endpoint=node1:29123", "--rdzv-id=ddpkit-42-0", "--rdzv-conf=is_host=0",
-                 "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"):  # fmt: skip
+    assert rc == 0
+    assert argv[:2] == ["-m", "train.node"]
+    assert argv[argv.index("--") + 1 :] == ["-m", "train", *spec.train_argv()]
+    for flag in ("--nnodes=2", "--nproc-per-node=3", "--rdzv-backend=c10d", "--max-restarts=0"):
         assert flag in argv
+    assert argv[argv.index("--shutdown-timeout") + 1] == "30"
+    assert env["PET_RDZV_ENDPOINT"] == "10.1.2.3:20042"
+    assert env["PET_RDZV_ID"] == "ddpkit-42-0" and env["PET_RDZV_CONF"] == "is_host=0"
     assert env["NCCL_DEBUG"] == "TRACE" and env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL"
-    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     _, rec0 = run_node_script(spec, tmp_path, node_id="0")
-    assert "--rdzv-conf=is_host=1" in rec0["argv"]
+    assert rec0["env"]["PET_RDZV_CONF"] == "is_host=1"
+    # one node: --standalone, no rendezvous variables (no port to collide on)
+    _, one = run_node_script(load_spec(None, [], 1, 2), tmp_path)
+    assert "--standalone" in one["argv"] and "PET_RDZV_ENDPOINT" not in one["env"]
 
 
-def test_requeue_marker_turns_into_exit_75(tmp_path: Path) -> None:
-    spec = load_spec(None, ["train.run_dir=run"], 1, 1)
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "requeue.json").write_text("{}")
-    os.environ.get("FAKE_RC")
-    rc, _ = run_node_script(spec, tmp_path)
-    assert rc == slurm.EXIT_REQUEUE
+def run_setup(spec: JobSpec, tmp_path: Path, job_id: str = "123457") -> dict[str, str]:
+    """Run the batch shell's setup with a fake scontrol (NodeName node7, NodeAddr 10.9.8.7)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "scontrol").write_text(
+        '#!/bin/bash\nif [ "$2" = hostnames ]; then echo node7; echo node8; exit 0; fi\n'
+        'echo "NodeName=node7 Arch=x86_64 NodeAddr=10.9.8.7 NodeHostName=node7"\n'
+    )
+    (bin_dir / "scontrol").chmod(0o755)
+    script = slurm.setup_script(spec) + "\nenv\n"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": job_id,
+           "SLURM_JOB_NODELIST": "node[7-8]", "HOME": str(tmp_path)}  # fmt: skip
+    out = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    return dict(ln.split("=", 1) for ln in out.stdout.splitlines() if "=" in ln)
+
+
+def test_setup_resolves_head_address_port_per_job_and_srun_cpus(tmp_path: Path) -> None:
+    # issue 13 items 10, 5, 2: NodeAddr (the NodeName need not resolve), a port from the job
+    # id (two jobs on one node do not collide), --cpus-per-task for srun again (22.05-23.02).
+    spec = load_spec(None, ["train.run_dir=run"], 2, 2)
+    env = run_setup(spec, tmp_path)
+    assert env["DDPKIT_HEAD_ADDR"] == "10.9.8.7"
+    assert env["DDPKIT_RDZV_PORT"] == str(20000 + 123457 % 20000)
+    assert run_setup(spec, tmp_path, "123458")["DDPKIT_RDZV_PORT"] == str(20000 + 123458 % 20000)
+    assert env["SRUN_CPUS_PER_TASK"] == "8"
+    assert (tmp_path / "run" / "slurm").is_dir()  # made before any srun --output opens there
+    fixed = load_spec(None, ["train.run_dir=run", "slurm.rdzv_port=29400"], 2, 2)
+    assert run_setup(fixed, tmp_path)["DDPKIT_RDZV_PORT"] == "29400"
+
+
+def test_srun_gets_cpus_kill_on_bad_exit_and_a_wait_beyond_the_budget() -> None:
+    # issue 13 items 2 and 3, on both routes (rendered sbatch and submitit)
+    spec = load_spec(None, ["train.shutdown_timeout_s=90.2", "slurm.grace_s=200"], 2, 4)
+    text = slurm.render(spec)
+    srun = next(ln for ln in text.splitlines() if ln.startswith("srun "))
+    for flag in ("--cpus-per-task=16", "--kill-on-bad-exit=1", "--wait=121"):
+        assert flag in srun
+        assert flag in slurm.submitit_parameters(spec)["srun_args"]
+    assert "--shutdown-timeout 91" in text  # rounded up, never down to 0
+
+
+def run_teardown(tmp_path: Path, step_rc: int) -> tuple[int, str]:
+    fake_bin(tmp_path, "scontrol")
+    script = f"(exit {step_rc})\n" + slurm.teardown_script(load_spec(None, []))
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "42"}
+    out = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    return out.returncode, out.stderr
+
+
+def test_teardown_requeues_on_75_only(tmp_path: Path) -> None:
+    # issue 13 item 4: the step's exit status decides (the node launcher counts only a marker
+    # of this launch); a stale requeue.json beside a crash no longer fakes a save.
+    (tmp_path / "runs" / "default").mkdir(parents=True)
+    (tmp_path / "runs" / "default" / "requeue.json").write_text("{}")
+    rc, _ = run_teardown(tmp_path, 1)
+    assert rc == 1 and not (tmp_path / "scontrol.json").exists()
+    rc, err = run_teardown(tmp_path, 75)
+    assert rc == 75 and "requeue 1 of 3" in err
+    assert json.loads((tmp_path / "scontrol.json").read_text())["argv"] == ["requeue", "42"]
+
+
+@pytest.mark.parametrize(
+    "image,ref",
+    [("nvcr.io/nvidia/pytorch:24.01-py3", "nvcr.io#nvidia/pytorch:24.01-py3"),
+     ("localhost:5000/ddpkit:1", "localhost:5000#ddpkit:1"),
+     ("ghcr.io/org/ddpkit:latest", "ghcr.io#org/ddpkit:latest"),
+     ("ddpkit:latest", "ddpkit:latest"), ("org/ddpkit:1", "org/ddpkit:1"),
+     ("nvcr.io#nvidia/pytorch:24.01-py3", "nvcr.io#nvidia/pytorch:24.01-py3"),
+     ("/shared/ddpkit.sqsh", "/shared/ddpkit.sqsh")],
+)  # fmt: skip
+def test_pyxis_image_reference(image: str, ref: str) -> None:
+    # issue 13 item 8: enroot wants registry#image
+    assert slurm.enroot_ref(image) == ref
+
+
+def test_image_cache_converts_once(tmp_path: Path) -> None:
+    sets = ["slurm.container=pyxis", "image=nvcr.io/nvidia/pytorch:24.01-py3",
+            "slurm.image_cache=/shared/images"]  # fmt: skip
+    text = slurm.render(load_spec(None, sets, 2, 2))
+    assert "DDPKIT_IMAGE=/shared/images/nvcr.io+nvidia+pytorch+24.01-py3.sqsh" in text
+    assert ("enroot import -o \"$DDPKIT_IMAGE.tmp.$SLURM_JOB_ID\" "
+            "'docker://nvcr.io#nvidia/pytorch:24.01-py3'") in text  # fmt: skip
+    assert '--container-image="$DDPKIT_IMAGE"' in text
+    apptainer = slurm.render(load_spec(None, [*sets[1:], "slurm.container=apptainer"], 2, 2))
+    assert "DDPKIT_IMAGE=/shared/images/nvcr.io+nvidia+pytorch+24.01-py3.sif" in apptainer
+    assert 'apptainer pull "$DDPKIT_IMAGE.tmp.$SLURM_JOB_ID" docker://nvcr.io/nvidia' in apptainer
+    assert 'exec apptainer exec --nv "$DDPKIT_IMAGE" python -m train.node' in apptainer
+    shellcheck(apptainer, tmp_path)
 
 
 def test_sbatch_line_values_must_be_plain() -> None:

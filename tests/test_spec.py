@@ -89,9 +89,35 @@ BAD = [
             "nodes=2",
             "nproc_per_node=2",
         ],
-        "replicate degree 3 does not divide nodes(2) * processes per node(2) = 4",
+        "HYBRID_SHARD: replicate degree 3 does not divide world size 4 (4 % 3 = 1)",
     ),  # fmt: skip
-    (["train.sharding=FULL_SHARD"], 'needs train.parallel = "fsdp"'),
+    (["train.sharding=FULL_SHARD"], "--sharding FULL_SHARD needs --parallel fsdp"),
+    # issue 13 item 13: the trainer's own checks at render time, its own words
+    (["train.lr=-1"], "--lr must be > 0, got -1.0"),
+    (["train.batch_size=0"], "--batch-size must be >= 1, got 0; pass a positive integer"),
+    (["train.model=gpt", "train.dataset=mnist"], "--model gpt trains on token data"),
+    # item 12/13: budgets and values a shell or sbatch would misread
+    (["train.shutdown_timeout_s=inf"], "train.shutdown_timeout_s = inf must be a number"),
+    (["train.shutdown_timeout_s=nan"], "train.shutdown_timeout_s = nan must be a number"),
+    (["train.shutdown_timeout_s=1e400"], "train.shutdown_timeout_s = inf must be a number"),
+    (["slurm.grace_s=70000"], "slurm.grace_s = 70000 must cover the shutdown budget (30 s"),
+    (["train.shutdown_timeout_s=200"], "slurm.grace_s = 120 must cover the shutdown budget (200 s"),
+    (
+        ["image=--privileged"],
+        "image '--privileged' is not an image reference (it must not start with '-'",
+    ),
+    (["train.run_dir=-rf"], "train.run_dir '-rf' starts with '-'"),
+    (["slurm.log_dir=-x"], "slurm.log_dir '-x' starts with '-'"),
+    (["slurm.rdzv_port=0"], "slurm.rdzv_port 0 is not a port"),
+    # the entry point
+    (["module=a.b", "script=c.py"], "set one entry point, not both"),
+    (["module=a-b"], "is not a Python module path"),
+    (["script=-x.py"], "is not a script path"),
+    (["args=['--x']"], "args are the arguments of your own module/script"),
+    (
+        ["script=s.py", "train.lr=0.1"],
+        "[train] lr: the kit trainer's flags do not reach your script",
+    ),
 ]
 
 
@@ -114,7 +140,7 @@ def test_unknown_key_in_file_and_bad_toml(tmp_path: Path) -> None:
 def test_hybrid_shard_default_degree_is_nodes() -> None:
     sets = ["train.parallel=fsdp", "train.sharding=HYBRID_SHARD"]
     assert load_spec(None, sets, nodes=2, gpus=3).world_size == 6
-    with pytest.raises(SpecError, match="replicate degree 4 does not divide"):
+    with pytest.raises(SpecError, match="replicate degree 4 does not divide world size 2"):
         load_spec(None, [*sets, "train.replicate_degree=4"], nodes=2, gpus=1)
 
 

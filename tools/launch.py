@@ -1,11 +1,12 @@
 """One CLI for every backend:
 
-    python -m tools.launch {render,submit,status,logs,cancel} {slurm,k8s,docker} [JOB]
+    python -m tools.launch {render,submit,status,logs,cancel,list} {local,slurm,k8s,docker} [JOB]
         [--config FILE] [--set key=value ...] [--nodes N] [--gpus N] [--write] [--wait]
-        [--print-spec] [-- extra train flags]
+        [--print-spec] [-- extra flags for the entry point]
 
 render prints exactly what submit sends; --write also saves it under out/<backend>/.
-Bad input: one line on stderr, exit status 2.
+The job's training flags are checked by the trainer's own validation before anything is
+rendered or queued. Bad input: one line on stderr, exit status 2.
 """
 
 from __future__ import annotations
@@ -14,13 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
-import tomli_w
+from tools.spec import SpecError
 
-from tools.backends import BACKENDS, OUT_DIR, load_backend
-from tools.spec import SpecError, load_spec
-
-ACTIONS = ("render", "submit", "status", "logs", "cancel")
-EXIT_BAD_INPUT = 2
+ACTIONS = ("render", "submit", "status", "logs", "cancel", "list")
+BACKEND_NAMES = ("local", "slurm", "k8s", "docker")  # tools.backends.BACKENDS (kept import-free)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,10 +26,10 @@ class _Parser(argparse.ArgumentParser):
         raise SpecError(f"{message} (see python -m tools.launch --help)")
 
 
-def build_parser(backend_module: object | None = None) -> argparse.ArgumentParser:
+def build_parser(backend: object | None = None) -> argparse.ArgumentParser:
     p = _Parser(prog="python -m tools.launch", description=__doc__.split("\n\n")[0])
     p.add_argument("action", choices=ACTIONS)
-    p.add_argument("backend", choices=tuple(BACKENDS))
+    p.add_argument("backend", choices=BACKEND_NAMES)
     p.add_argument("job", nargs="?", help="status/logs/cancel: job id (default: the last one)")
     p.add_argument("--config", help="job file (TOML), e.g. configs/default.toml")
     p.add_argument(
@@ -47,13 +45,12 @@ def build_parser(backend_module: object | None = None) -> argparse.ArgumentParse
     p.add_argument("--write", action="store_true", help="render: also write out/<backend>/")
     p.add_argument("--wait", action="store_true", help="submit: follow the job to its end")
     p.add_argument("--print-spec", action="store_true", help="print the resolved spec, exit")
-    add = getattr(backend_module, "add_arguments", None)
-    if add is not None:
-        add(p)
+    if backend is not None:
+        backend.add_arguments(p)  # type: ignore[attr-defined]
     return p
 
 
-def _split_train_args(argv: list[str]) -> tuple[list[str], list[str]]:
+def _split_entry_args(argv: list[str]) -> tuple[list[str], list[str]]:
     if "--" in argv:
         i = argv.index("--")
         return argv[:i], argv[i + 1 :]
@@ -61,35 +58,44 @@ def _split_train_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def run(argv: list[str]) -> int:
-    argv, train_args = _split_train_args(argv)
+    argv, entry_args = _split_entry_args(argv)
     # The first pass reads the common flags (backend flags stay unknown), so the spec is
     # checked before the backend module (and submitit or kubernetes) is imported.
     first, _ = build_parser().parse_known_args(argv)
+    from tools.spec import load_spec
+
     spec = None
     if first.config or first.action in ("render", "submit") or first.print_spec:
         spec = load_spec(
-            first.config or "configs/default.toml", first.sets, first.nodes, first.gpus, train_args
+            first.config or "configs/default.toml", first.sets, first.nodes, first.gpus, entry_args
         )
     if first.print_spec:
+        import tomli_w
+
         print(tomli_w.dumps(spec.to_dict()), end="")
         return 0
+    from tools.backends import load_backend
+
     backend = load_backend(first.backend)
     opts = build_parser(backend).parse_args(argv)
     opts.spec = spec
     if opts.action == "render":
-        text = backend.render(opts.spec)
+        text = backend.render(spec)
         print(text, end="")
         if opts.write:
-            path = write_rendered(first.backend, opts.spec.name, backend.FILE_EXT, text)
+            path = write_rendered(backend.name, spec.name, backend.file_ext, text)
             print(f"wrote {path}", file=sys.stderr)
-        after = getattr(backend, "after_render", None)
-        return after(opts.spec, opts, text) if after else 0
+        return backend.after_render(spec, opts, text)
     if opts.action == "submit":
-        return backend.submit(opts.spec, opts)
+        return backend.submit(spec, opts)
+    if opts.action == "list":
+        return backend.list_jobs(opts)
     return getattr(backend, opts.action)(opts.job, opts)
 
 
 def write_rendered(backend: str, name: str, ext: str, text: str) -> Path:
+    from tools.backends import OUT_DIR
+
     path = OUT_DIR / backend / f"{name}.{ext}"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -99,11 +105,9 @@ def write_rendered(backend: str, name: str, ext: str, text: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        return run(sys.argv[1:] if argv is None else argv)
-    except SpecError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    from train.errors import run_cli
+
+    return run_cli(lambda: run(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ exits 2. Rendering reads nothing but a JobSpec, so everything a backend needs is
 from __future__ import annotations
 
 import dataclasses
+import math
 import posixpath
 import re
 import tomllib
@@ -20,8 +21,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from train.config import TRAIN_KEYS, ConfigError, TrainConfig, read_toml
+from train.config import TRAIN_KEYS, ConfigError, TrainConfig, parse_config, read_toml
 from train.config import convert_value as _convert_train_value
+from train.contract import DEFAULT_SHUTDOWN_TIMEOUT_S, shutdown_budget_s
 from train.errors import UserError
 
 DebugPreset = Literal["off", "warn", "info", "trace"]
@@ -32,6 +34,11 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MEM_RE = re.compile(r"^[0-9]+[KMGT]?$")
 SIZE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?([kmgtKMGT]i?[bB]?)?$")
 SBATCH_SIGNALS = ("USR1", "USR2", "TERM")
+MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+# [train] keys that mean something for any entry point (the node launcher reads them).
+ENTRY_NEUTRAL_TRAIN_KEYS = {"run_dir", "shutdown_timeout_s"}
+MAX_SLURM_GRACE_S = 65535  # sbatch --signal=SIG@SECONDS takes at most 0xffff seconds
+MAX_SHUTDOWN_S = 86400.0
 
 
 class SpecError(UserError):
@@ -54,6 +61,10 @@ class SlurmSpec:
     venv: str | None = ".venv"  # virtualenv activated on the nodes (container "none"); "" = none
     setup: list[str] = field(default_factory=list)  # shell lines run first, e.g. "module load cuda"
     extra_sbatch: list[str] = field(default_factory=list)  # extra "#SBATCH" option lines
+    rdzv_port: int | None = None  # fixed rendezvous port; unset = 20000 + job id % 20000
+    # Shared directory where the image is converted once (pyxis: enroot squashfs, apptainer:
+    # SIF) and reused by every node and later job; unset = convert on every run.
+    image_cache: str | None = None
 
 
 @dataclass
@@ -127,8 +138,14 @@ class JobSpec:
     rdzv_port: int = 29500  # c10d rendezvous port on the head node
     max_restarts: int = 0  # torchrun --max-restarts (whole-group restarts on a failure)
     ckpt_dir: str | None = None  # checkpoint location; default <run_dir>/checkpoints
+    # The entry point every node runs under torchrun: `python -m train` with the [train] table
+    # (the default), or the user's own `module` (python -m) or `script` (a .py path relative
+    # to the submit directory) with `args`. Flags after `--` on the CLI go to whichever runs.
+    module: str | None = None  # e.g. "mypkg.train"
+    script: str | None = None  # e.g. "examples/plain_torchrun/ddp_fit.py"
+    args: list[str] = field(default_factory=list)  # the user entry point's arguments
     train: dict[str, Any] = field(default_factory=dict)  # TrainConfig keys ([train] table)
-    train_args: list[str] = field(default_factory=list)  # extra raw flags for `python -m train`
+    train_args: list[str] = field(default_factory=list)  # extra raw flags for the entry point
     slurm: SlurmSpec = field(default_factory=SlurmSpec)
     k8s: K8sSpec = field(default_factory=K8sSpec)
     docker: DockerSpec = field(default_factory=DockerSpec)
@@ -159,6 +176,42 @@ class JobSpec:
         if self.ckpt_dir:
             args += ["--ckpt-dir", self.ckpt_dir]
         return args + list(self.train_args)
+
+    @property
+    def default_entry(self) -> bool:
+        """True when the nodes run the kit's trainer (`python -m train`)."""
+        return self.module is None and self.script is None
+
+    @property
+    def shutdown_timeout_s(self) -> float:
+        """Seconds the workers get after a stop signal (train.shutdown_timeout_s)."""
+        value = self.train.get("shutdown_timeout_s")
+        return DEFAULT_SHUTDOWN_TIMEOUT_S if value is None else float(value)
+
+    @property
+    def shutdown_budget_s(self) -> int:
+        """torchrun's --shutdown-timeout and the base of every scheduler's grace period."""
+        return shutdown_budget_s(self.shutdown_timeout_s)
+
+    def entry_argv(self) -> list[str]:
+        """What torchrun starts on every node: `-m train FLAGS`, `-m MODULE ARGS` or `SCRIPT ARGS`."""
+        if self.module is not None:
+            return ["-m", self.module, *self.args, *self.train_args]
+        if self.script is not None:
+            return [self.script, *self.args, *self.train_args]
+        return ["-m", "train", *self.train_argv()]
+
+    def node_argv(self, rendezvous: list[str], python: str = "python") -> list[str]:
+        """The node launcher's command line (train/node.py) with the backend's rendezvous
+        flags; every backend runs this, so the contract's flags are written once."""
+        return [
+            python, "-m", "train.node",
+            "--run-dir", self.run_dir,
+            "--shutdown-timeout", str(self.shutdown_budget_s),
+            *rendezvous,
+            f"--max-restarts={self.max_restarts}",
+            "--", *self.entry_argv(),
+        ]  # fmt: skip
 
     def debug_env(self) -> dict[str, str]:
         return debug_env(self.debug)
@@ -457,11 +510,23 @@ def validate(spec: JobSpec) -> JobSpec:
     for key in spec.env:
         if not ENV_NAME_RE.match(key):
             raise SpecError(f"env key {key!r} is not a variable name; use [A-Za-z_][A-Za-z0-9_]*")
+    _validate_entry(spec)
     _validate_train(spec)
     validate_containers(spec)
     s = spec.slurm
-    if s.grace_s < 0 or s.requeue_limit < 0:
-        raise SpecError("slurm.grace_s and slurm.requeue_limit must be >= 0")
+    if s.requeue_limit < 0:
+        raise SpecError(f"slurm.requeue_limit must be >= 0, got {s.requeue_limit}")
+    if not spec.shutdown_budget_s <= s.grace_s <= MAX_SLURM_GRACE_S:
+        raise SpecError(
+            f"slurm.grace_s = {s.grace_s} must cover the shutdown budget "
+            f"({spec.shutdown_budget_s} s, train.shutdown_timeout_s rounded up) and be at most "
+            f"{MAX_SLURM_GRACE_S} (sbatch --signal's limit); use e.g. "
+            f"{max(120, spec.shutdown_budget_s + 30)}"
+        )
+    if s.rdzv_port is not None and not 1 <= s.rdzv_port <= 65535:
+        raise SpecError(f"slurm.rdzv_port {s.rdzv_port} is not a port; use 1-65535, or unset")
+    if s.log_dir is not None and (s.log_dir.startswith("-") or not s.log_dir.strip()):
+        raise SpecError(f"slurm.log_dir {s.log_dir!r} starts with '-'; use a plain path")
     for line in s.extra_sbatch:
         if "\n" in line or not line.startswith("--"):
             raise SpecError(
@@ -482,22 +547,61 @@ def validate(spec: JobSpec) -> JobSpec:
     return spec
 
 
-def _validate_train(spec: JobSpec) -> None:
-    t = spec.train
-    if t.get("sharding") == "HYBRID_SHARD":
-        world = spec.world_size
-        degree = t.get("replicate_degree") or spec.nodes
-        if degree < 1 or world % degree:
+def _validate_entry(spec: JobSpec) -> None:
+    if spec.module is not None and spec.script is not None:
+        raise SpecError(
+            f"module = {spec.module!r} and script = {spec.script!r}: set one entry point, not both"
+        )
+    if spec.module is not None and not MODULE_RE.match(spec.module):
+        raise SpecError(
+            f"module {spec.module!r} is not a Python module path; use dotted names, e.g. "
+            '"mypkg.train" (what `python -m` takes)'
+        )
+    if spec.script is not None and (
+        not spec.script.strip() or spec.script.startswith("-") or "\n" in spec.script
+    ):
+        raise SpecError(
+            f"script {spec.script!r} is not a script path; use a .py path relative to the "
+            'submit directory, e.g. "examples/plain_torchrun/ddp_fit.py"'
+        )
+    if spec.default_entry and spec.args:
+        raise SpecError(
+            "args are the arguments of your own module/script; the kit trainer's flags go in "
+            "[train] (or after --): set module or script, or move them"
+        )
+    if not spec.default_entry:
+        extra = sorted(set(spec.train) - ENTRY_NEUTRAL_TRAIN_KEYS)
+        if extra:
             raise SpecError(
-                f"HYBRID_SHARD replicate degree {degree} does not divide nodes({spec.nodes}) * "
-                f"processes per node({spec.nproc_per_node}) = {world}; set "
-                "train.replicate_degree to a divisor of the world size"
+                f"[train] {', '.join(extra)}: the kit trainer's flags do not reach your "
+                f"{'module' if spec.module else 'script'}; pass them in args = [...] "
+                f"([train] keeps only {', '.join(sorted(ENTRY_NEUTRAL_TRAIN_KEYS))} here)"
             )
-    if t.get("sharding") and t.get("parallel", "ddp") != "fsdp":
-        raise SpecError(f'train.sharding = {t["sharding"]} needs train.parallel = "fsdp"')
+
+
+def _validate_train(spec: JobSpec) -> None:
     for key in ("run_dir", "ckpt_dir"):
-        if isinstance(t.get(key), str) and "\n" in t[key]:
-            raise SpecError(f"train.{key} contains a newline; use a plain path")
+        value = spec.train.get(key)
+        if isinstance(value, str) and ("\n" in value or value.startswith("-")):
+            raise SpecError(
+                f"train.{key} {value!r} starts with '-' or contains a newline; use a plain "
+                "path (e.g. runs/mine)"
+            )
+    if spec.ckpt_dir is not None and spec.ckpt_dir.startswith("-"):
+        raise SpecError(f"ckpt_dir {spec.ckpt_dir!r} starts with '-'; use a plain path")
+    timeout = spec.shutdown_timeout_s
+    if not math.isfinite(timeout) or timeout <= 0 or timeout > MAX_SHUTDOWN_S:
+        raise SpecError(
+            f"train.shutdown_timeout_s = {timeout!r} must be a number of seconds in "
+            f"(0, {MAX_SHUTDOWN_S}]; e.g. 120"
+        )
+    if spec.default_entry:
+        # The trainer's own parse + validate on the exact argv the nodes will get, with the
+        # world size they will have: one typed config, no copy of its rules here.
+        try:
+            parse_config(spec.train_argv(), world=(spec.world_size, spec.nodes), installed=False)
+        except ConfigError as e:
+            raise SpecError(str(e)) from None  # the trainer's own message, word for word
 
 
 INT32_MAX = 2**31 - 1  # Kubernetes replica counts and many scheduler fields are int32

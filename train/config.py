@@ -268,7 +268,11 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"--config {path}: no such file; pass an existing TOML file")
     try:
-        return tomllib.loads(p.read_text())
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"--config {path}: not UTF-8 text (byte {e.start}); save the file as UTF-8"
+        ) from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"--config {path}: not valid TOML ({e}); fix the syntax") from None
 
@@ -295,10 +299,18 @@ def load_toml(path: str) -> dict[str, Any]:
 
 
 def parse_config(
-    argv: list[str] | None = None, defaults: dict[str, Any] | None = None
+    argv: list[str] | None = None,
+    defaults: dict[str, Any] | None = None,
+    world: tuple[int, int] | None = None,
+    installed: bool = True,
 ) -> tuple[TrainConfig, bool]:
     """Resolve defaults < (a script's `defaults`, see train.fit) < --config file < flags.
-    Returns (config, print_only)."""
+    Returns (config, print_only).
+
+    `world` = (world size, nodes) the run will have; default: torchrun's environment. The
+    launchers (train.node, tools.launch) pass it to check a launch before it starts.
+    installed=False skips the checks of what is installed (tools.launch renders for nodes
+    whose packages it cannot see)."""
     args = build_parser().parse_args(argv)
     values: dict[str, Any] = {}
     for key, value in (defaults or {}).items():
@@ -313,9 +325,12 @@ def parse_config(
             values[f.name] = v
     cfg = TrainConfig(**values)
     validate(cfg)
-    check_packages(cfg)  # here, not in validate(): what is installed is the node's business
-    _, size, _, local_size = world_from_env()
-    check_world(cfg, size, max(1, size // max(1, local_size)))
+    if installed:
+        check_packages(cfg)  # not in validate(): what is installed is the node's business
+    if world is None:
+        _, size, _, local_size = world_from_env()
+        world = (size, max(1, size // max(1, local_size)))
+    check_world(cfg, *world)
     return cfg, bool(args.print_config)
 
 

@@ -53,6 +53,9 @@ def shutdown_budget_s(seconds: float) -> int:
 # only when the id is its own, so a marker left by an earlier attempt never fakes a save.
 LAUNCH_ID_ENV = "DDPKIT_LAUNCH_ID"
 RUN_DIR_ENV = "DDPKIT_RUN_DIR"
+# Whole seconds a worker has after a stop signal before torchrun kills it (the node
+# launcher's --shutdown-timeout); train.preempt.seconds_left() counts down from it.
+SHUTDOWN_ENV = "DDPKIT_SHUTDOWN_TIMEOUT_S"
 
 
 def write_requeue_marker(run_dir: str | Path, **info: Any) -> Path:

@@ -1,48 +1,205 @@
-"""Backend registry. Each backend is a module imported only when used (submitit and the
-kubernetes client are not imported for the other backends). A backend module exposes:
+"""The typed seam between the launcher and its backends (torchx's scheduler API, smaller).
 
-    FILE_EXT: str                                   # of `render --write` output: "sbatch", "yaml"
-    render(spec: JobSpec) -> str                    # pure: no subprocess, no environment reads
-    submit(spec: JobSpec, opts: Namespace) -> int   # exit status
-    status(job: str | None, opts: Namespace) -> int # job None = the last one submitted here
-    logs(job: str | None, opts: Namespace) -> int
-    cancel(job: str | None, opts: Namespace) -> int
-    add_arguments(parser: ArgumentParser) -> None   # optional: backend-only CLI flags
-    after_render(spec, opts, text) -> int           # optional: e.g. build an image
+A backend is a subclass of `Backend`, registered in BACKENDS by name -> "module:Class" and
+imported only when used (submitit and the kubernetes client stay out of other backends):
 
+    class MyBackend(Backend):
+        name = "mine"; file_ext = "sh"
+        def render(self, spec) -> str: ...                 # pure: no subprocess, no env reads
+        def submit(self, spec, opts) -> int: ...           # side effects; exit status
+        def poll(self, job) -> JobStatus: ...              # one look at a job (for wait/status)
+        def logs(self, job, opts) -> int: ...
+        def cancel(self, job, opts) -> int: ...
+        def list_jobs(self, opts) -> int: ...              # this user's ddpkit jobs
+        def add_arguments(self, parser) -> None: ...       # optional backend-only flags
+        def after_render(self, spec, opts, text) -> int: ...  # optional (e.g. build an image)
+
+`status` has a default (print `poll`'s answer; exit 0, or 1 when the job failed) and `wait`
+is ONE loop for every backend: poll until JobState is terminal, then the job's exit status.
 `opts` is the CLI's Namespace (opts.spec is the JobSpec when --config was given, else None).
-Bad input raises tools.spec.SpecError (exit 2); tools.backends.record_job / last_job keep
-"the last job submitted from this checkout".
+Bad input raises tools.spec.SpecError (exit 2). record_job / last_job keep "the last job
+submitted from this checkout" per backend.
+
+Every backend runs the same node launcher (`python -m train.node ... -- <entry point>`,
+see train/node.py): a backend only sets the rendezvous (torchrun flags or PET_* variables).
+This package never imports a backend module, so backend modules may import from it freely
+(no cycles: k8s_api imports k8s and this package, never the other way round).
 """
 
 from __future__ import annotations
 
+import abc
+import argparse
+import enum
 import importlib
 import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
-from tools.spec import SpecError
+from tools.spec import JobSpec, SpecError
 from tools.templating import REPO_ROOT
 
 BACKENDS = {
-    "slurm": "tools.backends.slurm",
+    "local": "tools.backends.local:LocalBackend",
+    "slurm": "tools.backends.slurm:SlurmBackend",
     "k8s": "tools.backends.k8s",
     "docker": "tools.backends.docker",
 }
 OUT_DIR = REPO_ROOT / "out"
 
 
-def load_backend(name: str) -> ModuleType:
+class JobState(enum.Enum):
+    """One job-state vocabulary for every engine."""
+
+    PENDING = "pending"  # queued, not started
+    RUNNING = "running"
+    REQUEUED = "requeued"  # saved on a stop signal and queued again
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    UNKNOWN = "unknown"  # the engine no longer knows the job
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.UNKNOWN)
+
+
+@dataclass
+class JobStatus:
+    job: str
+    state: JobState
+    exit_code: int | None = None  # the job's exit status once terminal
+    detail: str = ""  # the engine's own words (state, reason, restarts, nodes)
+
+    def line(self) -> str:
+        code = "" if self.exit_code is None else f" exit={self.exit_code}"
+        return f"job {self.job}: {self.state.value}{code} {self.detail}".rstrip()
+
+
+class Backend(abc.ABC):
+    """One engine. Subclasses set `name` and `file_ext` and implement the abstract methods."""
+
+    name: ClassVar[str]
+    file_ext: ClassVar[str]  # of `render --write` output: "sbatch", "yaml", "sh"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:  # noqa: B027 (a hook)
+        """Backend-only CLI flags (none by default)."""
+
+    @abc.abstractmethod
+    def render(self, spec: JobSpec) -> str:
+        """What submit sends, as text. Pure: reads nothing but the spec."""
+
+    def after_render(self, spec: JobSpec, opts: argparse.Namespace, text: str) -> int:
+        return 0
+
+    @abc.abstractmethod
+    def submit(self, spec: JobSpec, opts: argparse.Namespace) -> int:
+        """Send the job; with opts.wait follow it to its end. Returns an exit status."""
+
+    @abc.abstractmethod
+    def poll(self, job: str) -> JobStatus:
+        """One look at a job."""
+
+    def job_or_last(self, job: str | None) -> str:
+        return job if job is not None else str(last_job(self.name)["job"])
+
+    def status(self, job: str | None, opts: argparse.Namespace) -> int:
+        st = self.poll(self.job_or_last(job))
+        print(st.line())
+        return 1 if st.state in (JobState.FAILED, JobState.UNKNOWN) else 0
+
+    @abc.abstractmethod
+    def logs(self, job: str | None, opts: argparse.Namespace) -> int: ...
+
+    @abc.abstractmethod
+    def cancel(self, job: str | None, opts: argparse.Namespace) -> int: ...
+
+    def list_jobs(self, opts: argparse.Namespace) -> int:
+        raise SpecError(f"`list` is not available for the {self.name} backend")
+
+    def wait(
+        self,
+        job: str,
+        poll_s: float = 2.0,
+        on_poll: Callable[[JobStatus], None] | None = None,
+    ) -> int:
+        """The one wait loop: poll until the job ends; print each state change on stderr."""
+        last = ""
+        while True:
+            st = self.poll(job)
+            if on_poll is not None:
+                on_poll(st)
+            if st.line() != last:
+                print(st.line(), file=sys.stderr, flush=True)
+                last = st.line()
+            if st.state.terminal:
+                if st.state is JobState.SUCCEEDED:
+                    return 0
+                return st.exit_code or 1
+            time.sleep(poll_s)
+
+
+class ModuleBackend(Backend):
+    """A backend still written as a module of functions (FILE_EXT, render, submit, status,
+    logs, cancel): served through this interface until it is a Backend subclass."""
+
+    def __init__(self, name: str, module: Any) -> None:
+        self.name = name  # type: ignore[misc]
+        self.file_ext = module.FILE_EXT  # type: ignore[misc]
+        self.module = module
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        if hasattr(self.module, "add_arguments"):
+            self.module.add_arguments(parser)
+
+    def render(self, spec: JobSpec) -> str:
+        return self.module.render(spec)
+
+    def after_render(self, spec: JobSpec, opts: argparse.Namespace, text: str) -> int:
+        after = getattr(self.module, "after_render", None)
+        return after(spec, opts, text) if after else 0
+
+    def submit(self, spec: JobSpec, opts: argparse.Namespace) -> int:
+        return self.module.submit(spec, opts)
+
+    def poll(self, job: str) -> JobStatus:
+        raise SpecError(f"the {self.name} backend cannot poll jobs yet")
+
+    def status(self, job: str | None, opts: argparse.Namespace) -> int:
+        return self.module.status(job, opts)
+
+    def logs(self, job: str | None, opts: argparse.Namespace) -> int:
+        return self.module.logs(job, opts)
+
+    def cancel(self, job: str | None, opts: argparse.Namespace) -> int:
+        return self.module.cancel(job, opts)
+
+    def list_jobs(self, opts: argparse.Namespace) -> int:
+        if hasattr(self.module, "list_jobs"):
+            return self.module.list_jobs(opts)
+        return super().list_jobs(opts)
+
+
+def load_backend(name: str) -> Backend:
+    """The backend registered as `name`, imported now."""
     if name not in BACKENDS:
         raise SpecError(f"unknown backend {name!r}; use one of {', '.join(BACKENDS)}")
+    module_name, _, cls_name = BACKENDS[name].partition(":")
     try:
-        return importlib.import_module(BACKENDS[name])
+        module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
-        if e.name != BACKENDS[name]:
+        if e.name != module_name:
             raise
         raise SpecError(f"backend {name!r} is not implemented in this checkout yet") from None
+    if not cls_name:
+        return ModuleBackend(name, module)
+    backend = getattr(module, cls_name)()
+    assert isinstance(backend, Backend) and backend.name == name
+    return backend
 
 
 def _last_path(backend: str) -> Path:
@@ -65,6 +222,6 @@ def last_job(backend: str) -> dict[str, Any]:
     if not path.is_file():
         raise SpecError(
             f"no {backend} job submitted from this checkout yet ({path} missing); "
-            "pass a job id, e.g. make slurm-status JOB=123"
+            f"pass a job id, e.g. python -m tools.launch status {backend} JOB"
         )
     return json.loads(path.read_text())

@@ -1,9 +1,10 @@
 """SLURM backend: render an sbatch script; submit the same pieces through submitit.
 
 The job is three pieces of shell, rendered from slurm/*.j2 by pure functions:
-  setup     batch shell, before the step: log dir, head node, user setup lines
-  node      what each node runs (one task per node): torchrun with c10d rendezvous
-  teardown  batch shell, after the step: requeue when training saved on a preemption signal
+  setup     batch shell, before the step: log dir, head address, port, image, user setup
+  node      what each node runs (one task per node): the node launcher, `python -m train.node`
+            (torchrun in process, signals, shutdown budget, exit 75 on a requeue request)
+  teardown  batch shell, after the step: requeue when the step exited 75
 `render` puts them in one sbatch script under `#SBATCH` lines. `submit` hands the same
 resources to submitit as parameters, setup/teardown as its slurm_setup/slurm_teardown lines,
 and the node script as what each submitit task runs, so `render` shows what runs.
@@ -12,28 +13,39 @@ and the node script as what each submitit task runs, so `render` shows what runs
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.backends import last_job, record_job
+from tools.backends import Backend, JobState, JobStatus, last_job, record_job
 from tools.spec import JobSpec, SpecError
 from tools.templating import render_template
+from train.contract import EXIT_REQUEUE
 
-FILE_EXT = "sbatch"
-EXIT_REQUEUE = 75  # train.config.EXIT_REQUEUE: "saved a checkpoint on a signal, requeue me"
-SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
-TERMINAL_STATES = {
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-    "BOOT_FAIL", "DEADLINE", "PREEMPTED", "SPECIAL_EXIT",
-}  # fmt: skip
 # Values that land on `#SBATCH` lines, which sbatch (not a shell) parses: no quoting there,
 # so only plain tokens are allowed.
 SBATCH_TOKEN = re.compile(r"^[A-Za-z0-9_.,:/@%+=|&*!\[\]()-]+$")
+PORT_BASE, PORT_SPAN = 20000, 20000  # rendezvous port = base + job id % span (submitit's rule)
+# srun --wait: after the first node's task ends, the others get this long before they are
+# killed. It must cover the shutdown budget: rank 0 saves last after a stop signal.
+WAIT_MARGIN_S = 30
+COMMENT = "ddpkit"  # --comment of every job, so `list` finds this kit's jobs
+STATES = {
+    "PENDING": JobState.PENDING,
+    "CONFIGURING": JobState.PENDING,
+    "REQUEUED": JobState.REQUEUED,
+    "REQUEUE_HOLD": JobState.REQUEUED,
+    "REQUEUE_FED": JobState.REQUEUED,
+    "RUNNING": JobState.RUNNING,
+    "COMPLETING": JobState.RUNNING,
+    "SUSPENDED": JobState.RUNNING,
+    "COMPLETED": JobState.SUCCEEDED,
+    "CANCELLED": JobState.CANCELLED,
+}  # fmt: skip  (every other state - FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, ... - failed)
 
 
 # --- the pieces (pure) ----------------------------------------------------------------------
@@ -41,10 +53,6 @@ SBATCH_TOKEN = re.compile(r"^[A-Za-z0-9_.,:/@%+=|&*!\[\]()-]+$")
 
 def log_dir(spec: JobSpec) -> str:
     return spec.slurm.log_dir or f"{spec.run_dir}/slurm"
-
-
-def requeue_marker(spec: JobSpec) -> str:
-    return f"{spec.run_dir}/requeue.json"
 
 
 def _check_tokens(spec: JobSpec) -> None:
@@ -64,15 +72,19 @@ def _check_tokens(spec: JobSpec) -> None:
             )
 
 
+def cpus_per_task(spec: JobSpec) -> int:
+    return spec.nproc_per_node * spec.cpus_per_proc
+
+
 def sbatch_options(spec: JobSpec) -> list[str]:
     """The `#SBATCH` options, in the order they are written."""
     _check_tokens(spec)
-    s, logs = spec.slurm, log_dir(spec)
+    s = spec.slurm
     opts = [
         f"--job-name={spec.name}",
         f"--nodes={spec.nodes}",
         "--ntasks-per-node=1",
-        f"--cpus-per-task={spec.nproc_per_node * spec.cpus_per_proc}",
+        f"--cpus-per-task={cpus_per_task(spec)}",
     ]
     if spec.accelerator == "gpu":
         opts.append(f"--gpus-per-node={spec.nproc_per_node}")
@@ -85,78 +97,129 @@ def sbatch_options(spec: JobSpec) -> list[str]:
     if s.exclusive:
         opts.append("--exclusive")
     opts += [
-        f"--output={logs}/%j_0_log.out",
-        f"--error={logs}/%j_0_log.err",
+        # sbatch opens --output before the script runs, so it must be a directory that
+        # exists: the submit directory. The per-node logs go to the log dir (made by setup).
+        "--output=slurm-%x-%j.out",
         "--open-mode=append",  # a requeued job appends to its logs
         f"--signal={s.signal}@{s.grace_s}",  # no "B:": the job step's processes get it
         "--requeue" if s.requeue_limit > 0 else "--no-requeue",
+        f"--comment={COMMENT}",
     ]
     return opts + list(s.extra_sbatch)
 
 
-def env_list(spec: JobSpec) -> list[tuple[str, str]]:
-    return sorted(spec.launch_env().items())
+def srun_wait_s(spec: JobSpec) -> int:
+    return spec.shutdown_budget_s + WAIT_MARGIN_S
 
 
-def _image_ref(spec: JobSpec) -> str:
-    image = spec.image
-    if spec.slurm.container == "apptainer" and not image.endswith(".sif") and "://" not in image:
-        return f"docker://{image}"
+def srun_args(spec: JobSpec, with_output: bool = True) -> list[str]:
+    """srun's flags (submitit adds its own --output). --cpus-per-task again: srun stopped
+    inheriting it on Slurm 22.05-23.02; --kill-on-bad-exit and --wait: a node that dies
+    takes the step down instead of leaving the others waiting for a timeout."""
+    args = [
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={cpus_per_task(spec)}",
+        "--kill-on-bad-exit=1",
+        f"--wait={srun_wait_s(spec)}",
+    ]
+    if with_output:
+        logs = log_dir(spec)
+        args += [f"--output={logs}/%j_%t_log.out", f"--error={logs}/%j_%t_log.err"]
+    return args
+
+
+def enroot_ref(image: str) -> str:
+    """A docker reference as enroot/pyxis want it: `registry#repo:tag` (nvcr.io#nvidia/x).
+    A squashfs path or a reference without a registry host stays as it is."""
+    if "#" in image or image.startswith(("/", "./")) or image.endswith(".sqsh"):
+        return image
+    host, sep, rest = image.partition("/")
+    if sep and ("." in host or ":" in host or host == "localhost"):
+        return f"{host}#{rest}"
     return image
+
+
+def _cache_name(image: str, ext: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "+", image).strip("+") + ext
+
+
+def image_plan(spec: JobSpec) -> dict[str, object]:
+    """What setup does about the container image: its reference (DDPKIT_IMAGE) and, with
+    slurm.image_cache, the one-time conversion into the cache (enroot import / apptainer pull)."""
+    kind, image, cache = spec.slurm.container, spec.image, spec.slurm.image_cache
+    plan: dict[str, object] = {"image": "", "image_pull": [], "image_source": "", "image_cache": ""}
+    if kind == "none":
+        return plan
+    local_file = image.endswith((".sqsh", ".sif")) or image.startswith(("/", "./"))
+    if kind == "pyxis":
+        plan["image"] = enroot_ref(image)
+        if cache and not local_file:
+            plan.update(
+                image=f"{cache}/{_cache_name(image, '.sqsh')}",
+                image_pull=["enroot", "import", "-o"],
+                image_source=f"docker://{enroot_ref(image)}",
+                image_cache=cache,
+            )
+    else:  # apptainer
+        source = image if local_file or "://" in image else f"docker://{image}"
+        plan["image"] = source
+        if cache and not local_file:
+            plan.update(
+                image=f"{cache}/{_cache_name(image, '.sif')}",
+                image_pull=["apptainer", "pull"],
+                image_source=source,
+                image_cache=cache,
+            )
+    return plan
 
 
 def setup_script(spec: JobSpec) -> str:
     venv = spec.slurm.venv if spec.slurm.container == "none" else None
     return render_template(
-        "slurm/setup.sh.j2", log_dir=log_dir(spec), venv=venv or "", user_setup=spec.slurm.setup
+        "slurm/setup.sh.j2",
+        name=spec.name,
+        log_dir=log_dir(spec),
+        rdzv_port=spec.slurm.rdzv_port or 0,
+        port_base=PORT_BASE,
+        port_span=PORT_SPAN,
+        cpus_per_task=cpus_per_task(spec),
+        venv=venv or "",
+        user_setup=spec.slurm.setup,
+        **image_plan(spec),
     ).rstrip("\n")
 
 
+def node_command(spec: JobSpec) -> list[str]:
+    """The node launcher's command line; the rendezvous endpoint/id come as PET_* variables."""
+    if spec.nodes == 1:
+        rdzv = ["--standalone", f"--nproc-per-node={spec.nproc_per_node}"]
+    else:
+        rdzv = [
+            f"--nnodes={spec.nodes}",
+            f"--nproc-per-node={spec.nproc_per_node}",
+            "--rdzv-backend=c10d",
+        ]
+    return spec.node_argv(rdzv, python="python")
+
+
 def node_script(spec: JobSpec) -> str:
-    launcher: list[str] = []
-    if spec.slurm.container == "apptainer":
-        launcher = ["apptainer", "exec"]
-        if spec.accelerator == "gpu":
-            launcher.append("--nv")
-        for mount in spec.slurm.container_mounts:
-            launcher += ["--bind", mount]
-        launcher.append(_image_ref(spec))
+    flags: list[str] = ["--nv"] if spec.accelerator == "gpu" else []
+    for mount in spec.slurm.container_mounts:
+        flags += ["--bind", mount]
     return render_template(
         "slurm/node.sh.j2",
-        env=env_list(spec),
-        trap_signals=["USR1", "USR2", "TERM"],
-        launcher=launcher,
-        nodes=spec.nodes,
-        nproc=spec.nproc_per_node,
-        rdzv_port=spec.rdzv_port,
-        max_restarts=spec.max_restarts,
-        signals_to_handle=SIGNALS_TO_HANDLE,
-        shutdown_timeout=int(spec.train.get("shutdown_timeout_s", 30)),
-        train_args=spec.train_argv(),
-        requeue_marker=requeue_marker(spec),
-        exit_requeue=EXIT_REQUEUE,
+        env=sorted(spec.launch_env().items()),
+        multi_node=spec.nodes > 1,
+        apptainer=spec.slurm.container == "apptainer",
+        apptainer_flags=flags,
+        command=node_command(spec),
     ).rstrip("\n")
 
 
 def teardown_script(spec: JobSpec) -> str:
     return render_template(
-        "slurm/teardown.sh.j2",
-        requeue_marker=requeue_marker(spec),
-        requeue_limit=spec.slurm.requeue_limit,
-        exit_requeue=EXIT_REQUEUE,
+        "slurm/teardown.sh.j2", requeue_limit=spec.slurm.requeue_limit, exit_requeue=EXIT_REQUEUE
     ).rstrip("\n")
-
-
-def srun_args(spec: JobSpec) -> list[str]:
-    logs = log_dir(spec)
-    args = [
-        "--ntasks-per-node=1",
-        f"--output={logs}/%j_%t_log.out",
-        f"--error={logs}/%j_%t_log.err",
-    ]
-    if spec.slurm.container == "pyxis":
-        args.append(f"--container-image={spec.image}")
-    return args
 
 
 def render(spec: JobSpec) -> str:
@@ -176,6 +239,42 @@ def render(spec: JobSpec) -> str:
     )
 
 
+def submitit_parameters(spec: JobSpec) -> dict[str, object]:
+    """The spec's resources as submitit SlurmExecutor parameters (same #SBATCH lines)."""
+    _check_tokens(spec)
+    s = spec.slurm
+    extra: dict[str, object] = {
+        "open-mode": "append",
+        "signal": f"{s.signal}@{s.grace_s}",
+        "requeue" if s.requeue_limit > 0 else "no-requeue": True,
+        "comment": COMMENT,
+    }
+    for line in s.extra_sbatch:
+        key, _, value = line[2:].partition("=")
+        extra[key] = value or True
+    params: dict[str, object] = {
+        "job_name": spec.name,
+        "nodes": spec.nodes,
+        "ntasks_per_node": 1,
+        "cpus_per_task": cpus_per_task(spec),
+        "time": spec.time_minutes,
+        "setup": setup_script(spec).splitlines(),
+        "teardown": teardown_script(spec).splitlines(),
+        "srun_args": srun_args(spec, with_output=False),
+        "additional_parameters": extra,
+    }
+    if spec.accelerator == "gpu":
+        params["gpus_per_node"] = spec.nproc_per_node
+    if spec.mem is not None:
+        params["mem"] = spec.mem
+    for key in ("partition", "account", "qos", "constraint"):
+        if getattr(s, key):
+            params[key] = getattr(s, key)
+    if s.exclusive:
+        params["exclusive"] = True
+    return params
+
+
 # --- submission (side effects) ----------------------------------------------------------------
 
 
@@ -185,7 +284,7 @@ class NodeCommand:
 
     submitit's own handlers would requeue at once on USR2 (before the checkpoint is written)
     and its process would die on USR1; here the preemption signals only get logged, because
-    SLURM delivers them to the whole step and the training saves and exits by itself.
+    SLURM delivers them to the whole step and the node launcher saves and exits by itself.
     """
 
     script: str
@@ -205,149 +304,147 @@ def _note_signal(signum: int, _frame: object) -> None:
     print(f"ddpkit: submitit task got {signal.Signals(signum).name}; waiting", file=sys.stderr)
 
 
-def submitit_parameters(spec: JobSpec) -> dict[str, object]:
-    """The spec's resources as submitit SlurmExecutor parameters (same #SBATCH lines)."""
-    _check_tokens(spec)
-    s = spec.slurm
-    extra: dict[str, object] = {
-        "open-mode": "append",
-        "signal": f"{s.signal}@{s.grace_s}",
-        "requeue" if s.requeue_limit > 0 else "no-requeue": True,
-    }
-    for line in s.extra_sbatch:
-        key, _, value = line[2:].partition("=")
-        extra[key] = value or True
-    params: dict[str, object] = {
-        "job_name": spec.name,
-        "nodes": spec.nodes,
-        "ntasks_per_node": 1,
-        "cpus_per_task": spec.nproc_per_node * spec.cpus_per_proc,
-        "time": spec.time_minutes,
-        "setup": setup_script(spec).splitlines(),
-        "teardown": teardown_script(spec).splitlines(),
-        "additional_parameters": extra,
-    }
-    if spec.accelerator == "gpu":
-        params["gpus_per_node"] = spec.nproc_per_node
-    if spec.mem is not None:
-        params["mem"] = spec.mem
-    for key in ("partition", "account", "qos", "constraint"):
-        if getattr(s, key):
-            params[key] = getattr(s, key)
-    if s.exclusive:
-        params["exclusive"] = True
-    return params
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--poll-s", type=float, default=2.0, help="--wait: seconds between polls")
-
-
-def submit(spec: JobSpec, opts: argparse.Namespace) -> int:
-    if spec.slurm.container == "pyxis":
-        raise SpecError(
-            "submit cannot run pyxis jobs (submitit's task would start inside the image); "
-            "use `make slurm-render` and `sbatch out/slurm/<name>.sbatch`"
-        )
-    import submitit  # lazy: only the SLURM backend needs it
-
-    logs = Path(log_dir(spec))
-    logs.mkdir(parents=True, exist_ok=True)
-    executor = submitit.SlurmExecutor(folder=str(logs))
-    executor.update_parameters(**submitit_parameters(spec))
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
     try:
-        job = executor.submit(NodeCommand(node_script(spec)))
-    except (FileNotFoundError, subprocess.CalledProcessError) as e:
-        print(f"error: sbatch failed ({e}); is SLURM up? (make slurm-up)", file=sys.stderr)
-        return 1
-    job_id = str(job.job_id)
-    record_job("slurm", job_id, name=spec.name, log_dir=str(logs), run_dir=spec.run_dir)
-    print(f"submitted job {job_id} ({spec.name}: {spec.nodes} node(s) x {spec.nproc_per_node})")
-    print(f"logs: {logs}/{job_id}_<node>_log.out (.err); run dir: {spec.run_dir}")
-    print(f"follow: tail -F {logs}/{job_id}_0_log.out   or   make slurm-logs JOB={job_id}")
-    if opts.wait:
-        return wait(job_id, logs, opts.poll_s)
-    return 0
+        return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    except FileNotFoundError:
+        raise SpecError(f"{argv[0]} not found: is SLURM installed here? (make slurm-up)") from None
 
 
 def _job_fields(job_id: str) -> dict[str, str] | None:
-    """`scontrol show job` as a dict (None when SLURM no longer knows the job)."""
-    out = subprocess.run(
-        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False
-    )
+    """`scontrol show job` as a dict (None when slurmctld no longer knows the job)."""
+    out = _run("scontrol", "show", "job", "-o", job_id)
     if out.returncode != 0 or "=" not in out.stdout:
         return None
     return dict(tok.split("=", 1) for tok in out.stdout.split() if "=" in tok)
 
 
-def wait(job_id: str, logs: Path, poll_s: float = 2.0) -> int:
-    """Follow the job (state changes and node 0's log) until it ends; return its exit status."""
-    log = logs / f"{job_id}_0_log.out"
-    offset, last = 0, ""
-    while True:
-        info = _job_fields(job_id)
-        if log.exists():
-            with log.open() as f:
-                f.seek(offset)
-                chunk = f.read()
-                offset = f.tell()
-            sys.stdout.write(chunk)
-        if info is None:
-            print(f"job {job_id}: no longer known to slurmctld; see {logs}", file=sys.stderr)
+def _sacct_fields(job_id: str) -> dict[str, str] | None:
+    """The accounting record of a job slurmctld has forgotten (None without accounting)."""
+    out = _run("sacct", "-j", job_id, "-X", "-n", "-P", "-o", "JobID,JobName,State,ExitCode")
+    line = next((ln for ln in out.stdout.splitlines() if ln.split("|")[0] == job_id), None)
+    if out.returncode != 0 or line is None:
+        return None
+    jid, name, state, code = line.split("|")[:4]
+    return {"JobId": jid, "JobName": name, "JobState": state.split()[0], "ExitCode": code}
+
+
+def _check_job_id(job: str) -> str:
+    if not job.isdigit():
+        raise SpecError(f"job id {job!r} is not a SLURM job id; pass a number, e.g. JOB=123")
+    return job
+
+
+class SlurmBackend(Backend):
+    name = "slurm"
+    file_ext = "sbatch"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--poll-s", type=float, default=2.0, help="seconds between polls")
+        parser.add_argument("--follow", action="store_true", help="logs: keep following")
+
+    def render(self, spec: JobSpec) -> str:
+        return render(spec)
+
+    def submit(self, spec: JobSpec, opts: argparse.Namespace) -> int:
+        import submitit  # lazy: only the SLURM backend needs it
+
+        logs = Path(log_dir(spec))
+        params = submitit_parameters(spec)
+        if spec.slurm.container == "pyxis":
+            raise SpecError(
+                "submit cannot run pyxis jobs (submitit's task would start inside the image); "
+                "use `make slurm-render` and `sbatch out/slurm/<name>.sbatch`"
+            )
+        logs.mkdir(parents=True, exist_ok=True)
+        executor = submitit.SlurmExecutor(folder=str(logs))
+        executor.update_parameters(**params)
+        try:
+            job = executor.submit(NodeCommand(node_script(spec)))
+        except (FileNotFoundError, subprocess.CalledProcessError) as e:
+            print(f"error: sbatch failed ({e}); is SLURM up? (make slurm-up)", file=sys.stderr)
             return 1
-        state = info.get("JobState", "UNKNOWN")
-        desc = f"{state} restarts={info.get('Restarts', '0')}"
-        if desc != last:
-            print(f"job {job_id}: {desc}", file=sys.stderr, flush=True)
-            last = desc
-        if state in TERMINAL_STATES:
-            code = int(info.get("ExitCode", "1:0").split(":")[0])
-            return code if state == "COMPLETED" or code else 1
-        time.sleep(poll_s)
+        job_id = str(job.job_id)
+        record_job(self.name, job_id, name=spec.name, log_dir=str(logs), run_dir=spec.run_dir)
+        print(f"submitted job {job_id} ({spec.name}: {spec.nodes} node(s) x {spec.nproc_per_node})")
+        print(f"logs: {logs}/{job_id}_<node>_log.out (.err); run dir: {spec.run_dir}")
+        print(f"follow: python -m tools.launch logs slurm {job_id} --follow")
+        if opts.wait:
+            follower = LogFollower(logs, job_id)
+            return self.wait(job_id, opts.poll_s, on_poll=lambda _st: follower.emit())
+        return 0
+
+    def poll(self, job: str) -> JobStatus:
+        info = _job_fields(_check_job_id(job))
+        source = "scontrol"
+        if info is None:
+            info, source = _sacct_fields(job), "sacct"
+        if info is None:
+            return JobStatus(job, JobState.UNKNOWN, detail="(neither slurmctld nor sacct knows it)")
+        raw = info.get("JobState", "UNKNOWN")
+        state = STATES.get(raw, JobState.FAILED)
+        code = int(info.get("ExitCode", "0:0").split(":")[0]) if state.terminal else None
+        keys = ("JobName", "JobState", "Reason", "ExitCode", "Restarts", "RunTime", "NodeList")
+        detail = " ".join(f"{k}={info[k]}" for k in keys if k in info)
+        return JobStatus(job, state, code, f"{detail} (from {source})")
+
+    def logs(self, job: str | None, opts: argparse.Namespace) -> int:
+        job_id = _check_job_id(self.job_or_last(job))
+        record = last_job(self.name) if job is None else {}
+        root = record.get("log_dir")
+        if root is None:
+            info = _job_fields(job_id) or {}
+            root = str(Path(info["StdErr"]).parent) if info.get("StdErr") else None
+        if root is None:
+            raise SpecError(f"no log directory known for job {job_id}; pass the job's logs dir")
+        follower = LogFollower(Path(str(root)), job_id)
+        if not getattr(opts, "follow", False):
+            return 0 if follower.emit() else 1
+        return self.wait(job_id, opts.poll_s, on_poll=lambda _st: follower.emit())
+
+    def cancel(self, job: str | None, opts: argparse.Namespace) -> int:
+        job_id = _check_job_id(self.job_or_last(job))
+        rc = _run("scancel", job_id).returncode
+        if rc == 0:
+            print(f"cancelled job {job_id}")
+        return rc
+
+    def list_jobs(self, opts: argparse.Namespace) -> int:
+        user = os.environ.get("USER") or str(os.getuid())
+        out = _run("squeue", "-h", "-u", user, "-o", "%i|%j|%T|%M|%D|%k")
+        if out.returncode != 0:
+            print(f"error: squeue failed: {out.stderr.strip()}", file=sys.stderr)
+            return 1
+        print("JOBID\tNAME\tSTATE\tTIME\tNODES")
+        for line in out.stdout.splitlines():
+            jid, name, state, elapsed, nodes, comment = line.split("|")[:6]
+            if comment == COMMENT:
+                print(f"{jid}\t{name}\t{state}\t{elapsed}\t{nodes}")
+        return 0
 
 
-def _job_or_last(job: str | None) -> tuple[str, dict[str, object]]:
-    if job is not None:
-        if not job.isdigit():
-            raise SpecError(f"job id {job!r} is not a SLURM job id; pass a number, e.g. JOB=123")
-        return job, {}
-    record = last_job("slurm")
-    return str(record["job"]), record
+class LogFollower:
+    """Every node's log of a job, each line prefixed by its node: `[node 1] ...`.
+    emit() prints what is new since the last call; returns whether any log exists."""
 
+    def __init__(self, root: Path, job_id: str) -> None:
+        self.root, self.job_id = root, job_id
+        self.offsets: dict[Path, int] = {}
+        self.partial: dict[Path, str] = {}
 
-def status(job: str | None, opts: argparse.Namespace) -> int:
-    job_id, _ = _job_or_last(job)
-    info = _job_fields(job_id)
-    if info is None:
-        print(f"job {job_id}: not known to slurmctld (finished long ago, or never existed)")
-        return 1
-    keys = ("JobId", "JobName", "JobState", "Reason", "ExitCode", "Restarts", "RunTime", "NodeList")
-    print(" ".join(f"{k}={info[k]}" for k in keys if k in info))
-    return 0
-
-
-def logs(job: str | None, opts: argparse.Namespace) -> int:
-    job_id, record = _job_or_last(job)
-    log_root = record.get("log_dir")
-    if log_root is None:
-        info = _job_fields(job_id) or {}
-        log_root = str(Path(info.get("StdOut", "")).parent) if info.get("StdOut") else None
-    if log_root is None:
-        print(f"error: no log directory known for job {job_id}", file=sys.stderr)
-        return 1
-    files = sorted(Path(str(log_root)).glob(f"{job_id}_*_log.*"))
-    if not files:
-        print(f"job {job_id}: no logs yet in {log_root}")
-        return 1
-    for path in files:
-        print(f"==> {path} <==")
-        print(path.read_text(errors="replace"), end="")
-    return 0
-
-
-def cancel(job: str | None, opts: argparse.Namespace) -> int:
-    job_id, _ = _job_or_last(job)
-    rc = subprocess.run(["scancel", job_id], check=False).returncode
-    if rc == 0:
-        print(f"cancelled job {job_id}")
-    return rc
+    def emit(self) -> bool:
+        files = sorted(self.root.glob(f"{self.job_id}_*_log.*"))
+        for path in files:
+            node = path.name.split("_")[1]
+            stream = "" if path.suffix == ".out" else " err"
+            with path.open(errors="replace") as f:
+                f.seek(self.offsets.get(path, 0))
+                text = self.partial.pop(path, "") + f.read()
+                self.offsets[path] = f.tell()
+            lines = text.split("\n")
+            if lines[-1]:
+                self.partial[path] = lines[-1]  # a line still being written
+            for line in lines[:-1]:
+                sys.stdout.write(f"[node {node}{stream}] {line}\n")
+        sys.stdout.flush()
+        return bool(files)

@@ -1,0 +1,58 @@
+"""The plain script plus the ddpkit preemption contract (train/preempt.py): on a stop
+signal it saves, asks for a requeue and exits; run again, it resumes from its checkpoint.
+
+    python -m tools.launch submit local --config examples/plain_torchrun/job.toml \
+        --set script=examples/plain_torchrun/preemptible.py
+"""
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from train import preempt  # import-light: no torch, nothing else of ddpkit
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--step-s", type=float, default=0.0, help="sleep per step (a slow step)")
+    p.add_argument("--out", default="runs/plain-torchrun/result.json")
+    args = p.parse_args()
+    preempt.install()  # first: a signal during startup must not kill the process
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    ckpt = os.path.join(os.path.dirname(os.path.abspath(args.out)), "ckpt.pt")
+    model = torch.nn.Linear(16, 1)
+    start = 0
+    if os.path.exists(ckpt):
+        state = torch.load(ckpt)
+        model.load_state_dict(state["model"])
+        start = state["step"]
+    if rank == 0:
+        print(f"rank 0: started at step {start}", flush=True)
+    for step in range(start, args.steps):
+        time.sleep(args.step_s)
+        # Every rank must agree before a collective save: one all_reduce of the flag.
+        flag = torch.tensor([float(preempt.stop_requested())])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item():
+            if rank == 0:
+                torch.save({"model": model.state_dict(), "step": step}, ckpt)
+            dist.barrier()
+            preempt.request_requeue(step=step)  # rank 0 writes the marker
+            print(f"rank {rank}: stop at step {step}, {preempt.seconds_left():.0f} s left")
+            dist.destroy_process_group()
+            return
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump({"start": start, "steps": args.steps}, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

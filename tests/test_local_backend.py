@@ -1,0 +1,197 @@
+"""The node launcher (train/node.py) and the `local` backend, with real torchrun processes.
+
+- the plain torchrun script (examples/plain_torchrun, knows nothing of ddpkit) runs through
+  `python -m tools.launch submit local` on 2 ranks;
+- bad input is one line + exit 2 before any process group (launcher and node launcher), and
+  a worker's own exit 2 stays 2 without torch's ChildFailedError dump;
+- the preemption contract (train/preempt.py) with a real SIGTERM: save + requeue -> 75 and a
+  resume; a script that ignores it ends with 143 and one line; a requeue marker left by an
+  earlier launch does not turn a crash into 75.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.trainrun import PY, ROOT, clean_env
+from train.contract import REQUEUE_MARKER
+
+PLAIN_JOB = "examples/plain_torchrun/job.toml"
+
+
+def launch(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PY, "-m", "tools.launch", *args],
+        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def node(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PY, "-m", "train.node", *args],
+        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.strip()]
+
+
+@pytest.mark.slow
+def test_plain_script_runs_through_submit_local(tmp_path: Path) -> None:
+    run = tmp_path / "plain"
+    p = launch(
+        "submit", "local", "--config", PLAIN_JOB, "--set", f"train.run_dir={run}",
+        "--", "--out", str(run / "result.json"),
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    result = json.loads((run / "result.json").read_text())
+    assert result["world_size"] == 2
+    assert result["last_loss"] < result["first_loss"] / 100
+    assert "world size 2" in (run / "local" / "node-0.log").read_text()
+    assert "Traceback" not in p.stdout + p.stderr
+
+
+def test_render_local_is_the_node_launcher_command(tmp_path: Path) -> None:
+    p = launch("render", "local", "--config", PLAIN_JOB, "--set", f"train.run_dir={tmp_path}")
+    assert p.returncode == 0, p.stderr
+    last = p.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"exec {PY} -m train.node --run-dir {tmp_path}")
+    assert "--standalone --nproc-per-node=2" in last
+    assert last.endswith(
+        "-- examples/plain_torchrun/ddp_fit.py --steps 50 --out runs/plain-torchrun/result.json"
+    )
+    assert not tmp_path.joinpath("local").exists()  # render writes nothing
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--", "--lr", "-1"], "error: --lr must be > 0, got -1.0"),
+        (["--set", "train.batch_size=0"], "error: --batch-size must be >= 1, got 0; pass a positive integer"),
+        (["--", "--no-such-flag"], "error: unrecognized arguments: --no-such-flag (see python -m train --help)"),
+        (["--nodes", "2"], "error: local runs one node, got nodes = 2; use --nodes 1, or the slurm or k8s backend for several nodes"),
+    ],
+)  # fmt: skip
+def test_submit_local_bad_input_one_line_exit_2(tmp_path: Path, args, message) -> None:
+    run = tmp_path / "r"
+    p = launch("submit", "local", "--config", "configs/default.toml",
+               "--set", f"train.run_dir={run}", *args)  # fmt: skip
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert error_lines(p.stderr) == [message]
+    assert not run.exists()  # nothing written
+
+
+def test_node_checks_train_flags_before_torchrun(tmp_path: Path) -> None:
+    # HYBRID_SHARD over 2 nodes x 3 processes: the node launcher knows the world size (6).
+    p = node("--nnodes=2", "--nproc-per-node=3", "--rdzv-endpoint=127.0.0.1:1", "--",
+             "-m", "train", "--run-dir", str(tmp_path / "r"), "--parallel", "fsdp",
+             "--sharding", "HYBRID_SHARD", "--replicate-degree", "4")  # fmt: skip
+    assert p.returncode == 2, p.stderr
+    (line,) = error_lines(p.stderr)
+    assert "replicate degree 4 does not divide world size 6" in line
+    assert not (tmp_path / "r").exists()
+
+
+def write_script(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "script.py"
+    path.write_text(body)
+    return path
+
+
+@pytest.mark.slow
+def test_worker_exit_2_is_exit_2_without_a_dump(tmp_path: Path) -> None:
+    script = write_script(
+        tmp_path,
+        "import os, sys\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    print('error: --thing must be positive', file=sys.stderr)\n"
+        "sys.exit(2)\n",
+    )
+    p = node("--standalone", "--nproc-per-node=2", "--run-dir", str(tmp_path), "--", str(script))
+    assert p.returncode == 2
+    assert error_lines(p.stderr) == ["error: --thing must be positive"]
+
+
+@pytest.mark.slow
+def test_stale_requeue_marker_does_not_fake_a_save(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    # An earlier attempt saved and asked for a requeue; this one crashes before training.
+    (run / REQUEUE_MARKER).write_text(json.dumps({"launch_id": "old-attempt", "time": 1e10}))
+    script = write_script(tmp_path, "raise SystemExit(1)\n")
+    p = node("--standalone", "--nproc-per-node=2", "--run-dir", str(run), "--", str(script))
+    assert p.returncode == 1, p.stderr
+    assert error_lines(p.stderr)[-1] == (
+        "ddpkit node: rank 0 failed (exit code 1); see its output above"
+    )
+
+
+def start_preemptible(run: Path, steps: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [PY, "-m", "tools.launch", "submit", "local", "--config", PLAIN_JOB,
+         "--set", "script=examples/plain_torchrun/preemptible.py", "--set", f"train.run_dir={run}",
+         "--set", "train.shutdown_timeout_s=20",
+         "--", "--steps", str(steps), "--step-s", "0.05", "--out", str(run / "result.json")],
+        cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    for line in proc.stdout:  # wait until rank 0 trains
+        if "started at step" in line:
+            return proc
+    proc.wait(timeout=60)
+    raise AssertionError(f"did not start: {proc.stderr.read() if proc.stderr else ''}")
+
+
+@pytest.mark.slow
+def test_preempt_helper_requeue_then_resume(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = start_preemptible(run, steps=2000)
+    time.sleep(1.0)  # let it take some steps (0.05 s each), so the resume is visible
+    proc.send_signal(signal.SIGTERM)  # what `cancel local`, docker stop and k8s send
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, out + err
+    marker = json.loads((run / REQUEUE_MARKER).read_text())
+    assert marker["signal"] == "SIGTERM" and marker["step"] > 0 and marker["launch_id"]
+    # submit local puts the job's stdout and stderr into one stream (and its log file)
+    assert "ddpkit node: a checkpoint was saved on a stop signal; exit 75 (requeue)" in out
+    assert "Traceback" not in out + err
+    # Run again: it resumes from its checkpoint and finishes.
+    again = subprocess.run(
+        [PY, "-m", "tools.launch", "submit", "local", "--config", PLAIN_JOB,
+         "--set", "script=examples/plain_torchrun/preemptible.py", "--set", f"train.run_dir={run}",
+         "--", "--steps", str(marker["step"] + 5), "--out", str(run / "result.json")],
+        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert json.loads((run / "result.json").read_text())["start"] == marker["step"]
+
+
+@pytest.mark.slow
+def test_script_that_ignores_the_signal_ends_cleanly(tmp_path: Path) -> None:
+    script = write_script(
+        tmp_path,
+        "import time\nprint('started', flush=True)\ntime.sleep(120)\n",
+    )
+    proc = subprocess.Popen(
+        [PY, "-m", "train.node", "--standalone", "--nproc-per-node=2", "--run-dir",
+         str(tmp_path), "--", str(script)],
+        cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "started" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert error_lines(err) == [
+        "ddpkit node: stopped by SIGTERM without a requeue request (exit 143); "
+        "see README 'Preemption' to ask for a requeue"
+    ]

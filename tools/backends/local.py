@@ -1,0 +1,120 @@
+"""Local backend: the job on this machine, through the same node launcher as every cluster.
+
+    render   the command (a bash script): `python -m train.node --standalone ... -- <entry>`
+    submit   runs it in the foreground, its output also in <run dir>/local/node-0.log;
+             the exit status is the node launcher's (0, 2 bad input, 3 diverged, 75 requeue)
+    status / logs / cancel   of the last local job; cancel sends SIGTERM (the stop signal a
+             scheduler sends), so the entry point can save and ask for a requeue
+
+One node only (torchrun --standalone); `nproc_per_node` (--gpus) processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tools.backends import Backend, JobState, JobStatus, last_job, record_job
+from tools.spec import JobSpec, SpecError
+from tools.templating import shell_join, shell_quote
+from train.contract import EXIT_REQUEUE
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def node_argv(spec: JobSpec) -> list[str]:
+    if spec.nodes != 1:
+        raise SpecError(
+            f"local runs one node, got nodes = {spec.nodes}; use --nodes 1, or the slurm or "
+            "k8s backend for several nodes"
+        )
+    # The interpreter running the launcher runs the job: the one with torch in it.
+    return spec.node_argv(
+        ["--standalone", f"--nproc-per-node={spec.nproc_per_node}"], python=sys.executable
+    )
+
+
+def log_path(spec: JobSpec) -> Path:
+    return Path(spec.run_dir) / "local" / "node-0.log"
+
+
+class LocalBackend(Backend):
+    name = "local"
+    file_ext = "sh"
+
+    def render(self, spec: JobSpec) -> str:
+        lines = [
+            "#!/bin/bash",
+            f"# ddpkit job {spec.name} on this machine: {spec.nproc_per_node} process(es), "
+            "torchrun --standalone through the node launcher (train/node.py).",
+        ]
+        lines += [f"export {k}={shell_quote(v)}" for k, v in sorted(spec.launch_env().items())]
+        lines.append(f"exec {shell_join(node_argv(spec))}")
+        return "\n".join(lines) + "\n"
+
+    def submit(self, spec: JobSpec, opts: argparse.Namespace) -> int:
+        argv = node_argv(spec)
+        env = {**os.environ, **spec.launch_env()}
+        log = log_path(spec)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as sink:
+            proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            record_job(self.name, str(proc.pid), run_dir=spec.run_dir, log=str(log))
+            # A stop signal to this launcher reaches the job as it would from a scheduler.
+            previous = {s: signal.signal(s, lambda n, _f: proc.send_signal(n)) for s in FORWARDED}
+            try:
+                assert proc.stdout is not None
+                for chunk in iter(proc.stdout.readline, b""):
+                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.flush()
+                    sink.write(chunk)
+                rc = proc.wait()
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+        record_job(self.name, str(proc.pid), run_dir=spec.run_dir, log=str(log), exit_code=rc)
+        return rc
+
+    def poll(self, job: str) -> JobStatus:
+        record = last_job(self.name)
+        if str(record["job"]) != job:
+            return JobStatus(job, JobState.UNKNOWN, detail="(not the last local job)")
+        where = f"run dir {record['run_dir']}"
+        if "exit_code" in record:
+            rc = int(record["exit_code"])
+            if rc == 0:
+                return JobStatus(job, JobState.SUCCEEDED, rc, where)
+            if rc == EXIT_REQUEUE:  # nobody requeues here: submit again to resume
+                return JobStatus(job, JobState.CANCELLED, rc, f"saved on a stop signal; {where}")
+            return JobStatus(job, JobState.FAILED, rc, where)
+        try:
+            os.kill(int(job), 0)
+        except ProcessLookupError:
+            return JobStatus(job, JobState.UNKNOWN, detail="the launcher ended without a record")
+        return JobStatus(job, JobState.RUNNING, detail=where)
+
+    def logs(self, job: str | None, opts: argparse.Namespace) -> int:
+        record = last_job(self.name)
+        path = Path(record["log"])
+        if not path.is_file():
+            print(f"job {record['job']}: no log yet ({path})")
+            return 1
+        sys.stdout.write(path.read_text(errors="replace"))
+        return 0
+
+    def cancel(self, job: str | None, opts: argparse.Namespace) -> int:
+        job = self.job_or_last(job)
+        if self.poll(job).state is not JobState.RUNNING:  # never signal a reused pid
+            print(f"job {job}: not running")
+            return 1
+        try:
+            os.kill(int(job), signal.SIGTERM)
+        except (ProcessLookupError, ValueError):
+            print(f"job {job}: not running")
+            return 1
+        print(f"sent SIGTERM to job {job} (it saves and exits 75 when it supports requeue)")
+        return 0

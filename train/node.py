@@ -1,0 +1,247 @@
+"""The one node launcher every backend runs: torchrun in process, one exit status out.
+
+    python -m train.node [ddpkit flags] [torchrun flags] -- <entry point argv>
+
+    entry point argv:  -m train [train flags]      (the default: the kit's trainer)
+                       -m pkg.module [args]         (the user's module)
+                       path/script.py [args]        (the user's script, unchanged)
+
+`make train`, `submit local`, the SLURM node step, the Kubernetes container command and the
+Docker entrypoint all call this; each backend only sets the rendezvous (torchrun's flags or
+its PET_* environment variables, e.g. PET_NNODES, PET_RDZV_ENDPOINT). What it adds, from
+train.contract, so no backend retypes it:
+  - torchrun's --signals-to-handle (TORCHRUN_SIGNALS: USR1/USR2 reach the workers) and
+    --shutdown-timeout (shutdown_budget_s of train.shutdown_timeout_s, or --shutdown-timeout);
+  - DDPKIT_LAUNCH_ID (one id per launch, the same on every node of it), DDPKIT_RUN_DIR and
+    DDPKIT_SHUTDOWN_TIMEOUT_S for the workers (train/preempt.py reads them); a requeue
+    marker only counts when it carries this launch's id;
+  - for the default entry point, the training flags are checked BEFORE torchrun starts, with
+    the world size this launch will have: a bad flag is one line + exit 2, no process group.
+Exit status (one, whatever torchrun's): a worker's 2 (bad input) -> 2, 3 (diverged) -> 3; a
+requeue marker of this launch -> 75; a stop signal without one -> 128 + signal; other worker
+failures -> 1; success -> 0. torch's ChildFailedError dump is replaced by one short line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from train.contract import (
+    DEFAULT_SHUTDOWN_TIMEOUT_S,
+    EXIT_BAD_INPUT,
+    EXIT_DIVERGED,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_REQUEUE,
+    LAUNCH_ID_ENV,
+    RUN_DIR_ENV,
+    SHUTDOWN_ENV,
+    TORCHRUN_SIGNALS,
+    fresh_requeue_marker,
+    shutdown_budget_s,
+)
+from train.errors import UserError, run_cli
+
+PREFIX = "ddpkit node"
+MARKER_WAIT_S = 5.0  # how long a node waits for the marker of a rank 0 elsewhere
+
+
+class NodeError(UserError):
+    """A bad node-launcher invocation (one line, exit 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+        raise NodeError(f"{message} (see python -m train.node --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m train.node",
+        description=__doc__.split("\n\n")[0],
+        epilog="Every other flag before `--` is passed to torchrun (e.g. --nnodes 2 "
+        "--nproc-per-node 4 --rdzv-endpoint head:29500 --rdzv-id job1, or --standalone).",
+    )
+    p.add_argument(
+        "--run-dir",
+        help="where a requeue marker is looked for (DDPKIT_RUN_DIR for the workers); "
+        "default: the trainer's run dir, or runs/default for another entry point",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        help="seconds the workers get after a stop signal (rounded up); default: "
+        f"train's --shutdown-timeout-s, else {DEFAULT_SHUTDOWN_TIMEOUT_S:g}",
+    )
+    p.add_argument(
+        "--launch-id",
+        help="id shared by every node of this launch (default: the rendezvous id, "
+        "or a fresh one for --standalone)",
+    )
+    return p
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(launcher flags, entry point argv) around the first `--`."""
+    if "--" not in argv:
+        raise NodeError(
+            "no entry point: put it after `--`, e.g. python -m train.node --standalone "
+            "--nproc-per-node 2 -- -m train --steps 10"
+        )
+    i = argv.index("--")
+    entry = argv[i + 1 :]
+    if not entry or entry == ["-m"]:
+        raise NodeError("empty entry point after `--`; give -m MODULE [args] or SCRIPT [args]")
+    return argv[:i], entry
+
+
+def is_default_entry(entry: list[str]) -> bool:
+    return entry[:2] == ["-m", "train"]
+
+
+def _world(nnodes: str, nproc: str) -> tuple[int, int]:
+    """(world size, nodes) this launch will have; elastic ranges use their maximum."""
+    max_nodes = int(str(nnodes).split(":")[-1])
+    if str(nproc).isdigit():
+        per_node = int(nproc)
+    else:  # "gpu"/"auto"/"cpu": torchrun's own rule
+        from torch.distributed.run import determine_local_world_size
+
+        per_node = determine_local_world_size(nproc)
+    return max_nodes * per_node, max_nodes
+
+
+def precheck_train(train_argv: list[str], world_size: int, nnodes: int) -> object:
+    """The trainer's own parse + validate, for the world size this launch will have."""
+    from train.config import parse_config
+
+    cfg, _ = parse_config(train_argv, world=(world_size, nnodes))
+    return cfg
+
+
+def outcome(failures: dict[int, int], marker_fresh: bool) -> tuple[int, str | None]:
+    """One exit status (and at most one line to print) from the workers' exit codes."""
+    codes = list(failures.values())
+    if EXIT_BAD_INPUT in codes:
+        return EXIT_BAD_INPUT, None  # the worker already printed its one line
+    if EXIT_DIVERGED in codes:
+        return EXIT_DIVERGED, None
+    if marker_fresh:
+        return EXIT_REQUEUE, f"{PREFIX}: a checkpoint was saved on a stop signal; exit 75 (requeue)"
+    if not codes:
+        return EXIT_OK, None
+    rank, code = min(failures.items())
+    how = f"exit code {code}" if code >= 0 else f"signal {_signame(-code)}"
+    return EXIT_FAILED, f"{PREFIX}: rank {rank} failed ({how}); see its output above"
+
+
+def _signame(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return str(num)
+
+
+def _quiet_torch_logs() -> None:
+    # torchelastic logs a multi-line banner per failure and per signal; the outcome line
+    # replaces them. DDPKIT_DEBUG / LOGLEVEL=INFO keep them for debugging.
+    if os.environ.get("LOGLEVEL") or os.environ.get("DDPKIT_DEBUG"):
+        return
+    import torch.distributed.elastic.agent.server.api  # noqa: F401  (its logger exists now)
+
+    # torch sets a level on each of its loggers, so the parent's level is not enough.
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.run")):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv in (["-h"], ["--help"]):
+        build_parser().print_help()
+        return EXIT_OK
+    flags, entry = split_argv(argv)
+    own, torchrun_flags = build_parser().parse_known_args(flags)
+
+    from torch.distributed import run as torchrun  # after the cheap checks above
+
+    if any(f.split("=")[0] in ("--signals-to-handle", "--signals_to_handle") for f in flags):
+        raise NodeError("--signals-to-handle is set by the launcher (train.contract); drop it")
+    try:
+        args = torchrun.parse_args([*torchrun_flags, *entry])
+    except SystemExit:
+        raise NodeError(f"torchrun rejected the flags {torchrun_flags}") from None
+    world_size, nnodes = _world(args.nnodes, args.nproc_per_node)
+
+    run_dir, timeout_s = own.run_dir, own.shutdown_timeout
+    if is_default_entry(entry):
+        cfg = precheck_train(entry[2:], world_size, nnodes)
+        run_dir = run_dir or cfg.run_dir
+        if timeout_s is None:
+            timeout_s = cfg.shutdown_timeout_s
+    run_dir = run_dir or "runs/default"
+    if timeout_s is None:
+        timeout_s = DEFAULT_SHUTDOWN_TIMEOUT_S
+    args.signals_to_handle = TORCHRUN_SIGNALS
+    args.shutdown_timeout = shutdown_budget_s(timeout_s)
+
+    # One id per launch, the same on every node: the rendezvous id is exactly that (the
+    # backends make it unique per attempt); --standalone draws a fresh one.
+    launch_id = own.launch_id or os.environ.get(LAUNCH_ID_ENV)
+    if not launch_id:
+        launch_id = uuid.uuid4().hex if args.standalone else f"{args.rdzv_id}"
+    if args.standalone:
+        args.rdzv_id = launch_id  # torchrun would draw its own uuid; keep one id
+    os.environ[LAUNCH_ID_ENV] = launch_id
+    os.environ[RUN_DIR_ENV] = str(Path(run_dir))
+    os.environ[SHUTDOWN_ENV] = str(args.shutdown_timeout)
+    # A script's own directory comes first on its sys.path, not the submit directory: put the
+    # submit directory (the repository root) next, so `from train import preempt` resolves.
+    paths = [os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    _quiet_torch_logs()
+
+    failures: dict[int, int] = {}
+    stopped_by: int | None = None
+    try:
+        torchrun.run(args)
+    except ChildFailedError as e:
+        failures = {int(rank): int(f.exitcode) for rank, f in e.failures.items()}
+    except SignalException as e:
+        stopped_by = int(e.sigval)
+    except Exception as e:  # rendezvous timeouts, a closed store: one line, not a dump
+        print(f"{PREFIX}: torchrun failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    fresh = fresh_requeue_marker(run_dir, launch_id, since=0.0)
+    if stopped_by is not None and not fresh and not args.standalone:
+        # Rank 0 may sit on another node and write the marker just after this node's
+        # workers left: give it a moment before calling this a plain stop.
+        deadline = time.monotonic() + MARKER_WAIT_S
+        while not fresh and time.monotonic() < deadline:
+            time.sleep(0.2)
+            fresh = fresh_requeue_marker(run_dir, launch_id, since=0.0)
+    code, line = outcome(failures, fresh)
+    if stopped_by is not None and code == EXIT_OK:
+        code = 128 + stopped_by
+        line = (
+            f"{PREFIX}: stopped by {_signame(stopped_by)} without a requeue request "
+            f"(exit {code}); see README 'Preemption' to ask for a requeue"
+        )
+    if line:
+        print(line, file=sys.stderr, flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

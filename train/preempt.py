@@ -1,0 +1,87 @@
+"""Preemption for your own training script, in a few lines (import-light: no torch).
+
+    from train import preempt
+
+    preempt.install()                       # once, early (main thread)
+    for step in range(start, steps):
+        ...                                 # one training step
+        if preempt.stop_requested():        # the same answer on every rank? see below
+            save_checkpoint(step)           # your own save; you have preempt.seconds_left()
+            preempt.request_requeue(step=step)   # rank 0 writes the marker; others no-op
+            break                           # then exit normally
+
+The contract (the same under every backend, set by the node launcher, train/node.py):
+  - the stop signal is SIGTERM (Kubernetes pod deletion, docker stop, `cancel local`, a SLURM
+    preemption) or SLURM's --signal (slurm.signal: USR1 by default, sent slurm.grace_s
+    seconds before the time limit); torchrun forwards it to every worker;
+  - from then on a worker has DDPKIT_SHUTDOWN_TIMEOUT_S seconds (train.shutdown_timeout_s,
+    rounded up) before torchrun kills it;
+  - `request_requeue()` writes <run dir>/requeue.json with this launch's id; the launcher
+    then exits 75 and SLURM requeues the job (Kubernetes restarts the pod, Docker reports 75).
+    Without it, the launch ends with 128 + the signal number and is not requeued.
+A script that never calls this module still ends cleanly: the signal ends it, exit 143.
+Ranks see a signal at slightly different steps; agree before saving collectively (e.g. an
+all_reduce of the flag, as the kit's trainer does) when your save is a collective.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from train.contract import (
+    DEFAULT_SHUTDOWN_TIMEOUT_S,
+    RUN_DIR_ENV,
+    SHUTDOWN_ENV,
+    STOP_SIGNALS,
+    write_requeue_marker,
+)
+
+_received: dict[str, Any] = {}  # {"signal": name, "at": epoch seconds} once a signal came
+_installed = False
+
+
+def _handler(signum: int, _frame: object) -> None:
+    _received.setdefault("signal", signal.Signals(signum).name)
+    _received.setdefault("at", time.time())
+
+
+def install() -> None:
+    """Catch the stop signals (record them, do not die). Call once, from the main thread."""
+    global _installed
+    if not _installed:
+        for name in STOP_SIGNALS:
+            signal.signal(getattr(signal, name), _handler)
+        _installed = True
+
+
+def stop_requested() -> bool:
+    """True once a stop signal arrived (installs the handlers on the first call)."""
+    install()
+    return bool(_received)
+
+
+def received_signal() -> str | None:
+    """The name of the first stop signal received, e.g. "SIGTERM"; None before one."""
+    return _received.get("signal")
+
+
+def seconds_left() -> float:
+    """Seconds until torchrun kills this worker (the whole budget before a signal)."""
+    budget = float(os.environ.get(SHUTDOWN_ENV) or DEFAULT_SHUTDOWN_TIMEOUT_S)
+    if not _received:
+        return budget
+    return budget - (time.time() - _received["at"])
+
+
+def request_requeue(**info: Any) -> Path | None:
+    """Ask the launcher to requeue this job (call after your checkpoint is saved). Only rank
+    0 writes; returns the marker path, or None on other ranks / outside the ddpkit launcher."""
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if os.environ.get("RANK", "0") != "0" or not run_dir:
+        return None
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    return write_requeue_marker(run_dir, signal=received_signal(), **info)
