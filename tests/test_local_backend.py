@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -195,3 +196,18 @@ def test_script_that_ignores_the_signal_ends_cleanly(tmp_path: Path) -> None:
         "ddpkit node: stopped by SIGTERM without a requeue request (exit 143); "
         "see README 'Preemption' to ask for a requeue"
     ]
+
+
+def test_fresh_requeue_marker_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from train.contract import fresh_requeue_marker, write_requeue_marker
+
+    monkeypatch.setenv("DDPKIT_LAUNCH_ID", "launch-a")
+    write_requeue_marker(tmp_path, step=3)
+    assert fresh_requeue_marker(tmp_path, "launch-a", since=0)
+    assert not fresh_requeue_marker(tmp_path, "launch-b", since=0)  # an earlier attempt's
+    # A writer that records no launch id: the file's time decides.
+    marker = tmp_path / REQUEUE_MARKER
+    marker.write_text('{"signal": "SIGUSR1"}')
+    os.utime(marker, (1000.0, 1000.0))
+    assert not fresh_requeue_marker(tmp_path, "launch-b", since=2000.0)
+    assert fresh_requeue_marker(tmp_path, "launch-b", since=500.0)

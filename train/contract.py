@@ -70,13 +70,16 @@ def write_requeue_marker(run_dir: str | Path, **info: Any) -> Path:
 
 def fresh_requeue_marker(run_dir: str | Path, launch_id: str | None, since: float) -> bool:
     """True when <run_dir>/requeue.json was written by this launch: same launch id when the
-    launcher gave one, else written after `since` (epoch seconds)."""
+    launcher gave one and the marker carries one, else written after `since` (epoch seconds;
+    the marker's "time", or the file's mtime for a writer that records neither)."""
+    path = Path(run_dir) / REQUEUE_MARKER
     try:
-        body = json.loads((Path(run_dir) / REQUEUE_MARKER).read_text())
+        body = json.loads(path.read_text())
+        mtime = path.stat().st_mtime
     except (OSError, ValueError):
         return False
     if not isinstance(body, dict):
         return False
-    if launch_id:
+    if launch_id and body.get("launch_id") is not None:
         return body.get("launch_id") == launch_id
-    return float(body.get("time") or 0) >= since
+    return float(body.get("time") or mtime) >= since

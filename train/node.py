@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
 
     failures: dict[int, int] = {}
     stopped_by: int | None = None
+    started = time.time()
     try:
         torchrun.run(args)
     except ChildFailedError as e:
@@ -223,14 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # rendezvous timeouts, a closed store: one line, not a dump
         print(f"{PREFIX}: torchrun failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return EXIT_FAILED
-    fresh = fresh_requeue_marker(run_dir, launch_id, since=0.0)
+    fresh = fresh_requeue_marker(run_dir, launch_id, started)
     if stopped_by is not None and not fresh and not args.standalone:
         # Rank 0 may sit on another node and write the marker just after this node's
         # workers left: give it a moment before calling this a plain stop.
         deadline = time.monotonic() + MARKER_WAIT_S
         while not fresh and time.monotonic() < deadline:
             time.sleep(0.2)
-            fresh = fresh_requeue_marker(run_dir, launch_id, since=0.0)
+            fresh = fresh_requeue_marker(run_dir, launch_id, started)
     code, line = outcome(failures, fresh)
     if stopped_by is not None and code == EXIT_OK:
         code = 128 + stopped_by
