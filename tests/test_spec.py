@@ -95,7 +95,10 @@ BAD = [
     # issue 13 item 13: the trainer's own checks at render time, its own words
     (["train.lr=-1"], "--lr must be > 0, got -1.0"),
     (["train.batch_size=0"], "--batch-size must be >= 1, got 0; pass a positive integer"),
-    (["train.model=gpt", "train.dataset=mnist"], "--model gpt trains on token data"),
+    (
+        ["train.model=gpt", "train.dataset=mnist"],
+        "--model gpt trains on tokens data, --dataset mnist holds classes",
+    ),
     # item 12/13: budgets and values a shell or sbatch would misread
     (["train.shutdown_timeout_s=inf"], "train.shutdown_timeout_s = inf must be a number"),
     (["train.shutdown_timeout_s=nan"], "train.shutdown_timeout_s = nan must be a number"),
