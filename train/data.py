@@ -104,18 +104,43 @@ def synthetic_classification(cfg: TrainConfig) -> DataBundle:
 
 
 class TokenChunks(Dataset):
-    """Non-overlapping (input, target) chunks of seq_len tokens from a 1-D token array."""
+    """Non-overlapping (input, target) chunks of seq_len tokens from a 1-D token array.
+
+    The array stays as it is (a uint16/uint32 np.memmap for token files): only the windows a
+    batch needs are read and widened to int64, so a 10 GB file costs a batch, not 40 GB.
+    """
 
     def __init__(self, tokens: np.ndarray | torch.Tensor, seq_len: int):
-        self.tokens = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
+        self.tokens = tokens.numpy() if isinstance(tokens, torch.Tensor) else tokens
         self.seq_len = seq_len
 
     def __len__(self) -> int:
         return (len(self.tokens) - 1) // self.seq_len
 
+    def __getstate__(self) -> dict:
+        # A memmap pickles as a full in-memory copy: a worker started by spawn/forkserver
+        # reopens the file instead.
+        state = dict(self.__dict__)
+        if isinstance(self.tokens, np.memmap) and self.tokens.filename:
+            state["tokens"] = (self.tokens.filename, self.tokens.dtype.str)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        if isinstance(state["tokens"], tuple):
+            path, dtype = state["tokens"]
+            state["tokens"] = np.memmap(path, dtype=np.dtype(dtype), mode="r")
+        self.__dict__.update(state)
+
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        chunk = self.tokens[i * self.seq_len : (i + 1) * self.seq_len + 1]
+        lo = i * self.seq_len
+        chunk = torch.from_numpy(self.tokens[lo : lo + self.seq_len + 1].astype(np.int64))
         return chunk[:-1], chunk[1:]
+
+    def batch(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The windows of a whole batch in one gather from the array, then one conversion."""
+        rows = np.asarray(idx, dtype=np.int64)[:, None] * self.seq_len
+        chunk = torch.from_numpy(self.tokens[rows + np.arange(self.seq_len + 1)].astype(np.int64))
+        return chunk[:, :-1], chunk[:, 1:]
 
 
 def synthetic_tokens(cfg: TrainConfig) -> DataBundle:
@@ -128,7 +153,7 @@ def synthetic_tokens(cfg: TrainConfig) -> DataBundle:
     out = [0] * n
     for i in range(1, n):  # a chain is sequential; plain lists make 1M tokens take ~0.3 s
         out[i] = succ[out[i - 1]][choice[i]]
-    toks = torch.tensor(out, dtype=torch.int64)
+    toks = np.asarray(out, dtype=np.int64)
     split = int(n * 7 / 8)
     return DataBundle(
         TokenChunks(toks[:split], cfg.seq_len),
@@ -139,28 +164,64 @@ def synthetic_tokens(cfg: TrainConfig) -> DataBundle:
     )
 
 
+def token_dtype(vocab_size: int) -> type[np.unsignedinteger]:
+    """The id width of a token file: uint16 (nanoGPT's) while ids fit, uint32 above 65536."""
+    return np.uint16 if vocab_size <= 2**16 else np.uint32
+
+
+def _max_id(path: Path, dtype: type[np.unsignedinteger]) -> int:
+    """Largest id in the file, read in 64 MiB pieces with plain reads: no mapping of the
+    whole file (its pages would count in this process's RSS) and no full copy."""
+    hi, count = 0, 2**26 // np.dtype(dtype).itemsize
+    with open(path, "rb") as f:
+        while (piece := np.fromfile(f, dtype=dtype, count=count)).size:
+            hi = max(hi, int(piece.max()))
+    return hi
+
+
+def _open_tokens(path: Path, cfg: TrainConfig, role: str) -> np.memmap:
+    """A token file as a read-only memmap, or ConfigError naming what is wrong with it."""
+    dtype = token_dtype(cfg.vocab_size)
+    width = np.dtype(dtype).itemsize
+    size = path.stat().st_size
+    if size == 0:
+        raise ConfigError(
+            f"{role} token file {path} is empty; write token ids into it"
+            + (" or remove it (no held-out eval)" if role == "held-out" else "")
+        )
+    if size % width:
+        raise ConfigError(
+            f"{role} token file {path} has {size} bytes, not a multiple of {width} "
+            f"({np.dtype(dtype).name} ids for --vocab-size {cfg.vocab_size}): truncated, or "
+            "written with another id width"
+        )
+    n = size // width
+    if n < cfg.seq_len + 1:
+        raise ConfigError(
+            f"{role} token file {path} has {n} tokens, fewer than one sequence "
+            f"(--seq-len {cfg.seq_len} + 1); use a larger file or a smaller --seq-len"
+        )
+    top = _max_id(path, dtype)
+    if top >= cfg.vocab_size:
+        raise ConfigError(
+            f"{role} token file {path} holds id {top} >= --vocab-size {cfg.vocab_size}; "
+            "raise --vocab-size"
+        )
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
 def token_file(cfg: TrainConfig) -> DataBundle:
-    """nanoGPT's format: a flat binary file of uint16 token ids (train.bin, optional val.bin)."""
+    """Flat binary token ids (nanoGPT's train.bin, optional val.bin beside it), memory-mapped:
+    uint16, or uint32 when --vocab-size is above 65536."""
     p = Path(cfg.data_dir)
     train_path = p / "train.bin" if p.is_dir() else p
     if not train_path.is_file():
         raise ConfigError(f"--data-dir {cfg.data_dir}: no token file (expected {train_path})")
-    toks = np.memmap(train_path, dtype=np.uint16, mode="r")
-    if len(toks) < cfg.seq_len + 1:
-        raise ConfigError(
-            f"token file {train_path} has {len(toks)} tokens, fewer than one sequence "
-            f"(--seq-len {cfg.seq_len} + 1); use a larger file or a smaller --seq-len"
-        )
-    if int(toks.max()) >= cfg.vocab_size:
-        raise ConfigError(
-            f"token file {train_path} holds id {int(toks.max())} >= --vocab-size "
-            f"{cfg.vocab_size}; raise --vocab-size"
-        )
+    toks = _open_tokens(train_path, cfg, "training")
     val_path = train_path.with_name("val.bin")
     val = None
     if val_path.is_file() and val_path != train_path:
-        vt = np.memmap(val_path, dtype=np.uint16, mode="r")
-        val = TokenChunks(vt, cfg.seq_len) if len(vt) > cfg.seq_len else None
+        val = TokenChunks(_open_tokens(val_path, cfg, "held-out"), cfg.seq_len)
     return DataBundle(
         TokenChunks(toks, cfg.seq_len), val, (cfg.seq_len,), cfg.vocab_size, cfg.seq_len
     )
@@ -308,6 +369,10 @@ def iterate_batches(
             for idx in index_lists:
                 t = torch.tensor(idx)
                 yield tuple(x[t].to(device, non_blocking=True) for x in ds.tensors)
+            continue
+        if isinstance(ds, TokenChunks) and num_workers == 0:
+            for idx in index_lists:  # windows from the memmap, widened per batch
+                yield tuple(x.to(device, non_blocking=True) for x in ds.batch(idx))
             continue
         loader = DataLoader(
             ds,
