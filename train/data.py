@@ -362,41 +362,41 @@ def iterate_batches(
                 f"sampler at epoch {sampler.epoch}, {sampler.consumed} of {sampler.n} samples "
                 f"consumed, has no global batch of {sampler.global_batch} left"
             )
-        if trace is not None:  # test hook: which samples this rank trains on, per epoch
-            index_lists = _Traced(index_lists, sampler.epoch, trace)
-        if isinstance(ds, TensorDataset) and num_workers == 0:
-            # In-memory tensors: one gather per batch instead of per-sample collation.
-            for idx in index_lists:
-                t = torch.tensor(idx)
-                yield tuple(x[t].to(device, non_blocking=True) for x in ds.tensors)
-            continue
-        if isinstance(ds, TokenChunks) and num_workers == 0:
-            for idx in index_lists:  # windows from the memmap, widened per batch
-                yield tuple(x.to(device, non_blocking=True) for x in ds.batch(idx))
-            continue
-        loader = DataLoader(
-            ds,
-            batch_sampler=index_lists,
-            num_workers=num_workers,
-            pin_memory=device.type == "cuda",
-        )
-        for batch in loader:
-            yield tuple(x.to(device, non_blocking=True) for x in batch)
+        epoch = sampler.epoch
+        batches = _epoch_batches(ds, index_lists, device, num_workers)
+        for idx, batch in zip(index_lists, batches, strict=True):
+            if trace is not None:  # test hook: the samples this rank trains on, as handed over
+                # (here, not where the sampler hands lists to DataLoader workers: they
+                # prefetch batches that a stop may leave unconsumed)
+                trace.write(f"{epoch} {' '.join(map(str, idx))}\n")
+            yield batch
+
+
+def _epoch_batches(
+    ds: Dataset, index_lists: list[list[int]], device: torch.device, num_workers: int
+) -> Iterator[tuple[torch.Tensor, ...]]:
+    """One epoch's batches for the given index lists, in their order."""
+    if isinstance(ds, TensorDataset) and num_workers == 0:
+        # In-memory tensors: one gather per batch instead of per-sample collation.
+        for idx in index_lists:
+            t = torch.tensor(idx)
+            yield tuple(x[t].to(device, non_blocking=True) for x in ds.tensors)
+        return
+    if isinstance(ds, TokenChunks) and num_workers == 0:
+        for idx in index_lists:  # windows from the memmap, widened per batch
+            yield tuple(x.to(device, non_blocking=True) for x in ds.batch(idx))
+        return
+    # Workers: DataLoader keeps batch_sampler order (in_order), so batch k is index_lists[k].
+    loader = DataLoader(
+        ds,
+        batch_sampler=index_lists,
+        num_workers=num_workers,
+        pin_memory=device.type == "cuda",
+    )
+    for batch in loader:
+        yield tuple(x.to(device, non_blocking=True) for x in batch)
 
 
 def _trace_file(rank: int):
     d = os.environ.get("DDPKIT_TRACE_SAMPLES")
     return open(Path(d) / f"rank{rank}.txt", "a", buffering=1) if d else None  # noqa: SIM115
-
-
-class _Traced(list):
-    """The index lists, written to the trace file as each one is handed out."""
-
-    def __init__(self, lists: list[list[int]], epoch: int, f) -> None:
-        super().__init__(lists)
-        self.epoch, self.f = epoch, f
-
-    def __iter__(self):
-        for idx in super().__iter__():
-            self.f.write(f"{self.epoch} {' '.join(map(str, idx))}\n")
-            yield idx
