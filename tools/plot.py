@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +40,15 @@ class Run:
     records: list[dict[str, Any]]
     skipped: int
     summary: dict[str, Any] | None
+    evals: list[dict[str, Any]] = field(default_factory=list)
 
-    def series(self, key: str, x: str) -> tuple[list[float], list[float]]:
+    def series(
+        self, key: str, x: str, records: list[dict[str, Any]] | None = None
+    ) -> tuple[list[float], list[float]]:
         num = (int, float)
         pts = [
             (r[x], r[key])
-            for r in self.records
+            for r in (self.records if records is None else records)
             if isinstance(r.get(key), num) and isinstance(r.get(x), num)
         ]
         return [p[0] for p in pts], [p[1] for p in pts]
@@ -63,6 +66,7 @@ def load_run(path: Path) -> Run:
             f"{metrics} not found; pass a run directory written by python -m train (its --run-dir)"
         )
     by_step: dict[int, dict[str, Any]] = {}
+    evals: dict[int, dict[str, Any]] = {}
     skipped = 0
     for line in metrics.read_text().splitlines():
         if not line.strip():
@@ -73,7 +77,9 @@ def load_run(path: Path) -> Run:
             skipped += 1
             continue
         if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-            by_step[rec["step"]] = rec  # a resumed run re-logs steps: the newest wins
+            # --eval-interval records (eval_* keys) beside the training steps of the same
+            # number; a resumed run re-logs steps: the newest of each kind wins
+            (evals if "eval_loss" in rec else by_step)[rec["step"]] = rec
         else:
             skipped += 1
     if not by_step:
@@ -85,45 +91,84 @@ def load_run(path: Path) -> Run:
         except json.JSONDecodeError:
             summary = None
     records = [by_step[s] for s in sorted(by_step)]
-    return Run(path.resolve().name, path, records, skipped, summary)
+    return Run(
+        path.resolve().name, path, records, skipped, summary, [evals[s] for s in sorted(evals)]
+    )
 
 
-def draw(runs: list[Run], out: Path, x: str) -> list[Path]:
+def _spans_decades(values: list[float]) -> bool:
+    """All positive and max/min >= 10: a log axis keeps the late, small changes visible."""
+    return bool(values) and min(values) > 0 and max(values) / min(values) >= 10
+
+
+def figures(runs: list[Run], x: str) -> dict[str, Any]:
+    """chart name -> matplotlib Figure (what draw() writes; tests read these objects)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed on a cluster node
     import matplotlib.pyplot as plt
 
+    xlabel = "step" if x == "step" else "wall-clock time (s)"
+    figs: dict[str, Any] = {}
+    for chart, (title, ylabel, keys, scale) in CHARTS.items():
+        # Throughput: one axis per unit, so tokens/s and samples/s never share a scale.
+        groups: dict[str, list[Run]] = {}
+        for run in runs:
+            unit = run.throughput_unit if chart == "throughput" else ""
+            groups.setdefault(unit, []).append(run)
+        plotted = {
+            u: [(r, k) for r in g if (k := next((k for k in keys if r.series(k, x)[0]), None))]
+            for u, g in groups.items()
+        }
+        plotted = {u: rk for u, rk in plotted.items() if rk}
+        if not plotted:
+            continue
+        fig, axes = plt.subplots(len(plotted), 1, figsize=(7, 4.5 * len(plotted)), squeeze=False)
+        for ax, (unit, pairs) in zip(axes[:, 0], sorted(plotted.items()), strict=True):
+            values: list[float] = []
+            for run, key in pairs:
+                xs, ys = run.series(key, x)
+                ys = [y * scale for y in ys]
+                values += ys
+                (line,) = ax.plot(xs, ys, marker="." if len(xs) < 50 else None, label=run.name)
+                if chart == "loss":
+                    values += _draw_eval(ax, run, x, xs, line.get_color())
+            if chart in ("memory", "throughput"):
+                # From zero: a 7 MiB wobble on 700 MiB must look like 1%, not a cliff.
+                ax.set_ylim(bottom=0, top=max(values) * 1.08 if max(values) > 0 else 1)
+            elif _spans_decades(values):
+                ax.set_yscale("log")
+            ax.set_title(title if len(plotted) == 1 else f"{title} ({unit})")
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel.format(unit=unit))
+            ax.grid(True, alpha=0.3)
+            if len(runs) > 1 or (chart == "loss" and any(r.evals for r, _ in pairs)):
+                ax.legend()
+        fig.tight_layout()
+        figs[chart] = fig
+    return figs
+
+
+def _draw_eval(ax: Any, run: Run, x: str, xs: list[float], color: str) -> list[float]:
+    """Held-out loss on the loss chart: the --eval-interval curve, else summary's final one."""
+    ex, ey = run.series("eval_loss", x, run.evals)
+    if ex:
+        ax.plot(ex, ey, linestyle="--", marker="o", color=color, label=f"{run.name} eval")
+        return ey
+    if run.summary and run.summary.get("eval_loss") is not None:
+        ev = run.summary["eval_loss"]
+        ax.scatter([xs[-1]], [ev], marker="*", s=120, zorder=3, color=color)
+        ax.annotate(f"eval {ev:.3f}", (xs[-1], ev), ha="right", va="top")
+        return [ev]
+    return []
+
+
+def draw(runs: list[Run], out: Path, x: str) -> list[Path]:
+    import matplotlib.pyplot as plt
+
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    xlabel = "step" if x == "step" else "wall-clock time (s)"
-    for chart, (title, ylabel, keys, scale) in CHARTS.items():
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        drawn = False
-        for run in runs:
-            key = next((k for k in keys if run.series(k, x)[0]), None)
-            if key is None:
-                continue
-            xs, ys = run.series(key, x)
-            (line,) = ax.plot(
-                xs, [y * scale for y in ys], marker="." if len(xs) < 50 else None, label=run.name
-            )
-            drawn = True
-            if chart == "loss" and run.summary and run.summary.get("eval_loss") is not None:
-                ev = run.summary["eval_loss"]
-                ax.scatter([xs[-1]], [ev], marker="*", s=120, zorder=3, color=line.get_color())
-                ax.annotate(f"eval {ev:.3f}", (xs[-1], ev), ha="right", va="top")
-        if not drawn:
-            plt.close(fig)
-            continue
-        unit = runs[0].throughput_unit if chart == "throughput" else ""
-        ax.set_title(title)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel.format(unit=unit))
-        ax.grid(True, alpha=0.3)
-        if len(runs) > 1:
-            ax.legend()
-        fig.tight_layout()
+    for chart, fig in figures(runs, x).items():
         path = out / f"{chart}.png"
         fig.savefig(path, dpi=100)
         plt.close(fig)
@@ -163,7 +208,12 @@ def _main(argv: list[str] | None) -> int:
     )
     p.add_argument("--x", choices=["step", "time"], default="step", help="x axis")
     args = p.parse_args(argv)
-    runs = [load_run(Path(d)) for d in args.run_dirs]
+    dirs = [Path(d) for d in args.run_dirs]
+    if len(dirs) > 1:  # `tools.plot runs/*` also matches runs/compare (charts, no metrics)
+        for d in [d for d in dirs if not (d / "metrics.jsonl").is_file()]:
+            print(f"skipped {d}: no metrics.jsonl (not a run dir)", file=sys.stderr)
+        dirs = [d for d in dirs if (d / "metrics.jsonl").is_file()] or dirs[:1]
+    runs = [load_run(d) for d in dirs]
     x = "step" if args.x == "step" else "time_s"
     if x == "time_s" and any(not r.series("loss", "time_s")[0] for r in runs):
         raise PlotError(
