@@ -1,11 +1,11 @@
-"""Token files at scale: RSS per rank and samples/s of the memmap path against the old copy.
+"""Token files at scale: RSS per rank and samples/s of the windowed reads against the old copy.
 
     python -m bench.tokens                 # 2 GB file + small file, 2 ranks; out/bench/tokens.json
     python -m bench.tokens --gb 0.2 --reps 1 --steps 20   # a quick look
 
 Cases, each a torchrun launch of 2 gloo ranks running this module's worker: build the
 tokens dataset, wrap the kit's gpt model (2 layers, d 64, seq 128) in DDP, train --steps
-steps. `new` is train.data.token_file (windows from the uint16 memmap, widened per batch);
+steps. `new` is train.data.token_file (uint16 windows read per batch with pread, widened then);
 `old` is the previous path, kept here as OldTokenChunks (the whole file copied to int64,
 then a DataLoader collating per sample). Each rank reports VmRSS before and after the data
 is built and at the end, its RssAnon/RssFile split, and samples/s after warmup. Importing

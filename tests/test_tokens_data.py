@@ -1,4 +1,4 @@
-"""Token files: windows from the memmap (never a full int64 copy), bad files as one line."""
+"""Token files: windows read per batch (never a full int64 copy), bad files as one line."""
 
 from __future__ import annotations
 
@@ -11,19 +11,19 @@ import torch
 
 from tests.trainrun import ROOT, clean_env
 from train.config import ConfigError, TrainConfig
-from train.data import TokenChunks, token_file
+from train.data import TokenChunks, TokenFile, token_file
 
 
 def _cfg(path, **kw) -> TrainConfig:
     return TrainConfig(model="gpt", dataset="tokens", data_dir=str(path), seq_len=8, **kw)
 
 
-def test_windows_come_from_the_memmap_and_are_widened_per_batch(tmp_path):
+def test_windows_are_read_from_the_file_and_widened_per_batch(tmp_path):
     ids = np.random.default_rng(0).integers(0, 500, 10_001).astype(np.uint16)
     ids.tofile(tmp_path / "train.bin")
     ids[:1001].tofile(tmp_path / "val.bin")
     data = token_file(_cfg(tmp_path, vocab_size=512))
-    assert isinstance(data.train.tokens, np.memmap) and data.train.tokens.dtype == np.uint16
+    assert isinstance(data.train.tokens, TokenFile) and data.train.tokens.dtype == np.uint16
     assert len(data.train) == 10_000 // 8 and len(data.val) == 1000 // 8
     x, y = data.train.batch([3, 0, 1249])
     assert x.dtype == y.dtype == torch.int64
@@ -41,7 +41,7 @@ def test_uint32_ids_above_a_uint16_vocabulary(tmp_path):
     assert data.train.batch([0])[0][0, :4].tolist() == [70_000, 1, 99_999, 5]
 
 
-def test_a_memmap_dataset_pickles_as_its_path(tmp_path):
+def test_a_token_file_dataset_pickles_as_its_path(tmp_path):
     import pickle
 
     np.arange(1_000_001, dtype=np.uint16).astype(np.uint16).tofile(tmp_path / "train.bin")

@@ -103,43 +103,66 @@ def synthetic_classification(cfg: TrainConfig) -> DataBundle:
     return DataBundle(make(cfg.synthetic_samples), make(n_val), shape, k)
 
 
-class TokenChunks(Dataset):
-    """Non-overlapping (input, target) chunks of seq_len tokens from a 1-D token array.
+class TokenFile:
+    """A flat file of token ids, read window by window with pread.
 
-    The array stays as it is (a uint16/uint32 np.memmap for token files): only the windows a
-    batch needs are read and widened to int64, so a 10 GB file costs a batch, not 40 GB.
+    Nothing of the file is mapped into the process: a np.memmap would be the obvious tool, but
+    the kernel maps whole page-cache folios (2 MiB here) on each fault, so 40 random batches
+    from a 2 GB file showed up as +1 GB of RSS per rank even with MADV_RANDOM. pread copies
+    only the bytes asked for, needs no file position (safe in forked DataLoader workers),
+    and pickles as its path.
     """
 
-    def __init__(self, tokens: np.ndarray | torch.Tensor, seq_len: int):
+    def __init__(self, path: Path, dtype: np.dtype | type):
+        self.path, self.dtype = Path(path), np.dtype(dtype)
+        self.n = self.path.stat().st_size // self.dtype.itemsize
+        self._fd: int | None = None
+        self._pid = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        if self._fd is None or self._pid != os.getpid():  # one descriptor per process
+            self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
+        size = self.dtype.itemsize
+        return np.frombuffer(os.pread(self._fd, count * size, start * size), dtype=self.dtype)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_fd": None, "_pid": 0}
+
+
+class TokenChunks(Dataset):
+    """Non-overlapping (input, target) chunks of seq_len tokens from a 1-D token sequence.
+
+    The ids stay as stored (uint16/uint32 in a TokenFile, or an in-memory array): only the
+    windows a batch needs are read and widened to int64, so a 10 GB file costs a batch, not
+    40 GB per rank.
+    """
+
+    def __init__(self, tokens: np.ndarray | torch.Tensor | TokenFile, seq_len: int):
         self.tokens = tokens.numpy() if isinstance(tokens, torch.Tensor) else tokens
         self.seq_len = seq_len
 
     def __len__(self) -> int:
         return (len(self.tokens) - 1) // self.seq_len
 
-    def __getstate__(self) -> dict:
-        # A memmap pickles as a full in-memory copy: a worker started by spawn/forkserver
-        # reopens the file instead.
-        state = dict(self.__dict__)
-        if isinstance(self.tokens, np.memmap) and self.tokens.filename:
-            state["tokens"] = (self.tokens.filename, self.tokens.dtype.str)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        if isinstance(state["tokens"], tuple):
-            path, dtype = state["tokens"]
-            state["tokens"] = np.memmap(path, dtype=np.dtype(dtype), mode="r")
-        self.__dict__.update(state)
+    def _window(self, i: int) -> np.ndarray:
+        lo, n = i * self.seq_len, self.seq_len + 1
+        if isinstance(self.tokens, TokenFile):
+            return self.tokens.read(lo, n)
+        return self.tokens[lo : lo + n]
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        lo = i * self.seq_len
-        chunk = torch.from_numpy(self.tokens[lo : lo + self.seq_len + 1].astype(np.int64))
+        chunk = torch.from_numpy(self._window(i).astype(np.int64))
         return chunk[:-1], chunk[1:]
 
     def batch(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The windows of a whole batch in one gather from the array, then one conversion."""
-        rows = np.asarray(idx, dtype=np.int64)[:, None] * self.seq_len
-        chunk = torch.from_numpy(self.tokens[rows + np.arange(self.seq_len + 1)].astype(np.int64))
+        """A whole batch's windows into one int64 array: one conversion, no collation."""
+        out = np.empty((len(idx), self.seq_len + 1), dtype=np.int64)
+        for row, i in enumerate(idx):
+            out[row] = self._window(i)
+        chunk = torch.from_numpy(out)
         return chunk[:, :-1], chunk[:, 1:]
 
 
@@ -179,8 +202,8 @@ def _max_id(path: Path, dtype: type[np.unsignedinteger]) -> int:
     return hi
 
 
-def _open_tokens(path: Path, cfg: TrainConfig, role: str) -> np.memmap:
-    """A token file as a read-only memmap, or ConfigError naming what is wrong with it."""
+def _open_tokens(path: Path, cfg: TrainConfig, role: str) -> TokenFile:
+    """A token file to read windows from, or ConfigError naming what is wrong with it."""
     dtype = token_dtype(cfg.vocab_size)
     width = np.dtype(dtype).itemsize
     size = path.stat().st_size
@@ -207,12 +230,12 @@ def _open_tokens(path: Path, cfg: TrainConfig, role: str) -> np.memmap:
             f"{role} token file {path} holds id {top} >= --vocab-size {cfg.vocab_size}; "
             "raise --vocab-size"
         )
-    return np.memmap(path, dtype=dtype, mode="r")
+    return TokenFile(path, dtype)
 
 
 def token_file(cfg: TrainConfig) -> DataBundle:
-    """Flat binary token ids (nanoGPT's train.bin, optional val.bin beside it), memory-mapped:
-    uint16, or uint32 when --vocab-size is above 65536."""
+    """Flat binary token ids (nanoGPT's train.bin, optional val.bin beside it), read per
+    window: uint16, or uint32 when --vocab-size is above 65536."""
     p = Path(cfg.data_dir)
     train_path = p / "train.bin" if p.is_dir() else p
     if not train_path.is_file():
@@ -356,14 +379,17 @@ def iterate_batches(
     """
     trace = _trace_file(rank)
     while True:
-        index_lists = list(sampler.epoch_indices())
-        if not index_lists:  # the sampler rolls over before this; never spin on an empty epoch
+        if sampler.consumed + sampler.global_batch > sampler.n:
+            # the sampler rolls over before this; never spin on an empty epoch
             raise RuntimeError(
                 f"sampler at epoch {sampler.epoch}, {sampler.consumed} of {sampler.n} samples "
                 f"consumed, has no global batch of {sampler.global_batch} left"
             )
         epoch = sampler.epoch
-        batches = _epoch_batches(ds, index_lists, device, num_workers)
+        # Two generators over the same (epoch, position), not lists: a 10M-sample epoch as
+        # Python lists would cost ~400 MB per rank. Both start before the trainer advances.
+        index_lists = sampler.epoch_indices()
+        batches = _epoch_batches(ds, sampler.epoch_indices(), device, num_workers)
         for idx, batch in zip(index_lists, batches, strict=True):
             if trace is not None:  # test hook: the samples this rank trains on, as handed over
                 # (here, not where the sampler hands lists to DataLoader workers: they
@@ -373,7 +399,7 @@ def iterate_batches(
 
 
 def _epoch_batches(
-    ds: Dataset, index_lists: list[list[int]], device: torch.device, num_workers: int
+    ds: Dataset, index_lists: Iterator[list[int]], device: torch.device, num_workers: int
 ) -> Iterator[tuple[torch.Tensor, ...]]:
     """One epoch's batches for the given index lists, in their order."""
     if isinstance(ds, TensorDataset) and num_workers == 0:
@@ -383,7 +409,7 @@ def _epoch_batches(
             yield tuple(x[t].to(device, non_blocking=True) for x in ds.tensors)
         return
     if isinstance(ds, TokenChunks) and num_workers == 0:
-        for idx in index_lists:  # windows from the memmap, widened per batch
+        for idx in index_lists:  # windows read from the file, widened per batch
             yield tuple(x.to(device, non_blocking=True) for x in ds.batch(idx))
         return
     # Workers: DataLoader keeps batch_sampler order (in_order), so batch k is index_lists[k].
