@@ -12,6 +12,7 @@ of steps, so an uneven tail can never hang a collective.
 from __future__ import annotations
 
 import gzip
+import itertools
 import os
 import struct
 from collections.abc import Iterator
@@ -386,10 +387,10 @@ def iterate_batches(
                 f"consumed, has no global batch of {sampler.global_batch} left"
             )
         epoch = sampler.epoch
-        # Two generators over the same (epoch, position), not lists: a 10M-sample epoch as
-        # Python lists would cost ~400 MB per rank. Both start before the trainer advances.
-        index_lists = sampler.epoch_indices()
-        batches = _epoch_batches(ds, sampler.epoch_indices(), device, num_workers)
+        # A generator, not a list: a 10M-sample epoch as Python lists would cost ~400 MB per
+        # rank. tee: one permutation for both readers (the loader runs a few batches ahead).
+        index_lists, for_loader = itertools.tee(sampler.epoch_indices())
+        batches = _epoch_batches(ds, for_loader, device, num_workers)
         for idx, batch in zip(index_lists, batches, strict=True):
             if trace is not None:  # test hook: the samples this rank trains on, as handed over
                 # (here, not where the sampler hands lists to DataLoader workers: they
