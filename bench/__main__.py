@@ -167,6 +167,15 @@ def run_ckpt(cfg: dict[str, Any], work: Path, out: Path, env: dict) -> list[str]
         f"async save (kit): loop blocked {frac:.2f} of the sync save time; target < "
         f"{BLOCKED_TARGET}: {'met' if frac < BLOCKED_TARGET else 'NOT met'}",
     ]
+    c = saves.get("checksum")
+    if c:
+        lines.append(
+            f"checksums (crc32, rank 0, {c['bytes'] / 1e6:.0f} MB): {c['crc32_warm_s']:.3f} s after "
+            f"a save vs a plain read {c['read_warm_s']:.3f} s (in cache), "
+            f"{c['crc32_over_read_warm']:.2f}x; {c['crc32_warm_s'] / s['sync_s']['median']:.0%} "
+            f"of the sync save; from disk {c['crc32_cold_s'] or 0:.3f} s vs "
+            f"{c['read_cold_s'] or 0:.3f} s"
+        )
     rs = resume["summary"]
     rows = [["start", "launch -> first step s", "kit time_to_first_step_s", "checkpoint load s"]]
     for kind in ("fresh", "resume"):

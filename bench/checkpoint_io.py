@@ -64,7 +64,7 @@ def worker(args: argparse.Namespace) -> int:
 
     from bench.common import write_json
     from train import distributed
-    from train.checkpoint import Checkpointer
+    from train.checkpoint import Checkpointer, ModelState, OptimizerState
     from train.config import TrainConfig, validate
     from train.distributed import set_threads_from_env
     from train.metrics import state_bytes
@@ -99,7 +99,8 @@ def worker(args: argparse.Namespace) -> int:
     }
     sb = state_bytes(model, opt)
     info = {"model": args.model, "world_size": world.size}
-    breakdown = blocked_breakdown(ck["sync"], raw, opt)
+    states = {"model": ModelState(raw), "optim": OptimizerState(raw, opt)}
+    breakdown = blocked_breakdown(states)
     order = ["sync", "async", "raw1", "raw2"]
     res: dict[str, list[Any]] = {k: [] for k in order}
     nbytes = 0
@@ -108,12 +109,12 @@ def worker(args: argparse.Namespace) -> int:
         for kind in order[k:] + order[:k]:
             dist.barrier()
             if kind == "sync":
-                t = ck["sync"].save(rep, raw, opt, {"step": rep}, info, force_sync=True)
+                t = ck["sync"].save(rep, states, info, force_sync=True)
                 if rank == 0:
                     nbytes = dir_bytes(root / "sync" / f"step-{rep}")
                 rec: dict[str, Any] = {"save_s": t}
             elif kind == "async":
-                rec = async_save(ck["async"], rep, raw, opt, info, step)
+                rec = async_save(ck["async"], rep, states, info, step)
             else:
                 n = torch.tensor([nbytes], dtype=torch.int64)
                 dist.broadcast(n, 0)  # the size of the sync checkpoint (sync runs first in rep 0)
@@ -128,6 +129,7 @@ def worker(args: argparse.Namespace) -> int:
             if rep > 0:
                 res[kind].append(rec)
     ck["async"].close()  # waits for the last save and frees the stager's buffers
+    checksum = checksum_cost(root / "sync" / f"step-{args.reps}") if rank == 0 else None
     if rank == 0:
         write_json(
             Path(args.out),
@@ -139,6 +141,7 @@ def worker(args: argparse.Namespace) -> int:
                 "checkpoint_bytes": nbytes,
                 "base_step_s": statistics.median(base_steps) if base_steps else None,
                 "blocked_breakdown_s": breakdown,
+                "checksum": checksum,
                 "results": res,
             },
         )
@@ -146,13 +149,13 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def async_save(ck, rep, raw, opt, info, step) -> dict[str, Any]:
+def async_save(ck, rep, states, info, step) -> dict[str, Any]:
     """An async save while training goes on, as the trainer does it."""
     import torch
     import torch.distributed as dist
 
     t0 = time.perf_counter()
-    blocked = ck.save(rep, raw, opt, {"step": rep}, info)
+    blocked = ck.save(rep, states, info)
     written: list[float] = []
     ck._pending[0].add_done_callback(lambda _: written.append(time.perf_counter()))
     steps = []
@@ -176,14 +179,58 @@ def async_save(ck, rep, raw, opt, info, step) -> dict[str, Any]:
     }
 
 
-def blocked_breakdown(ck, raw, opt) -> dict[str, float]:
+def _drop_cache(path: Path) -> bool:
+    """Ask the kernel to forget a file's cached pages (True when it could)."""
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    return True
+
+
+def checksum_cost(step_dir: Path, reps: int = 3) -> dict[str, Any]:
+    """What the checksums cost: CRC-32 of every file of a checkpoint (what rank 0 does after
+    a save, and the resume does before a load) against a plain read of the same bytes, with
+    the files in the page cache (right after a save) and dropped from it (a resume)."""
+    from train.ckpt_files import checksum_files
+
+    files = [p for p in sorted(step_dir.iterdir()) if p.is_file()]
+    nbytes = sum(p.stat().st_size for p in files)
+
+    def plain_read() -> None:
+        for p in files:
+            with open(p, "rb") as f:
+                while f.read(CHUNK):
+                    pass
+
+    out: dict[str, Any] = {"bytes": nbytes}
+    for cache in ("warm", "cold"):
+        for kind, fn in (("read", plain_read), ("crc32", lambda: checksum_files(step_dir))):
+            ts = []
+            for _ in range(reps):
+                if cache == "cold" and not all(_drop_cache(p) for p in files):
+                    break
+                plain_read() if cache == "warm" and not ts else None  # warm the cache
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+            out[f"{kind}_{cache}_s"] = statistics.median(ts) if ts else None
+    w = out["read_warm_s"]
+    out["crc32_over_read_warm"] = out["crc32_warm_s"] / w if w else None
+    c = out["read_cold_s"]
+    out["crc32_over_read_cold"] = out["crc32_cold_s"] / c if c else None
+    return out
+
+
+def blocked_breakdown(states) -> dict[str, float]:
     """Where an async save's blocked time goes: get_state_dict, then the staging copy into
     new buffers (a first save, or a stager made per save) or into reused ones (a stager kept
     across saves, as train.checkpoint does since f408bf2)."""
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
     t0 = time.perf_counter()
-    state = ck._state(raw, opt, {"step": 0})
+    state = {name: part.state_dict() for name, part in states.items()}
     t1 = time.perf_counter()
     fresh = DefaultStager(StagingOptions(False, False, False, False))
     fresh.stage(state)
@@ -232,6 +279,13 @@ def run_saves(model: str, reps: int, batch_size: int, work: Path, log) -> dict[s
     rec["launch_wall_s"] = wall
     rec["summary"] = summarize_saves(rec)
     s = rec["summary"]
+    c = rec.get("checksum") or {}
+    if c:
+        log(
+            f"  {model}: crc32 of the checkpoint {c['crc32_warm_s']:.3f} s vs plain read "
+            f"{c['read_warm_s']:.3f} s in cache (x{c['crc32_over_read_warm']:.2f}), "
+            f"{c['crc32_cold_s'] or 0:.3f} s vs {c['read_cold_s'] or 0:.3f} s from disk"
+        )
     log(
         f"  {model}: {s['checkpoint_mb']:.0f} MB; sync {s['sync_s']['median']:.2f} s, async "
         f"blocked {s['async']['blocked_s']['median']:.3f} s (complete "

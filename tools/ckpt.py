@@ -115,10 +115,10 @@ def load_full_model(path: Path, part: str = "model") -> dict[str, Any]:
     _load_state_dict(
         state,
         storage_reader=FileSystemReader(str(path)),
-        planner=_EmptyStateDictLoadPlanner(keys={"model"}),
+        planner=_EmptyStateDictLoadPlanner(keys={part}),
         no_dist=True,
     )
-    return state["model"]
+    return state[part]
 
 
 def export(path: Path, out: Path) -> dict[str, Any]:

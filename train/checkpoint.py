@@ -1,12 +1,16 @@
 """Distributed Checkpoint (DCP) behind one manager: save, async save, resume, keep-K.
 
 Layout: <ckpt_dir>/step-<N>/ holds DCP's files; `.complete` (JSON, written last by rank 0
-once every rank's data and DCP's `.metadata` are on disk) is what makes it count. A directory
-without it is a save that was interrupted: skipped with a warning, never loaded.
+once every rank's data and DCP's `.metadata` are on disk, with the size and CRC-32 of every
+file) is what makes it count. A directory without it is a save that was interrupted: skipped
+with a warning, never loaded. A complete one that fails its checksums, its metadata or its
+load is skipped for the next older one, with a warning saying what was wrong.
 
-What goes in: the model and optimizer through get_state_dict (sharded under FSDP, so the
-same checkpoint loads under another world size or strategy), the train state (step, sampler
-epoch and position, peak LR, world size) and every rank's RNG state under its own key.
+What goes in: a dict of named stateful parts (anything with state_dict/load_state_dict),
+each saved under its name: the model and the optimizer (sharded under FSDP through
+get_*_state_dict, so the same checkpoint loads under another world size or strategy), the
+train state, the sampler, every rank's RNG state under its own key, the fp16 grad scaler,
+and any object a user adds. A part that an older checkpoint lacks keeps its fresh value.
 DCP metadata is pickled: load checkpoints only from storage you trust.
 """
 
@@ -18,16 +22,18 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from train.ckpt_files import checksum_files, verify_files
 from train.config import ConfigError
+from train.contract import CKPT_MARKER as MARKER
+from train.contract import CKPT_STEP_PREFIX
 
-MARKER = ".complete"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+_STEP_DIR = re.compile(rf"^{CKPT_STEP_PREFIX}(\d+)$")
 
 
 def read_marker(path: Path) -> dict[str, Any] | None:
@@ -69,6 +75,119 @@ def set_rng_state(state: torch.Tensor) -> None:
         torch.cuda.set_rng_state(state[cpu.numel() :])
 
 
+# --- the stateful parts ------------------------------------------------------------------------
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class ModelState:
+    """The model's parameters and buffers (DCP's sharded view under FSDP)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(self.model)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(self.model, state)
+
+
+class OptimizerState:
+    """The optimizer's state keyed by parameter name (so it reshards like the model)."""
+
+    def __init__(self, model: nn.Module, optim: torch.optim.Optimizer) -> None:
+        self.model, self.optim = model, optim
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.model, self.optim)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(self.model, self.optim, state)
+
+
+class RngState:
+    """This rank's RNG state under its own key: each rank draws its own dropout/augmentation.
+    A rank that did not exist when the checkpoint was written keeps its fresh seed."""
+
+    def __init__(self, rank: int) -> None:
+        self.key = f"rank{rank}"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {self.key: rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_rng_state(state[self.key])
+
+
+class Values:
+    """A part made of plain values: `get()` returns them, `set(dict)` takes them back."""
+
+    def __init__(self, get: Any, set: Any) -> None:  # noqa: A002
+        self.get, self.set = get, set
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.get())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.set(state)
+
+
+def check_resume_path(resume: str) -> None:
+    """--resume PATH: ConfigError on every rank unless PATH is a complete checkpoint whose
+    files verify (rank 0 reads them, the verdict is broadcast). Called before the run dir
+    is written, so a bad PATH leaves nothing behind. (Collective on the default group.)"""
+    if resume in ("auto", "never"):
+        return
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:
+        path = Path(resume)
+        if read_marker(path) is None or not (path / ".metadata").is_file():
+            box[0] = (
+                f"--resume {resume}: not a complete ddpkit checkpoint (no {MARKER} or "
+                ".metadata); pass a step-N directory written by a finished save"
+            )
+        elif problem := verify(path):
+            box[0] = (
+                f"--resume {resume}: unusable checkpoint ({problem}); pass another step-N "
+                "directory, or --resume auto to take the newest one that loads"
+            )
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        raise ConfigError(box[0])
+
+
+def verify(path: Path) -> str | None:
+    """What is wrong with a step dir's files, or None (reads every file once)."""
+    import torch.distributed.checkpoint as dcp
+
+    info = read_marker(path)
+    if info is None:
+        return f"no readable {MARKER} marker"
+    problem = verify_files(path, info)
+    if problem is None:
+        try:
+            dcp.FileSystemReader(str(path)).read_metadata()
+        except Exception as e:
+            problem = f"unreadable .metadata ({type(e).__name__}: {_first_line(e)})"
+    return problem
+
+
+class UnusableCheckpoint(Exception):
+    """A complete-looking checkpoint that fails verification or loading (message: why)."""
+
+
 class Checkpointer:
     def __init__(self, ckpt_dir: str, keep: int, use_async: bool, log: Any):
         self.dir = Path(ckpt_dir)
@@ -83,43 +202,32 @@ class Checkpointer:
         self._staging: Any = None  # CUDA: the device-to-host copy still running
         self._stager: Any = None
 
-    # --- state dicts ---------------------------------------------------------------------
-
-    def _state(self, model: nn.Module, optim: torch.optim.Optimizer, train: dict[str, Any]) -> dict:
-        # DCP is imported on first use: ~1.2 s per rank that a run's first step need not wait.
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        msd, osd = get_state_dict(model, optim)
-        return {
-            "model": msd,
-            "optim": osd,
-            "train": dict(train),
-            "rng": {f"rank{self.rank}": rng_state()},
-        }
-
     # --- save ----------------------------------------------------------------------------
 
     def save(
         self,
         step: int,
-        model: nn.Module,
-        optim: torch.optim.Optimizer,
-        train: dict[str, Any],
+        states: dict[str, Stateful],
         info: dict[str, Any],
         force_sync: bool = False,
     ) -> float:
-        """Write step-<step>; returns the seconds the caller was blocked."""
+        """Write step-<step> from every part's state_dict(); returns the seconds the caller
+        was blocked."""
+        # DCP is imported on first use: ~1.2 s per rank that a run's first step need not wait.
         import torch.distributed.checkpoint as dcp
 
         t0 = time.perf_counter()
         self.wait()  # one save in flight at a time
-        path = self.dir / f"step-{step}"
+        path = self.dir / f"{CKPT_STEP_PREFIX}{step}"
         if self.rank == 0:
-            if path.exists():  # a leftover of an interrupted save (or an older run): replace
+            if path.is_dir():  # a leftover of an interrupted save (or an older run): replace
                 shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
             path.mkdir(parents=True)
         dist.barrier(group=self.pg)
-        state = self._state(model, optim, train)
+        # An empty part (a grad scaler never used) has nothing to save and nothing to miss.
+        state = {name: sd for name, part in states.items() if (sd := part.state_dict())}
         if self.use_async and not force_sync:
             resp = dcp.async_save(
                 state,
@@ -187,7 +295,11 @@ class Checkpointer:
         # writing .metadata, so all data is on disk when the marker goes down.
         if self.rank != 0:
             return
+        # The checksums read the files back once, from the page cache right after the
+        # write (bench/checkpoint_io.py measures the cost against the save).
+        files = checksum_files(path)
         info = {**info, "save_s": round(time.perf_counter() - t0, 3), "time": time.time()}
+        info["files"] = files
         tmp = path / (MARKER + ".tmp")
         tmp.write_text(json.dumps(info, indent=2))
         os.replace(tmp, path / MARKER)
@@ -205,7 +317,12 @@ class Checkpointer:
 
     # --- resume --------------------------------------------------------------------------
 
-    def find(self, resume: str) -> Path | None:
+    def resume(self, resume: str, states: dict[str, Stateful]) -> tuple[Path, dict] | None:
+        """Load the checkpoint to resume from into `states`; returns (path, its marker info),
+        or None for a fresh start. `auto`: the newest complete checkpoint that verifies and
+        loads, falling back to older ones with a warning naming what was wrong; a PATH that
+        does not: ConfigError. Every rank takes the same decision (rank 0 verifies the files
+        and broadcasts; load failures are agreed by an all-reduce)."""
         if resume == "never":
             return None
         if resume != "auto":
@@ -215,53 +332,107 @@ class Checkpointer:
                     f"--resume {resume}: not a complete ddpkit checkpoint (no {MARKER} or "
                     ".metadata); pass a step-N directory written by a finished save"
                 )
-            return path
-        complete, partial = list_checkpoints(self.dir)
-        newest = _step_of(complete[-1]) if complete else -1
-        for p in partial:
-            if (_step_of(p) or 0) > (newest or -1):
-                self.log(f"warning: skipping incomplete checkpoint {p} (interrupted save)")
-        return complete[-1] if complete else None
+            candidates = [path]
+        else:
+            complete, partial = list_checkpoints(self.dir)
+            newest = _step_of(complete[-1]) if complete else -1
+            for p in partial:
+                if (_step_of(p) or 0) > (newest or -1):
+                    self.log(f"warning: skipping incomplete checkpoint {p} (interrupted save)")
+            candidates = complete[::-1]
+        for path in candidates:
+            try:
+                return path, self.load(path, states)
+            except UnusableCheckpoint as e:
+                if resume != "auto":
+                    raise ConfigError(
+                        f"--resume {resume}: unusable checkpoint ({e}); pass another step-N "
+                        "directory, or --resume auto to take the newest one that loads"
+                    ) from None
+                self.log(f"warning: skipping checkpoint {path}: {e}; trying the next older one")
+        if candidates:
+            raise ConfigError(
+                f"no usable checkpoint in {self.dir}: all {len(candidates)} complete ones fail "
+                "verification or loading (warnings above); move them aside, or start over "
+                "with --resume never or another --ckpt-dir"
+            )
+        return None
 
-    def load(
-        self, path: Path, model: nn.Module, optim: torch.optim.Optimizer, train: dict[str, Any]
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Load in place; returns (train state, the checkpoint's .complete info)."""
+    def _agree(self, problem: str | None) -> None:
+        """Raise UnusableCheckpoint on every rank when any rank has a problem."""
+        flag = torch.tensor([int(problem is not None)])
+        dist.all_reduce(flag, group=self.pg)
+        if int(flag):
+            msgs: list[Any] = [None] * dist.get_world_size(self.pg)
+            dist.all_gather_object(msgs, problem, group=self.pg)
+            first = next(m for m in msgs if m is not None)
+            raise UnusableCheckpoint(first)
+
+    def load(self, path: Path, states: dict[str, Stateful]) -> dict[str, Any]:
+        """Verify, then load every part in place; returns the checkpoint's marker info.
+        UnusableCheckpoint (on every rank) when the files or the load fail."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_state_dict
 
+        box = [verify(path) if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=self.pg)  # one reader, same verdict
+        if box[0] is not None:
+            raise UnusableCheckpoint(box[0])
         info = read_marker(path) or {}
         meta = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
-        state = self._state(model, optim, train)
-        self._check_compatible(path, state, meta, info)
-        rng_key = f"rng.rank{self.rank}"
-        if rng_key not in meta:  # the world grew: this rank has no saved RNG state
-            del state["rng"]
-        dcp.load(state, checkpoint_id=str(path), process_group=self.pg)
-        set_state_dict(
-            model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"]
-        )
-        if "rng" in state:
-            set_rng_state(state["rng"][f"rank{self.rank}"])
-        return state["train"], info
+        present = {k.split(".", 1)[0] for k in meta}
+        state = {n: p.state_dict() for n, p in states.items() if n in present}
+        if "model" in state:
+            _check_compatible(path, state["model"], meta, info)
+        rng = next((n for n, p in states.items() if isinstance(p, RngState)), None)
+        if rng in state and f"{rng}.{states[rng].key}" not in meta:  # type: ignore[attr-defined]
+            del state[rng]  # the world grew: this rank has no saved RNG state
+        missing = [n for n, p in states.items() if n not in present and p.state_dict()]
+        if missing and self.rank == 0:
+            self.log(
+                f"warning: checkpoint {path} has no {', '.join(missing)} (written before "
+                f"{'it was' if len(missing) == 1 else 'they were'} checkpointed): fresh values kept"
+            )
+        from torch.distributed.checkpoint.api import CheckpointException
 
-    @staticmethod
-    def _check_compatible(path: Path, state: dict, meta: dict, info: dict[str, Any]) -> None:
-        ours = {
-            f"model.{k}": tuple(v.shape)
-            for k, v in state["model"].items()
-            if isinstance(v, torch.Tensor)
-        }
-        theirs = {
-            k: tuple(getattr(v, "size", ())) for k, v in meta.items() if k.startswith("model.")
-        }
-        if ours.keys() != theirs.keys() or any(ours[k] != theirs[k] for k in ours):
-            diff = (
-                sorted(set(ours) ^ set(theirs))[:3]
-                or [f"{k}: {theirs[k]} vs {ours[k]}" for k in ours if ours[k] != theirs[k]][:3]
-            )
-            raise ConfigError(
-                f"checkpoint {path} holds a different model ({info.get('model', '?')}; "
-                f"first differences: {', '.join(map(str, diff))}); resume with the same model "
-                "flags, or start fresh with --resume never / another --ckpt-dir"
-            )
+        problem = None
+        try:
+            dcp.load(state, checkpoint_id=str(path), process_group=self.pg)
+        # DCP gathers every rank's read errors into a CheckpointException (a BaseException)
+        # raised on all ranks; the all-reduce in _agree covers a rank that failed alone.
+        except (Exception, CheckpointException) as e:
+            problem = f"load failed ({describe(e)})"
+        self._agree(problem)
+        for name, sd in state.items():
+            states[name].load_state_dict(sd)
+        return info
+
+
+def describe(e: BaseException) -> str:
+    """'Type: first line' of an error; for DCP's CheckpointException, of the first rank's."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, (exc, _) = min(failures.items(), key=lambda kv: kv[0])
+        return f"rank {rank}: {type(exc).__name__}: {_first_line(exc)}"
+    return f"{type(e).__name__}: {_first_line(e)}"
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
+
+
+def _check_compatible(path: Path, model_sd: dict, meta: dict, info: dict[str, Any]) -> None:
+    ours = {
+        f"model.{k}": tuple(v.shape) for k, v in model_sd.items() if isinstance(v, torch.Tensor)
+    }
+    theirs = {k: tuple(getattr(v, "size", ())) for k, v in meta.items() if k.startswith("model.")}
+    if ours.keys() != theirs.keys() or any(ours[k] != theirs[k] for k in ours):
+        diff = (
+            sorted(set(ours) ^ set(theirs))[:3]
+            or [f"{k}: {theirs[k]} vs {ours[k]}" for k in ours if ours[k] != theirs[k]][:3]
+        )
+        raise ConfigError(
+            f"checkpoint {path} holds a different model ({info.get('model', '?')}; "
+            f"first differences: {', '.join(map(str, diff))}); resume with the same model "
+            "flags, or start fresh with --resume never / another --ckpt-dir"
+        )

@@ -14,7 +14,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from train import registry
-from train.checkpoint import Checkpointer
+from train.checkpoint import (
+    Checkpointer,
+    ModelState,
+    OptimizerState,
+    RngState,
+    Stateful,
+    Values,
+    check_resume_path,
+)
 from train.config import EXIT_REQUEUE, TrainConfig, dump, log_backends, profile_range
 from train.contract import EXIT_DIVERGED
 from train.data import DataBundle, GlobalBatchSampler, iterate_batches
@@ -81,6 +89,7 @@ class Trainer:
         self.peak_lr = scaled_lr(cfg.lr, cfg.lr_scaling, self.global_batch, cfg.base_batch_size)
         self.step = 0
         self.phase = "startup"
+        check_resume_path(cfg.resume)  # a broken --resume PATH: one line, nothing written
         if world.is_main:  # only now: bad input above must leave nothing behind
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "requeue.json").unlink(missing_ok=True)
@@ -106,8 +115,20 @@ class Trainer:
         self.scaler = (
             torch.amp.GradScaler(world.device.type) if cfg.mixed_precision == "fp16" else None
         )
-        self.first_loss: float | None = None
+        self.first_loss: float | None = None  # the run's, kept across attempts (train state)
         self.last_loss: float | None = None
+        self._resumed: dict[str, Any] = {}  # the train state a checkpoint held
+        # What a checkpoint holds, by name: adding a part is one line (anything with
+        # state_dict/load_state_dict); a part an older checkpoint lacks keeps its fresh value.
+        self.states: dict[str, Stateful] = {
+            "model": ModelState(self.raw_model),
+            "optim": OptimizerState(self.raw_model, self.optimizer),
+            "train": Values(self._train_state, self._resumed.update),
+            "sampler": self.sampler,
+            "rng": RngState(world.rank),
+        }
+        if self.scaler is not None:
+            self.states["scaler"] = self.scaler
         self.throughputs: list[float] = []
         self.mfus: list[float] = []
         self.peak_flops = peak_flops(world.device, cfg.peak_tflops)
@@ -154,10 +175,12 @@ class Trainer:
     def _train_state(self) -> dict[str, Any]:
         return {
             "step": self.step,
-            **self.sampler.state_dict(),
             "world_size": self.world.size,
             "global_batch": self.global_batch,
             "peak_lr": self.peak_lr,
+            # NaN for "none yet": DCP stores plain values, and the run's first loss must
+            # survive a restart (summary.json reports it).
+            "first_loss": float("nan") if self.first_loss is None else self.first_loss,
         }
 
     def _ckpt_info(self) -> dict[str, Any]:
@@ -339,25 +362,20 @@ class Trainer:
         self.phase = "checkpoint save"
         self.health.check()  # never save (nor prune for) a non-finite state
         self.last_saved = self.step
-        return self.ckpt.save(
-            self.step,
-            self.raw_model,
-            self.optimizer,
-            self._train_state(),
-            self._ckpt_info(),
-            force_sync=force_sync,
-        )
+        return self.ckpt.save(self.step, self.states, self._ckpt_info(), force_sync=force_sync)
 
     def maybe_resume(self) -> None:
-        path = self.ckpt.find(self.cfg.resume)
-        if path is None:
-            return
         self.phase = "checkpoint load"
-        state, info = self.ckpt.load(path, self.raw_model, self.optimizer, self._train_state())
+        got = self.ckpt.resume(self.cfg.resume, self.states)
+        if got is None:
+            return
+        path, _ = got
+        state = self._resumed
         self.step = int(state["step"])
+        first = float(state.get("first_loss", float("nan")))
+        self.first_loss = None if first != first else first
         if path.parent.resolve() == Path(self.cfg.ckpt_dir).resolve():
             self.last_saved = self.step  # else the final save re-writes it here, resharded
-        self.sampler.load_state_dict(state)
         self.resumed_from = str(path)
         old_world, old_gb = int(state["world_size"]), int(state["global_batch"])
         msg = (

@@ -1,0 +1,154 @@
+"""Issue 11 items 2 and 7 (corrupt or broken checkpoints fall back to the last good one) and
+issue 12's stateful parts. Single processes where the item allows; one 2-rank case."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.trainrun import train
+
+pytestmark = pytest.mark.slow
+
+ARGS = ("--ckpt-interval", "3", "--no-eval", "--log-interval", "3", "--batch-size", "16")
+ARGS += ("--synthetic-samples", "1024")
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """A finished single-process run with complete checkpoints at steps 3 and 6."""
+    rd = tmp_path_factory.mktemp("base") / "run"
+    train(rd, *ARGS, "--steps", "6")
+    return rd
+
+
+def _xor(path: Path, offset: int, n: int, value: int | None = None) -> None:
+    b = bytearray(path.read_bytes())
+    b[offset : offset + n] = bytes(
+        value if value is not None else x ^ 0xFF for x in b[offset : offset + n]
+    )
+    path.write_bytes(bytes(b))
+
+
+def _legacy(step: Path) -> None:
+    """A marker written before checksums existed: only the load can find the damage."""
+    m = json.loads((step / ".complete").read_text())
+    del m["files"]
+    (step / ".complete").write_text(json.dumps(m))
+
+
+def _shard(step: Path) -> Path:
+    return step / "__0_0.distcp"
+
+
+CASES = {
+    "flip 64 bytes": (lambda s: _xor(_shard(s), 4096, 64), "__0_0.distcp fails its checksum"),
+    "4096 0xFF bytes": (lambda s: _xor(_shard(s), 8192, 4096, 0xFF), "fails its checksum"),
+    "truncated shard": (
+        lambda s: _shard(s).write_bytes(_shard(s).read_bytes()[:1000]),
+        "__0_0.distcp has 1000 bytes",
+    ),
+    "missing shard": (lambda s: _shard(s).unlink(), "__0_0.distcp is missing"),
+    "garbage .metadata": (
+        lambda s: (s / ".metadata").write_bytes(b"\x00garbage" * 8),
+        ".metadata has 64 bytes",
+    ),
+    "legacy marker, garbage .metadata": (
+        lambda s: (_legacy(s), (s / ".metadata").write_bytes(b"garbage")),
+        "unreadable .metadata",
+    ),
+    "legacy marker, truncated shard": (
+        lambda s: (_legacy(s), _shard(s).write_bytes(_shard(s).read_bytes()[:1000])),
+        "load failed (rank 0: ",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_broken_newest_checkpoint_falls_back_to_the_previous(base, tmp_path, case):
+    rd = tmp_path / "run"
+    shutil.copytree(base, rd)
+    newest = rd / "checkpoints" / "step-6"
+    damage, phrase = CASES[case]
+    damage(newest)
+    run = train(rd, *ARGS, "--steps", "7")
+    [warn] = [x for x in run.out.splitlines() if x.startswith("warning: skipping checkpoint")]
+    assert warn.startswith(f"warning: skipping checkpoint {newest}: ") and phrase in warn, warn
+    assert warn.endswith("trying the next older one")
+    assert "Traceback" not in run.out
+    assert run.summary["resumed_from"].endswith("step-3")
+
+
+def test_resume_path_of_a_broken_checkpoint_is_one_line_and_writes_nothing(base, tmp_path):
+    bad = tmp_path / "step-6"
+    shutil.copytree(base / "checkpoints" / "step-6", bad)
+    _xor(_shard(bad), 4096, 64)
+    run = train(tmp_path / "new", "--resume", str(bad), "--steps", "7", check=False)
+    assert run.rc == 2 and "Traceback" not in run.out
+    [line] = run.out.splitlines()
+    assert line.startswith(f"error: --resume {bad}: unusable checkpoint (__0_0.distcp fails")
+    assert not (tmp_path / "new").exists()
+
+
+def test_when_no_checkpoint_loads_the_run_stops_with_one_line(base, tmp_path):
+    rd = tmp_path / "run"
+    shutil.copytree(base, rd)
+    for step in ("step-3", "step-6"):
+        _shard(rd / "checkpoints" / step).unlink()
+    run = train(rd, *ARGS, "--steps", "7", check=False)
+    assert run.rc == 2 and "Traceback" not in run.out
+    errors = [x for x in run.out.splitlines() if x.startswith("error: ")]
+    assert errors == [
+        f"error: no usable checkpoint in {rd / 'checkpoints'}: all 2 complete ones fail "
+        "verification or loading (warnings above); move them aside, or start over with "
+        "--resume never or another --ckpt-dir"
+    ]
+
+
+def test_two_ranks_agree_on_a_load_that_fails_on_one_shard(tmp_path):
+    rd = tmp_path / "run"
+    train(rd, *ARGS, "--steps", "6", nproc=2)
+    newest = rd / "checkpoints" / "step-6"
+    _legacy(newest)  # no checksums: only the load on the ranks can fail
+    shard = newest / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    run = train(rd, *ARGS, "--steps", "7", nproc=2)
+    assert f"warning: skipping checkpoint {newest}: load failed (rank " in run.out
+    assert run.summary["resumed_from"].endswith("step-3")
+    assert "Traceback" not in run.out
+
+
+def test_a_part_missing_from_an_older_checkpoint_keeps_its_fresh_value(tmp_path):
+    """In-process (world size 1, gloo): save without a part, load with it: one warning."""
+    import torch.distributed as dist
+
+    from train.checkpoint import Checkpointer, ModelState, Values
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        logs: list[str] = []
+        ck = Checkpointer(str(tmp_path / "ck"), 3, False, logs.append)
+        model = torch.nn.Linear(3, 2)
+        counter = {"n": 5}
+        ck.save(1, {"model": ModelState(model)}, {"step": 1})
+        extra = {"n": 7}  # the fresh value of a part the checkpoint predates
+        states = {
+            "model": ModelState(model),
+            "counter": Values(lambda: counter, counter.update),
+            "extra": Values(lambda: extra, extra.update),
+        }
+        got = ck.resume("auto", states)
+        assert got is not None and got[0].name == "step-1"
+        warnings = [x for x in logs if x.startswith("warning:")]
+        assert warnings == [
+            f"warning: checkpoint {got[0]} has no counter, extra (written before they were "
+            "checkpointed): fresh values kept"
+        ]
+        assert extra == {"n": 7} and counter == {"n": 5}
+        ck.close()
+    finally:
+        dist.destroy_process_group()
