@@ -3,13 +3,21 @@ the item needs ranks; a single process where it does not, which is much cheaper)
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from tests.trainrun import full_params, train
+from tests.trainrun import PY, ROOT, clean_env, full_params, torchrun_cmd, train
 from train.contract import EXIT_DIVERGED
 
 pytestmark = pytest.mark.slow
@@ -79,3 +87,173 @@ def test_max_bad_steps_skips_the_step_on_every_rank(tmp_path):
     assert all(math.isfinite(m["loss"]) for m in run.metrics() if m["step"] != 5)
     params = full_params(rd / "checkpoints" / "step-8")
     assert all(torch.isfinite(t).all() for t in params.values() if isinstance(t, torch.Tensor))
+
+
+# --- item 6: workers die with their agent; one job per checkpoint dir -------------------------
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _wait_for_line(p: subprocess.Popen, text: str, timeout: float = 120) -> list[str]:
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    assert p.stdout is not None
+    while time.monotonic() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if text in line:
+            return seen
+    raise AssertionError(f"no {text!r} within {timeout} s:\n{''.join(seen)[-3000:]}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG)")
+def test_workers_die_when_their_torchrun_agent_is_killed(tmp_path):
+    cmd = torchrun_cmd(2) + ["--run-dir", str(tmp_path / "run"), "--progress", "plain"]
+    cmd += [*SMALL, "--steps", "100000", "--ckpt-interval", "0"]
+    p = subprocess.Popen(
+        cmd, cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        _wait_for_line(p, "step      2/")
+        workers = _children(p.pid)
+        assert len(workers) == 2, workers
+        p.kill()  # SIGKILL: the agent cannot forward anything
+        p.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(w) for w in workers), "workers outlived their agent"
+    finally:
+        for w in _children(p.pid) if p.poll() is None else []:
+            os.kill(w, signal.SIGKILL)
+        p.kill()
+
+
+def _lock(run_dir: Path, pid: int) -> Path:
+    lock = run_dir / "checkpoints" / ".lock"
+    lock.parent.mkdir(parents=True)
+    owner = {"host": socket.gethostname(), "pid": pid, "agent_pid": None, "launch_id": "old"}
+    lock.write_text(json.dumps({**owner, "time": time.time()}))
+    return lock
+
+
+def test_a_second_job_on_a_live_checkpoint_dir_is_refused(tmp_path):
+    rd = tmp_path / "run"
+    other = subprocess.Popen(["sleep", "300"])
+    try:
+        _lock(rd, other.pid)
+        run = train(rd, *SMALL, "--steps", "2", check=False)
+    finally:
+        other.kill()
+        other.wait()
+    assert run.rc == 2 and "Traceback" not in run.out
+    [line] = run.out.splitlines()
+    assert line == (
+        f"error: {rd / 'checkpoints'} is in use by another job (pid {other.pid} on "
+        f"{socket.gethostname()}, launch old, lock {rd / 'checkpoints' / '.lock'}); wait for "
+        "it to end or cancel it, or use another --ckpt-dir / --run-dir"
+    )
+    assert sorted(p.name for p in rd.iterdir()) == ["checkpoints"]  # nothing written
+
+
+def test_a_stale_lock_of_a_dead_job_is_taken_over(tmp_path):
+    rd = tmp_path / "run"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lock = _lock(rd, dead.pid)
+    run = train(rd, *SMALL, "--steps", "2")
+    assert f"warning: taking over the stale lock {lock} of a dead job (pid {dead.pid}" in run.out
+    assert not lock.exists()  # released at the end
+
+
+# --- items 12 and 14: stop signals at start-up, in the last steps, USR1 then TERM -------------
+
+
+def _catches(pid: int, signum: int) -> bool:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except OSError:
+        pass
+    return False
+
+
+def test_a_signal_during_start_up_saves_and_asks_for_a_requeue(tmp_path):
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "requeue.json").write_text(json.dumps({"launch_id": "old", "step": 9}))  # stale
+    cmd = [PY, "-m", "train", "--run-dir", str(rd), "--progress", "plain", *SMALL]
+    env = clean_env(DDPKIT_LAUNCH_ID="new")
+    p = subprocess.Popen(
+        cmd + ["--steps", "50"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not _catches(p.pid, signal.SIGTERM) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    p.send_signal(signal.SIGTERM)  # while torch is still importing
+    out, _ = p.communicate(timeout=180)
+    assert p.returncode == 75, out
+    assert "SIGTERM received: saving a checkpoint at step 0" in out
+    marker = json.loads((rd / "requeue.json").read_text())
+    assert (marker["launch_id"], marker["step"], marker["signal"]) == ("new", 0, "SIGTERM")
+    assert (rd / "checkpoints" / "step-0" / ".complete").is_file()
+
+
+def test_a_signal_in_the_last_step_ends_in_a_finished_run_that_says_so(tmp_path):
+    env = {"DDPKIT_FAULT": "signal@12:0:SIGTERM"}  # sent to itself before the last step
+    run = train(tmp_path / "run", *SMALL, "--steps", "12", env=env)
+    assert "SIGTERM received during the last steps: the run finished instead" in run.out
+    assert run.summary["signal"] == "SIGTERM" and run.summary["steps"] == 12
+    assert not (tmp_path / "run" / "requeue.json").exists()
+
+
+def test_usr1_then_term_to_the_agent_saves_and_writes_the_marker(tmp_path):
+    rd = tmp_path / "run"
+    cmd = torchrun_cmd(2) + ["--run-dir", str(rd), "--progress", "plain", *SMALL]
+    cmd += ["--steps", "100000", "--ckpt-interval", "0"]
+    p = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=clean_env(DDPKIT_LAUNCH_ID="L1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        head = _wait_for_line(p, "step      3/")
+        p.send_signal(signal.SIGUSR1)
+        time.sleep(0.1)
+        p.send_signal(signal.SIGTERM)
+        out = "".join(head) + p.communicate(timeout=120)[0]
+    finally:
+        p.kill()
+    marker = json.loads((rd / "requeue.json").read_text())
+    assert marker["launch_id"] == "L1" and marker["signal"] == "SIGUSR1", out
+    assert (rd / "checkpoints" / f"step-{marker['step']}" / ".complete").is_file()
+    assert f"SIGUSR1 received: saving a checkpoint at step {marker['step']}" in out

@@ -10,11 +10,13 @@ import os
 import sys
 from typing import Any
 
+from train import early
 from train.config import EXIT_BAD_INPUT, ConfigError, dump, parse_config
 
 
 def main(argv: list[str] | None = None, defaults: dict[str, Any] | None = None) -> int:
     """`defaults`: settings a script passes through train.fit (flags and --config win)."""
+    early.install()  # first: a stop signal during start-up is recorded, not fatal
     try:
         cfg, print_only = parse_config(argv, defaults)
     except ConfigError as e:

@@ -29,6 +29,12 @@ class StopRequest:
         self._work: dist.Work | None = None
         for s in STOP_SIGNALS:
             signal.signal(s, self._handle)
+        from train import early
+
+        got = early.received()  # a signal during start-up (train.early recorded it)
+        if got is not None and not self.signum:
+            self._handle(got[0], None)
+            self.received_at = got[1]
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.signum:  # the first one counts; torchrun may forward a second
@@ -68,6 +74,20 @@ class StopRequest:
         self._work = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=group, async_op=True)
         if got:
             if not self.signum:  # another rank got it: time the save from now
+                self.signum, self.received_at = got, time.time()
+            self.acknowledged.set()
+        return got
+
+    def agree_now(self, group: dist.ProcessGroup | None = None) -> int:
+        """Blocking: the signal number if any rank has one now, else 0 (collective). For the
+        edges of the loop: before the first step (a signal during start-up) and after the
+        last (a signal in the final steps that the pipelined check has not delivered)."""
+        self.drain()
+        flag = torch.tensor([self.signum], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        got = int(flag.item())
+        if got:
+            if not self.signum:
                 self.signum, self.received_at = got, time.time()
             self.acknowledged.set()
         return got
@@ -181,7 +201,9 @@ def stop_check_every(target_s: float, step_time_s: float) -> int:
     steps). From the step time averaged over ranks, so every rank gets the same number."""
     if target_s <= 0 or step_time_s <= 0:
         return 1
-    return max(1, min(100, int(target_s / step_time_s)))
+    # The check is pipelined: a signal waits up to one interval to be sent and one more to
+    # be read, so agreeing every target/2 keeps signal-to-action within the target.
+    return max(1, min(100, int(target_s / 2 / step_time_s)))
 
 
 def is_collective_error(e: BaseException) -> bool:

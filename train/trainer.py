@@ -23,8 +23,8 @@ from train.checkpoint import (
     Values,
     check_resume_path,
 )
-from train.config import EXIT_REQUEUE, TrainConfig, dump, log_backends, profile_range
-from train.contract import EXIT_DIVERGED
+from train.config import EXIT_REQUEUE, ConfigError, TrainConfig, dump, log_backends, profile_range
+from train.contract import EXIT_DIVERGED, write_requeue_marker
 from train.data import DataBundle, GlobalBatchSampler, iterate_batches
 from train.distributed import World
 from train.fault import (
@@ -47,6 +47,7 @@ from train.metrics import (
 )
 from train.parallel import DTYPES, parallelize, set_grad_sync
 from train.profiling import StepProfiler
+from train.runlock import RunLock
 from train.schedule import lr_multiplier, scaled_lr
 
 
@@ -77,8 +78,6 @@ class Trainer:
         )
         per_epoch = self.sampler.batches_per_epoch() // cfg.grad_accum
         if per_epoch < 1:
-            from train.config import ConfigError
-
             raise ConfigError(
                 f"the dataset has {len(self.data.train)} samples, fewer than one global batch "
                 f"(batch {cfg.batch_size} x world {world.size} x grad-accum {cfg.grad_accum}); "
@@ -90,6 +89,16 @@ class Trainer:
         self.step = 0
         self.phase = "startup"
         check_resume_path(cfg.resume)  # a broken --resume PATH: one line, nothing written
+        self.lock = RunLock(cfg.ckpt_dir)
+        box: list[str | None] = [None]
+        if world.is_main:  # one job per checkpoint dir (another live one: one line, exit 2)
+            try:
+                self.lock.acquire()
+            except ConfigError as e:
+                box[0] = str(e)
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is not None:
+            raise ConfigError(box[0])
         if world.is_main:  # only now: bad input above must leave nothing behind
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "requeue.json").unlink(missing_ok=True)
@@ -135,6 +144,7 @@ class Trainer:
         self.resumed_from: str | None = None
         self.time_to_first_step: float | None = None
         self.last_saved = -1
+        self.late_signal = 0  # a stop signal agreed only after the last step
         self.health = Health(world.device, cfg.max_bad_steps)
 
     # --- setup helpers -----------------------------------------------------------------
@@ -203,9 +213,15 @@ class Trainer:
             return self._train()
         except Diverged as e:
             return self.diverged(e)
+        finally:
+            self.lock.release()
 
     def _train(self) -> int:
         self.maybe_resume()
+        self.phase = "stop-signal all_reduce"
+        signum = self.stop.agree_now(self.control_pg)  # one that came during start-up
+        if signum and self.step < self.total_steps:
+            return self.preempted(signum)
         batches = self._batches()
         timer_t, timer_step = time.perf_counter(), self.step
         while self.step < self.total_steps:
@@ -233,7 +249,9 @@ class Trainer:
                 signum = self.stop.agreed(self.control_pg)
                 if signum and self.step < self.total_steps:
                     return self.preempted(signum)
-        self.stop.drain()
+        # A signal in the last steps, not yet delivered by the pipelined check: the run is
+        # finished anyway; finish() says so (summary "signal") instead of ignoring it.
+        self.late_signal = self.stop.agree_now(self.control_pg)
         if self.cfg.ckpt_final and self.last_saved != self.step:
             self.save(force_sync=True)
         self.ckpt.close()
@@ -420,7 +438,8 @@ class Trainer:
         self.profiler.close()
         name = _signal.Signals(signum).name
         self.reporter.info(f"{name} received: saving a checkpoint at step {self.step}")
-        self.save(force_sync=True)
+        if self.last_saved != self.step:  # else (stopped right after a resume) it is on disk
+            self.save(force_sync=True)
         self.ckpt.close()
         took = time.time() - self.stop.received_at
         budget = self.cfg.shutdown_timeout_s
@@ -435,17 +454,13 @@ class Trainer:
                 f"than the {budget:g} s shutdown timeout: raise torchrun's "
                 "--shutdown-timeout or the scheduler's grace time"
             )
-        if self.world.is_main:
-            (self.run_dir / "requeue.json").write_text(
-                json.dumps(
-                    {
-                        "signal": name,
-                        "step": self.step,
-                        "save_s": round(took, 3),
-                        "checkpoint": str(Path(self.cfg.ckpt_dir) / f"step-{self.step}"),
-                    }
-                )
-                + "\n"
+        if self.world.is_main:  # carries DDPKIT_LAUNCH_ID: only this launch's marker counts
+            write_requeue_marker(
+                self.run_dir,
+                signal=name,
+                step=self.step,
+                save_s=round(took, 3),
+                checkpoint=str(Path(self.cfg.ckpt_dir) / f"step-{self.step}"),
             )
         self.reporter.close()
         return EXIT_REQUEUE
@@ -555,6 +570,7 @@ class Trainer:
                 "time_to_first_step_s": self.time_to_first_step,
                 "total_time_s": time.perf_counter() - self.t_start,
                 "resumed_from": self.resumed_from,
+                "signal": _signal_name(self.late_signal) if self.late_signal else None,
                 "state_bytes_per_rank": per_rank,
                 "param_digest": digest,
             }
@@ -571,6 +587,18 @@ class Trainer:
                 + (f", eval accuracy {ev['eval_accuracy']:.3f}" if "eval_accuracy" in ev else "")
                 + f"; outputs in {self.run_dir}"
             )
+            if self.late_signal:
+                self.reporter.info(
+                    f"{_signal_name(self.late_signal)} received during the last steps: the "
+                    "run finished instead of stopping (nothing to requeue; summary.json "
+                    "records it)"
+                )
         self.reporter.close()
         dist.barrier()  # leave together: gloo can abort a rank whose peer tore down first
         return 0
+
+
+def _signal_name(signum: int) -> str:
+    import signal
+
+    return signal.Signals(signum).name

@@ -1,0 +1,126 @@
+"""One job per checkpoint dir: `<ckpt_dir>/.lock` names its owner and is kept fresh.
+
+Two jobs writing the same checkpoints (a requeued job starting while the old one's workers
+still run, or two submissions with the same run dir) corrupt each other's saves and prune
+each other's checkpoints. Rank 0 holds a lock file with the owner's host, pid, torchrun
+agent pid, launch id and a heartbeat (its mtime, touched every LOCK_HEARTBEAT_S). A newcomer:
+- takes over silently from its own job (same host and agent: a torchrun restart);
+- takes over with a warning when the owner is dead: same host and its pid is gone, or no
+  heartbeat for LOCK_STALE_S (another host: it waits that long before deciding);
+- otherwise refuses: ConfigError naming the owner (one line, exit 2, nothing written).
+Torch-free: it runs before the run dir is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from train.config import ConfigError
+from train.contract import LAUNCH_ID_ENV
+
+LOCK_FILE = ".lock"
+LOCK_HEARTBEAT_S = 5.0
+LOCK_STALE_S = 30.0  # no heartbeat for this long: the owner is gone (any host)
+
+
+def _me() -> dict[str, Any]:
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "agent_pid": os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None,
+        "launch_id": os.environ.get(LAUNCH_ID_ENV),
+        "time": time.time(),
+    }
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read(path: Path) -> tuple[dict[str, Any] | None, float]:
+    try:
+        return json.loads(path.read_text()), path.stat().st_mtime
+    except (OSError, ValueError):
+        return None, 0.0
+
+
+class RunLock:
+    def __init__(self, ckpt_dir: str | Path, log: Any = print) -> None:
+        self.path = Path(ckpt_dir) / LOCK_FILE
+        self.log = log
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _verdict(self) -> tuple[str, str]:
+        """("free" | "ours" | "dead" | "live" | "wait", who)."""
+        owner, mtime = _read(self.path)
+        if owner is None:
+            return "free", ""
+        me = _me()
+        who = f"pid {owner.get('pid')} on {owner.get('host')}" + (
+            f", launch {owner['launch_id']}" if owner.get("launch_id") else ""
+        )
+        same_host = owner.get("host") == me["host"]
+        if same_host and owner.get("pid") == me["pid"]:
+            return "ours", who
+        if same_host and me["agent_pid"] and owner.get("agent_pid") == me["agent_pid"]:
+            return "ours", who  # torchrun restarted its workers
+        if same_host and isinstance(owner.get("pid"), int) and not _alive(owner["pid"]):
+            return "dead", who
+        if time.time() - mtime > LOCK_STALE_S:
+            return "dead", who
+        return ("live" if same_host else "wait"), who
+
+    def acquire(self) -> None:
+        deadline = time.time() + LOCK_STALE_S + LOCK_HEARTBEAT_S
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            verdict, who = self._verdict()
+            if verdict == "wait" and time.time() < deadline:
+                time.sleep(1.0)  # another host: alive only while its heartbeat moves
+                continue
+            if verdict == "free":
+                try:  # O_EXCL: of two jobs starting at once, one wins; the other looks again
+                    os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                except FileExistsError:
+                    continue
+            break
+        if verdict in ("live", "wait"):
+            raise ConfigError(
+                f"{self.path.parent} is in use by another job ({who}, lock {self.path}); "
+                "wait for it to end or cancel it, or use another --ckpt-dir / --run-dir"
+            )
+        if verdict == "dead":
+            self.log(f"warning: taking over the stale lock {self.path} of a dead job ({who})")
+        tmp = self.path.with_name(f"{LOCK_FILE}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(_me()) + "\n")
+        os.replace(tmp, self.path)
+        self._thread = threading.Thread(target=self._beat, daemon=True, name="ddpkit-lock")
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(LOCK_HEARTBEAT_S):
+            with contextlib.suppress(OSError):
+                os.utime(self.path)
+
+    def release(self) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread = None
+        owner, _ = _read(self.path)
+        if owner is not None and owner.get("pid") == os.getpid():
+            self.path.unlink(missing_ok=True)
