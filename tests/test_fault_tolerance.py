@@ -40,13 +40,20 @@ def step_dir(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"step-{step}"
 
 
-def assert_bitwise(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        if isinstance(a[k], torch.Tensor):
-            assert torch.equal(a[k], b[k]), k
-        else:
-            assert a[k] == b[k], k
+def assert_bitwise(a, b, where: str = "") -> None:
+    """Equal structure and bitwise-equal tensors (nested: the optimizer part is a tree)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            assert_bitwise(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_bitwise(x, y, f"{where}[{i}]")
+    else:
+        assert a == b or (a != a and b != b), where  # NaN (no first loss yet) equals NaN
 
 
 def export(ckpt: Path, out: Path) -> dict:
