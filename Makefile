@@ -11,20 +11,18 @@ CONFIG    ?= configs/default.toml
 NODES     ?=
 GPUS      ?=
 NPROC     ?=
-IMAGE     ?= ddpkit:latest
+IMAGE     ?=
 BASE_IMAGE ?=
 PARTITION ?=
 NAMESPACE ?=
 WAIT      ?=
 ARGS      ?=
 JOB       ?=
-
-# Launcher arguments built from Make variables (each maps to one JobSpec override).
-LAUNCH_ARGS := --config $(CONFIG) \
-	$(if $(NODES),--nodes $(NODES)) $(if $(GPUS),--gpus $(GPUS)) \
-	$(if $(PARTITION),--set slurm.partition=$(PARTITION)) \
-	$(if $(NAMESPACE),--set k8s.namespace=$(NAMESPACE)) \
-	$(if $(filter-out latest,$(IMAGE)),--set image=$(IMAGE))
+# The variables reach the launcher through the environment (`tools.launch ... --make` reads
+# them as data), never pasted into recipe shell text: PARTITION='gpu;touch x' stays a value.
+# IMAGE unset keeps the job file's image.
+export CONFIG NODES GPUS NPROC IMAGE BASE_IMAGE PARTITION NAMESPACE WAIT ARGS JOB
+LAUNCH := $(PY) -m tools.launch
 
 .PHONY: help setup test test-fast lint format train bench \
 	docker-build docker-run slurm-up slurm-down slurm-render slurm-submit slurm-status \
@@ -34,7 +32,7 @@ help: ## List targets and variables
 	@echo "ddpkit targets:"
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-14s %s\n", $$1, $$2}'
 	@echo
-	@echo "Variables: CONFIG=$(CONFIG) NODES GPUS NPROC IMAGE=$(IMAGE) BASE_IMAGE PARTITION NAMESPACE WAIT=1 ARGS='extra train flags' JOB"
+	@echo "Variables: CONFIG (default configs/default.toml) NODES GPUS NPROC IMAGE BASE_IMAGE PARTITION NAMESPACE WAIT=1 ARGS='extra flags for the entry point' JOB"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -60,52 +58,52 @@ format: $(STAMP) ## Apply ruff format and safe fixes
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-train: $(STAMP) ## Train the default config under torchrun on this machine (NPROC: processes; default all GPUs, or 2 on CPU)
-	@nproc=$${NPROC:-$$($(PY) -c 'import torch; print(torch.cuda.device_count() or 2)')}; \
-	run_dir=runs/$$(basename $(CONFIG) .toml); \
-	set -x; $(VENV)/bin/torchrun --standalone --nproc-per-node $$nproc -m train --config $(CONFIG) --run-dir $$run_dir $(ARGS) && \
-	{ $(PY) -m tools.plot $$run_dir || echo "(plots skipped)"; } && \
+train: $(STAMP) ## Train CONFIG on this machine through the node launcher (NPROC: processes; default all GPUs, or 2 on CPU)
+	@NPROC=$${NPROC:-$$($(PY) -c 'import torch; print(torch.cuda.device_count() or 2)')} \
+	  $(LAUNCH) submit local --make && \
+	run_dir=$$($(PY) -c 'import json; print(json.load(open("out/local/last_job.json"))["run_dir"])') && \
+	{ $(PY) -m tools.plot "$$run_dir" || echo "(plots skipped)"; } && \
 	echo "outputs: $$run_dir (summary.json, metrics.jsonl, config.json, checkpoints/, *.png)"
 
 bench: $(STAMP) ## Benchmarks: step time vs a plain loop, checkpoint save times
 	$(PY) -m bench
 
 docker-build: $(STAMP) ## Build the image (IMAGE, BASE_IMAGE); docker or podman
-	$(PY) -m tools.launch render docker $(LAUNCH_ARGS) --build $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE))
+	$(LAUNCH) render docker --make --build $(if $(BASE_IMAGE),--base-image "$$BASE_IMAGE")
 
 docker-run: $(STAMP) ## Run the image here: GPUS=N processes and GPUs, else one per visible GPU
-	$(PY) -m tools.launch submit docker $(LAUNCH_ARGS) $(if $(GPUS),,--set docker.gpus=all) $(if $(ARGS),-- $(ARGS))
+	$(LAUNCH) submit docker --make $(if $(GPUS),,--set docker.gpus=all)
 
 slurm-up: $(STAMP) ## Start a real local SLURM cluster (NODES, default 2)
-	bash slurm/local/up.sh $(or $(NODES),2)
+	bash slurm/local/up.sh "$${NODES:-2}"
 
 slurm-down: ## Stop the local SLURM cluster
 	bash slurm/local/down.sh
 
 slurm-render: $(STAMP) ## Print the sbatch script and write out/slurm/<name>.sbatch
-	$(PY) -m tools.launch render slurm $(LAUNCH_ARGS) --write
+	$(LAUNCH) render slurm --make --write
 
 slurm-submit: $(STAMP) ## Submit through submitit (WAIT=1 follows the job to its end)
-	$(PY) -m tools.launch submit slurm $(LAUNCH_ARGS) $(if $(WAIT),--wait)
+	$(LAUNCH) submit slurm --make
 
 slurm-status: $(STAMP) ## Status of JOB (default: last job submitted from here)
-	$(PY) -m tools.launch status slurm $(JOB)
+	$(LAUNCH) status slurm --make
 
-slurm-logs: $(STAMP) ## Logs of JOB (default: last job)
-	$(PY) -m tools.launch logs slurm $(JOB)
+slurm-logs: $(STAMP) ## Logs of JOB, every node prefixed (default: last job; WAIT=1 follows)
+	$(LAUNCH) logs slurm --make $(if $(WAIT),--follow)
 
 slurm-cancel: $(STAMP) ## Cancel JOB (default: last job)
-	$(PY) -m tools.launch cancel slurm $(JOB)
+	$(LAUNCH) cancel slurm --make
 
 k8s-render: $(STAMP) ## Print the PyTorchJob/TrainJob YAML and write out/k8s/<name>.yaml
-	@$(PY) -m tools.launch render k8s $(LAUNCH_ARGS) --write $(if $(ARGS),-- $(ARGS))
+	@$(LAUNCH) render k8s --make --write
 
 k8s-apply: $(STAMP) ## kubectl apply the rendered manifest (PVC and job)
-	set -o pipefail; $(PY) -m tools.launch render k8s $(LAUNCH_ARGS) $(if $(ARGS),-- $(ARGS)) | kubectl apply -f -
+	set -o pipefail; $(LAUNCH) render k8s --make | kubectl apply -f -
 
 # The checkpoint PVC is left alone (k8s.pvc_size unset renders the job only).
 k8s-delete: $(STAMP) ## kubectl delete the rendered job (the checkpoint PVC is kept)
-	set -o pipefail; $(PY) -m tools.launch render k8s $(LAUNCH_ARGS) --set k8s.pvc_size= | kubectl delete -f -
+	set -o pipefail; $(LAUNCH) render k8s --make --set k8s.pvc_size= | kubectl delete -f -
 
 clean: ## Remove runs/ and out/
 	rm -rf runs out

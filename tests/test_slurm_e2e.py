@@ -58,7 +58,8 @@ def uninterrupted(slurm_cluster: int, tmp_path_factory: pytest.TempPathFactory) 
     tmp = tmp_path_factory.mktemp("slurm-e2e")
     cfg = job_file(tmp, "e2e-straight")
     out = subprocess.run(
-        ["make", "-s", "slurm-submit", f"CONFIG={cfg}", "NODES=2", "GPUS=2", "WAIT=1"],
+        ["make", "-s", "-o", ".venv/.installed", "slurm-submit", f"CONFIG={cfg}", "NODES=2",
+         "GPUS=2", "WAIT=1"],
         cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     return {"rc": out.returncode, "out": out.stdout + out.stderr, "run": tmp / "e2e-straight"}
@@ -124,3 +125,52 @@ def test_preempted_job_requeues_resumes_and_matches(slurm_cluster: int, tmp_path
     assert "requeue 1 of 3" in logs and "resumed from" in logs
     assert summary["steps"] == STEPS and summary["world_size"] == straight["world_size"] == 2
     assert summary["param_digest"] == straight["param_digest"]
+
+
+def test_plain_torchrun_script_on_two_nodes_world_size_4(
+    slurm_cluster: int,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Issue 12 part 3: the unchanged plain DDP script through `make slurm-submit NODES=2`."""
+    out = tmp_path / "result.json"
+    sub = subprocess.run(
+        ["make", "-s", "-o", ".venv/.installed", "slurm-submit",
+         "CONFIG=examples/plain_torchrun/job.toml", "NODES=2", "GPUS=2", "WAIT=1",
+         f"ARGS=--out {out}"],
+        cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert sub.returncode == 0, sub.stdout[-3000:] + sub.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["world_size"] == 4 and result["last_loss"] < result["first_loss"] / 100
+    assert "[node 0] rank 0: world size 4" in sub.stdout  # --wait follows every node's log
+
+
+def test_plain_sbatch_of_the_rendered_file(slurm_cluster: int, tmp_path: Path) -> None:  # noqa: F811
+    """Issue 13 item 6: `sbatch` of the rendered script works although its log dir does not
+    exist yet; item 10: the head is found by NodeAddr (node names need not resolve)."""
+    cfg = job_file(tmp_path, "e2e-sbatch")
+    script = tmp_path / "job.sbatch"
+    render = subprocess.run(
+        [str(REPO / ".venv/bin/python"), "-m", "tools.launch", "render", "slurm", "--config",
+         str(cfg), "--nodes", "2", "--gpus", "1", "--set", "accelerator=cpu",
+         "--set", "train.steps=20", "--set", f"slurm.venv={REPO / '.venv'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    script.write_text(render.stdout)
+    run = tmp_path / "e2e-sbatch"
+    assert not (run / "slurm").exists()
+    sub = subprocess.run(["sbatch", "--parsable", str(script)], cwd=REPO, capture_output=True,
+                         text=True, timeout=60, check=True)  # fmt: skip
+    job = sub.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 300
+    while (info := scontrol(job))["JobState"] in ("PENDING", "RUNNING", "COMPLETING"):
+        assert time.monotonic() < deadline, info
+        time.sleep(1)
+    batch_log = REPO / f"slurm-e2e-sbatch-{job}.out"
+    try:
+        assert info["JobState"] == "COMPLETED", (info, batch_log.read_text())
+        assert json.loads((run / "summary.json").read_text())["world_size"] == 2
+        assert sorted(p.name for p in (run / "slurm").glob(f"{job}_*_log.out")) == [
+            f"{job}_0_log.out", f"{job}_1_log.out"]  # fmt: skip
+    finally:
+        batch_log.unlink(missing_ok=True)

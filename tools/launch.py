@@ -12,6 +12,8 @@ rendered or queued. Bad input: one line on stderr, exit status 2.
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -57,7 +59,47 @@ def _split_entry_args(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+# Make variables, read from the environment by `--make` (the Makefile exports them): values
+# reach the launcher as data, never as recipe shell text (issue 13 item 7).
+MAKE_VARS = ("CONFIG", "NODES", "GPUS", "NPROC", "IMAGE", "PARTITION", "NAMESPACE", "WAIT",
+             "ARGS", "JOB")  # fmt: skip
+
+
+def make_argv(argv: list[str], env: dict[str, str]) -> list[str]:
+    """`ACTION BACKEND --make [flags]` -> the launcher argv the Make variables stand for."""
+    action, backend, rest = argv[0], argv[1], [a for a in argv[2:] if a != "--make"]
+    get = {k: env.get(k, "") for k in MAKE_VARS}
+    out = [action, backend]
+    if get["JOB"] and action in ("status", "logs", "cancel"):
+        out.append(get["JOB"])
+    if action in ("render", "submit"):
+        out += ["--config", get["CONFIG"] or "configs/default.toml"]
+    if get["NODES"]:
+        out += ["--nodes", get["NODES"]]
+    gpus = get["NPROC"] if backend == "local" and get["NPROC"] else get["GPUS"]
+    if gpus:
+        out += ["--gpus", gpus]
+    for var, key in (("PARTITION", "slurm.partition"), ("NAMESPACE", "k8s.namespace"),
+                     ("IMAGE", "image")):  # fmt: skip
+        if get[var]:
+            out += ["--set", f"{key}={get[var]}"]
+    if get["WAIT"] and action == "submit":
+        out.append("--wait")
+    out += rest
+    if get["ARGS"]:
+        try:
+            words = shlex.split(get["ARGS"])
+        except ValueError as e:
+            raise SpecError(
+                f"ARGS={get['ARGS']!r} does not split into words ({e}); fix the quotes"
+            ) from None
+        out += ["--", *words]
+    return out
+
+
 def run(argv: list[str]) -> int:
+    if "--make" in argv[2:]:
+        argv = make_argv(argv, dict(os.environ))
     argv, entry_args = _split_entry_args(argv)
     # The first pass reads the common flags (backend flags stay unknown), so the spec is
     # checked before the backend module (and submitit or kubernetes) is imported.

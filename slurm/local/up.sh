@@ -25,6 +25,14 @@ ours() { [ -f "$conf_dir/slurm.conf" ] && head -n 1 "$conf_dir/slurm.conf" | gre
 # Nodes that answer (no "*" in their state) and can run jobs.
 ready_nodes() { sinfo -h -N -t idle,mixed,alloc,completing -o "%N %t" 2>/dev/null | grep -v '\*' | sort -u | wc -l; }
 
+# The node names (node1, node2, ...) deliberately do not resolve as host names, as on
+# clusters whose NodeName is not a DNS name: jobs must find the head by its NodeAddr.
+# (Earlier versions of this script added them to /etc/hosts: take that line out.)
+if grep -q "ddpkit-slurm" /etc/hosts 2>/dev/null; then
+    sed "/ddpkit-slurm/d" /etc/hosts >/etc/hosts.ddpkit && cat /etc/hosts.ddpkit >/etc/hosts
+    rm -f /etc/hosts.ddpkit
+fi
+
 if pgrep -x slurmctld >/dev/null; then
     if ! ours && [ "${DDPKIT_SLURM_FORCE:-0}" != 1 ]; then
         die "a slurmctld that ddpkit did not start is running; refusing to touch it (set DDPKIT_SLURM_FORCE=1 to replace its config)"
@@ -103,14 +111,6 @@ done
 printf 'AutoDetect=off\nName=gpu File=%s/[0-%d]\n' "$fake" $((gpus - 1)) >"$conf_dir/gres.conf"
 # proctrack/linuxproc and task/none need no cgroups (22.05 has no "disabled" cgroup plugin).
 rm -f "$conf_dir/cgroup.conf"
-
-# Node names must resolve (to this machine).
-if ! grep -q "ddpkit-slurm" /etc/hosts; then
-    echo "127.0.0.1 $node_names # ddpkit-slurm" >>/etc/hosts
-elif ! grep "ddpkit-slurm" /etc/hosts | grep -qw "node$nodes"; then
-    sed -i "/ddpkit-slurm/d" /etc/hosts  # GNU sed: in place
-    echo "127.0.0.1 $node_names # ddpkit-slurm" >>/etc/hosts
-fi
 
 slurmctld -c  # -c: no state from an earlier cluster (old jobs, nodes marked invalid)
 for i in $(seq 1 "$nodes"); do slurmd -N "node$i"; done
