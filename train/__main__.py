@@ -20,8 +20,7 @@ def main(argv: list[str] | None = None, defaults: dict[str, Any] | None = None) 
     try:
         cfg, print_only = parse_config(argv, defaults)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _before_group(e)
     if print_only:
         print(dump(cfg))
         return 0
@@ -30,14 +29,15 @@ def main(argv: list[str] | None = None, defaults: dict[str, Any] | None = None) 
 
         precheck(cfg)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _before_group(e)
 
     # Before torch touches CUDA: segments that grow instead of fragmenting (fewer OOMs from
     # fragmentation with FSDP's all-gather buffers). A value the user set wins.
     if "PYTORCH_ALLOC_CONF" not in os.environ and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
         os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
     # Heavy imports after the config is known good: --help and bad flags stay fast.
+    import torch.distributed as dist
+
     from train import distributed
     from train.distributed import set_threads_from_env
     from train.trainer import CollectiveFailure, Trainer
@@ -48,14 +48,57 @@ def main(argv: list[str] | None = None, defaults: dict[str, Any] | None = None) 
         world = distributed.init(cfg)
         return Trainer(cfg, world).train()
     except ConfigError as e:
-        if world is None or world.is_main:
-            print(f"error: {e}", file=sys.stderr)
+        if world is None:
+            return _before_group(e)
+        if _claim_user_error():  # the first rank to see it prints it; the rest stay quiet
+            print(f"error: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     except CollectiveFailure as e:
+        if _user_error_seen():  # a peer left on a user error (it printed the line)
+            return EXIT_BAD_INPUT
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
+    except (RuntimeError, dist.DistError):
+        if world is not None and _user_error_seen():
+            return EXIT_BAD_INPUT
+        raise
     finally:
         distributed.shutdown()
+
+
+_USER_ERROR_KEY = "ddpkit/user_error"
+
+
+def _before_group(e: ConfigError) -> int:
+    """Every rank checks the same config the same way: rank 0 says it, once per job."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"error: {e}", file=sys.stderr, flush=True)
+    return EXIT_BAD_INPUT
+
+
+def _claim_user_error() -> bool:
+    """True for the first rank of this attempt that reports a user error (the store's
+    counter); with no store (one process) always True."""
+    from train.fault import _store
+
+    store = _store()
+    if store is None:
+        return True
+    try:
+        return store.add(_USER_ERROR_KEY, 1) == 1
+    except Exception:
+        return True
+
+
+def _user_error_seen() -> bool:
+    """A peer reported a user error: this rank's collective failed because that peer left."""
+    from train.fault import _store
+
+    store = _store()
+    try:
+        return store is not None and store.check([_USER_ERROR_KEY])
+    except Exception:
+        return False
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -160,6 +161,11 @@ def convert_value(name: str, value: Any, where: str) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: {name} must be true or false, got {value!r}")
         return value
+    if tp in (int, float) and isinstance(value, bool):  # bool is an int subclass in Python
+        raise ConfigError(
+            f"{where}: {name} must be {tp.__name__}, got {str(value).lower()}; "
+            "booleans are not numbers"
+        )
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp in (int, float, str) and not isinstance(value, tp):
@@ -334,8 +340,56 @@ def parse_config(
     return cfg, bool(args.print_config)
 
 
+SEED_MAX = 2**63 - 1  # torch.manual_seed takes a signed 64-bit seed
+
+# Closed intervals a number field must lie in, beyond being finite (lo, hi; None = open).
+_RANGES: dict[str, tuple[float | None, float | None, str]] = {
+    "weight_decay": (0.0, None, ">= 0"),
+    "min_lr_ratio": (0.0, 1.0, "in [0, 1] (a fraction of --lr)"),
+    "shutdown_timeout_s": (1e-9, None, "> 0 seconds"),
+    "stop_check_s": (0.0, None, ">= 0 seconds (0: every step)"),
+    "peak_tflops": (1e-9, None, "> 0"),
+    "dropout": (0.0, 0.999999, "in [0, 1)"),
+    "seed": (0, SEED_MAX, f"in 0..{SEED_MAX} (2**63-1)"),
+}
+_POSITIVE_SHAPE = ("synthetic_samples", "synthetic_classes", "seq_len", "vocab_size", "n_layer")
+_POSITIVE_SHAPE += ("n_head", "d_model")
+
+
+def check_numbers(cfg: TrainConfig) -> None:
+    """Numbers that no flag may take: NaN/inf anywhere, booleans for numbers (a TOML
+    `batch_size = true` or a Python caller), values outside a field's range, empty paths."""
+    hints = _hints()
+    for f in fields(TrainConfig):
+        v = getattr(cfg, f.name)
+        tp, choices = _base_type(hints[f.name])
+        if v is None or choices is not None or tp not in (int, float):
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ConfigError(f"{_flag(f.name)} must be a number, got {v!r}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{_flag(f.name)} must be a finite number, got {v}")
+        if f.name in _RANGES:
+            lo, hi, text = _RANGES[f.name]
+            if (lo is not None and v < lo) or (hi is not None and v > hi):
+                raise ConfigError(f"{_flag(f.name)} must be {text}, got {v}")
+    for name in _POSITIVE_SHAPE:
+        if getattr(cfg, name) < 1:
+            raise ConfigError(
+                f"{_flag(name)} must be >= 1, got {getattr(cfg, name)}; pass a positive integer"
+            )
+    for name in ("name", "run_dir", "ckpt_dir", "data_dir"):
+        v = getattr(cfg, name)
+        if v is not None and not str(v).strip():
+            raise ConfigError(
+                f"{_flag(name)} is empty; pass a name or path (it would write into the "
+                "current directory)"
+            )
+
+
 def validate(cfg: TrainConfig) -> None:
     """Checks that need no process group. World-size checks live in train.parallel."""
+    check_numbers(cfg)
 
     def positive(name: str, allow_none: bool = False) -> None:
         v = getattr(cfg, name)

@@ -154,7 +154,8 @@ def diagnose_collective_failure(phase: str, step: int, timeout_s: float, err: Ba
 class Fault:
     """DDPKIT_FAULT=kind@step[:rank[:arg]]: kill (SIGKILL itself), hang (sleep arg seconds),
     signal (send SIGNAME to the torchrun agent, or to itself without torchrun), nan (that
-    rank's loss becomes NaN for that step: its gradients, all-reduced, poison every rank).
+    rank's loss becomes NaN for that step: its gradients, all-reduced, poison every rank),
+    usererror (a ConfigError on that rank only).
     Fires once per job: only in the first torchrun attempt (TORCHELASTIC_RESTART_COUNT=0)."""
 
     kind: str
@@ -191,6 +192,10 @@ class Fault:
             os.kill(os.getpid(), signal.SIGKILL)
         elif self.kind == "hang":
             time.sleep(float(self.arg or 3600))
+        elif self.kind == "usererror":  # a user error that only this rank sees
+            from train.config import ConfigError
+
+            raise ConfigError(f"injected user error on rank {rank} at step {step}")
         elif self.kind == "signal":
             target = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid()
             os.kill(target, getattr(signal, self.arg or "SIGTERM"))

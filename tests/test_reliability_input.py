@@ -1,0 +1,112 @@
+"""Issue 11 items 3 and 13: bad numbers and paths are one line, exit 2, nothing written;
+under torchrun a config error is printed once (rank 0), not once per rank."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from tests.trainrun import PY, ROOT, clean_env, torchrun_cmd
+
+# (flags, the one line's pattern). Each: exit 2, one line, no traceback, no run dir.
+NUMBERS = [
+    (["--lr", "inf"], r"--lr must be a finite number, got inf"),
+    (["--lr", "nan"], r"--lr must be a finite number, got nan"),
+    (["--clip-grad", "nan"], r"--clip-grad must be a finite number, got nan"),
+    (["--min-lr-ratio", "-1"], r"--min-lr-ratio must be in \[0, 1\]"),
+    (["--shutdown-timeout-s", "-1"], r"--shutdown-timeout-s must be > 0 seconds, got -1.0"),
+    (["--peak-tflops", "-5"], r"--peak-tflops must be > 0, got -5.0"),
+    (["--weight-decay", "-5"], r"--weight-decay must be >= 0, got -5.0"),
+    (["--seed", str(2**70)], r"--seed must be in 0\.\.9223372036854775807"),
+    (["--seed", "-1"], r"--seed must be in 0\.\."),
+    (["--model", "gpt", "--n-head", "0"], r"--n-head must be >= 1, got 0"),
+    (["--model", "gpt", "--seq-len", "0"], r"--seq-len must be >= 1, got 0"),
+    (["--model", "gpt", "--vocab-size", "0"], r"--vocab-size must be >= 1, got 0"),
+    (["--model", "gpt", "--d-model", "-64"], r"--d-model must be >= 1, got -64"),
+    (["--synthetic-samples", "-5"], r"--synthetic-samples must be >= 1, got -5"),
+    (["--synthetic-classes", "0"], r"--synthetic-classes must be >= 1, got 0"),
+    (["--timeout-s", "nan"], r"--timeout-s must be a finite number, got nan"),
+    (["--timeout-s", "inf"], r"--timeout-s must be a finite number, got inf"),
+    (["--stop-check-s", "nan"], r"--stop-check-s must be a finite number, got nan"),
+    (["--dropout", "1.5"], r"--dropout must be in \[0, 1\)"),
+]
+TOML = [
+    ("batch_size = true", r"batch_size must be int, got true; booleans are not numbers"),
+    ("lr = nan", r"--lr must be a finite number, got nan"),
+    ("clip_grad = inf", r"--clip-grad must be a finite number, got inf"),
+    ("seed = false", r"seed must be int, got false"),
+]
+
+
+def _one_line(p: subprocess.CompletedProcess, pattern: str) -> None:
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
+    assert re.search(pattern, lines[0]), lines[0]
+
+
+def _train(*args: str, cwd=ROOT, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PY, "-m", "train", *args],
+        cwd=cwd,
+        env=env or clean_env(PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("args,pattern", NUMBERS, ids=[" ".join(a) for a, _ in NUMBERS])
+def test_bad_numbers(args, pattern, tmp_path):
+    _one_line(_train("--run-dir", str(tmp_path / "r"), *args), pattern)
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("line,pattern", TOML, ids=[x for x, _ in TOML])
+def test_bad_numbers_in_toml(line, pattern, tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(line + "\n")
+    _one_line(_train("--config", str(cfg), "--run-dir", str(tmp_path / "r")), pattern)
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_empty_run_dir_would_write_into_the_current_directory(tmp_path):
+    _one_line(_train("--run-dir", "", cwd=tmp_path), r"--run-dir is empty")
+    assert list(tmp_path.iterdir()) == []
+
+
+def _torchrun(tmp_path, *args: str, env=None) -> subprocess.CompletedProcess:
+    cmd = torchrun_cmd(2) + ["--run-dir", str(tmp_path / "r"), "--progress", "plain", *args]
+    return subprocess.run(
+        cmd, cwd=ROOT, env=clean_env(**(env or {})), capture_output=True, text=True, timeout=180
+    )
+
+
+def _worker_lines(out: str) -> list[str]:
+    """error: lines and tracebacks, torchrun's own report of the failed workers left out."""
+    errors = [x for x in out.splitlines() if x.startswith("error: ")]
+    tracebacks = out.count("Traceback (most recent call last)") - out.count('torchrun", line')
+    return errors + ["<worker traceback>"] * tracebacks
+
+
+@pytest.mark.slow
+def test_a_config_error_under_torchrun_is_printed_once(tmp_path):
+    p = _torchrun(tmp_path, "--parallel", "fsdp", "--sharding", "HYBRID_SHARD",
+                  "--replicate-degree", "3")  # fmt: skip
+    assert p.returncode != 0 and "exitcode  : 2" in p.stderr
+    assert _worker_lines(p.stdout + p.stderr) == [
+        "error: HYBRID_SHARD: replicate degree 3 does not divide world size 2 (2 % 3 = 2); "
+        "pass --replicate-degree one of 1, 2"
+    ]
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_a_user_error_on_one_rank_leaves_every_rank_quietly(tmp_path):
+    p = _torchrun(tmp_path, "--steps", "8", "--batch-size", "16", "--synthetic-samples", "1024",
+                  env={"DDPKIT_FAULT": "usererror@3:1"})  # fmt: skip
+    assert p.returncode != 0 and "exitcode  : 2" in p.stderr
+    assert _worker_lines(p.stdout + p.stderr) == ["error: injected user error on rank 1 at step 3"]
