@@ -13,6 +13,7 @@ Budget: about 1 min for 1 and 2.5 min for 2 on 2 cores.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import time
@@ -174,3 +175,31 @@ def test_plain_sbatch_of_the_rendered_file(slurm_cluster: int, tmp_path: Path) -
             f"{job}_0_log.out", f"{job}_1_log.out"]  # fmt: skip
     finally:
         batch_log.unlink(missing_ok=True)
+
+
+def test_sweep_is_one_job_array_with_a_run_dir_per_member(
+    slurm_cluster: int,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Issue 13: --sweep train.lr=... as ONE SLURM job array through submitit; each member
+    runs in its own run dir (runs/<name>-<i> under the submit directory, here tmp_path)."""
+    cfg = tmp_path / "sweep.toml"
+    cfg.write_text(
+        f'name = "e2e-sweep"\naccelerator = "cpu"\ntime = "00:10:00"\n'
+        f'[slurm]\nlog_dir = "{tmp_path / "sweep-logs"}"\nvenv = "{REPO / ".venv"}"\n'
+        "[train]\nsteps = 20\nlog_interval = 10\nckpt_interval = 0\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # the submit dir is not the repository
+    sub = subprocess.run(
+        [str(REPO / ".venv/bin/python"), "-m", "tools.launch", "submit", "slurm",
+         "--config", str(cfg), "--nodes", "1", "--gpus", "1",
+         "--sweep", "train.lr=1e-3,3e-4", "--wait"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    assert "submitted job array" in sub.stdout
+    ids = [ln.split(":")[0].strip() for ln in sub.stdout.splitlines() if ln.startswith("  ")]
+    assert len(ids) == 2 and len({i.split("_")[0] for i in ids}) == 1  # one array
+    runs = [tmp_path / "runs" / f"e2e-sweep-{i}" for i in (0, 1)]
+    assert [json.loads((r / "config.json").read_text())["lr"] for r in runs] == [1e-3, 3e-4]
+    assert all((r / "summary.json").exists() for r in runs)

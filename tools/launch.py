@@ -17,7 +17,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from tools.spec import SpecError
+from tools.spec import JobSpec, SpecError
 
 ACTIONS = ("render", "submit", "status", "logs", "cancel", "list")
 BACKEND_NAMES = ("local", "slurm", "k8s", "docker")  # tools.backends.BACKENDS (kept import-free)
@@ -41,6 +41,15 @@ def build_parser(backend: object | None = None) -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="override a dotted key of the job file, e.g. slurm.partition=gpu, train.lr=3e-4",
+    )
+    p.add_argument(
+        "--sweep",
+        dest="sweeps",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="render/submit one job per combination (product over several --sweep keys), "
+        "named <name>-<i>, each with its own run dir; SLURM: one job array",
     )
     p.add_argument("--nodes", type=int, help="number of nodes")
     p.add_argument("--gpus", type=int, help="processes per node (one per GPU)")
@@ -106,11 +115,20 @@ def run(argv: list[str]) -> int:
     first, _ = build_parser().parse_known_args(argv)
     from tools.spec import load_spec
 
-    spec = None
-    if first.config or first.action in ("render", "submit") or first.print_spec:
-        spec = load_spec(
-            first.config or "configs/default.toml", first.sets, first.nodes, first.gpus, entry_args
-        )
+    def load(sets: list[str]) -> JobSpec:
+        config = first.config or "configs/default.toml"
+        return load_spec(config, sets, first.nodes, first.gpus, entry_args)
+
+    spec, members = None, []
+    if first.sweeps and first.action not in ("render", "submit"):
+        raise SpecError("--sweep goes with render or submit")
+    if first.sweeps:
+        from tools.sweep import member_specs
+
+        members = member_specs(load, first.sets, first.sweeps)
+        spec = members[0]
+    elif first.config or first.action in ("render", "submit") or first.print_spec:
+        spec = load(first.sets)
     if first.print_spec:
         import tomli_w
 
@@ -122,14 +140,19 @@ def run(argv: list[str]) -> int:
     opts = build_parser(backend).parse_args(argv)
     opts.spec = spec
     if opts.action == "render":
-        text = backend.render(spec)
-        print(text, end="")
-        if opts.write:
-            path = write_rendered(backend.name, spec.name, backend.file_ext, text)
-            print(f"wrote {path}", file=sys.stderr)
-        return backend.after_render(spec, opts, text)
+        rc = 0
+        for member in members or [spec]:
+            text = backend.render(member)
+            if members:
+                print(f"==> sweep member {member.name} <==", file=sys.stderr)
+            print(text, end="")
+            if opts.write:
+                path = write_rendered(backend.name, member.name, backend.file_ext, text)
+                print(f"wrote {path}", file=sys.stderr)
+            rc = rc or backend.after_render(member, opts, text)
+        return rc
     if opts.action == "submit":
-        return backend.submit(spec, opts)
+        return backend.submit_sweep(members, opts) if members else backend.submit(spec, opts)
     if opts.action == "list":
         return backend.list_jobs(opts)
     return getattr(backend, opts.action)(opts.job, opts)

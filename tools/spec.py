@@ -62,6 +62,9 @@ class SlurmSpec:
     setup: list[str] = field(default_factory=list)  # shell lines run first, e.g. "module load cuda"
     extra_sbatch: list[str] = field(default_factory=list)  # extra "#SBATCH" option lines
     rdzv_port: int | None = None  # fixed rendezvous port; unset = 20000 + job id % 20000
+    # Names of environment variables passed from the submitting shell (sbatch exports it)
+    # and never written into the script, e.g. ["WANDB_API_KEY"]; submit checks they are set.
+    secret_env: list[str] = field(default_factory=list)
     # Shared directory where the image is converted once (pyxis: enroot squashfs, apptainer:
     # SIF) and reused by every node and later job; unset = convert on every run.
     image_cache: str | None = None
@@ -523,6 +526,12 @@ def validate(spec: JobSpec) -> JobSpec:
             f"{MAX_SLURM_GRACE_S} (sbatch --signal's limit); use e.g. "
             f"{max(120, spec.shutdown_budget_s + 30)}"
         )
+    for name in s.secret_env:
+        if not ENV_NAME_RE.match(name) or name in spec.env:
+            raise SpecError(
+                f"slurm.secret_env {name!r}: give variable names only, not in env (a value in "
+                'env is written into the script), e.g. secret_env = ["WANDB_API_KEY"]'
+            )
     if s.rdzv_port is not None and not 1 <= s.rdzv_port <= 65535:
         raise SpecError(f"slurm.rdzv_port {s.rdzv_port} is not a port; use 1-65535, or unset")
     if s.log_dir is not None and (s.log_dir.startswith("-") or not s.log_dir.strip()):

@@ -100,6 +100,14 @@ class Backend(abc.ABC):
     def submit(self, spec: JobSpec, opts: argparse.Namespace) -> int:
         """Send the job; with opts.wait follow it to its end. Returns an exit status."""
 
+    def submit_sweep(self, specs: list[JobSpec], opts: argparse.Namespace) -> int:
+        """Sweep members (tools.sweep): N named jobs, one after the other by default; the
+        last non-zero exit status, else 0. A backend may override (SLURM: a job array)."""
+        rc = 0
+        for spec in specs:
+            rc = self.submit(spec, opts) or rc
+        return rc
+
     @abc.abstractmethod
     def poll(self, job: str) -> JobStatus:
         """One look at a job."""

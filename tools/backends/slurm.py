@@ -177,13 +177,13 @@ def setup_script(spec: JobSpec) -> str:
     venv = spec.slurm.venv if spec.slurm.container == "none" else None
     return render_template(
         "slurm/setup.sh.j2",
-        name=spec.name,
         log_dir=log_dir(spec),
         rdzv_port=spec.slurm.rdzv_port or 0,
         port_base=PORT_BASE,
         port_span=PORT_SPAN,
         cpus_per_task=cpus_per_task(spec),
         venv=venv or "",
+        secret_env=spec.slurm.secret_env,
         user_setup=spec.slurm.setup,
         **image_plan(spec),
     ).rstrip("\n")
@@ -329,9 +329,22 @@ def _sacct_fields(job_id: str) -> dict[str, str] | None:
     return {"JobId": jid, "JobName": name, "JobState": state.split()[0], "ExitCode": code}
 
 
+def check_secrets(spec: JobSpec) -> None:
+    """Every slurm.secret_env name is set here: sbatch passes this environment on."""
+    missing = [name for name in spec.slurm.secret_env if name not in os.environ]
+    if missing:
+        raise SpecError(
+            f"slurm.secret_env {', '.join(missing)} not set in this shell; export it before "
+            "submitting (the value goes to the job by name, never into the script)"
+        )
+
+
 def _check_job_id(job: str) -> str:
-    if not job.isdigit():
-        raise SpecError(f"job id {job!r} is not a SLURM job id; pass a number, e.g. JOB=123")
+    if not re.fullmatch(r"\d+(_\d+)?", job):
+        raise SpecError(
+            f"job id {job!r} is not a SLURM job id; pass a number (an array task: 123_4), "
+            "e.g. JOB=123"
+        )
     return job
 
 
@@ -356,6 +369,7 @@ class SlurmBackend(Backend):
                 "submit cannot run pyxis jobs (submitit's task would start inside the image); "
                 "use `make slurm-render` and `sbatch out/slurm/<name>.sbatch`"
             )
+        check_secrets(spec)
         logs.mkdir(parents=True, exist_ok=True)
         executor = submitit.SlurmExecutor(folder=str(logs))
         executor.update_parameters(**params)
@@ -373,6 +387,45 @@ class SlurmBackend(Backend):
             follower = LogFollower(logs, job_id)
             return self.wait(job_id, opts.poll_s, on_poll=lambda _st: follower.emit())
         return 0
+
+    def submit_sweep(self, specs: list[JobSpec], opts: argparse.Namespace) -> int:
+        """All members as ONE job array (submitit's batch): one sbatch, one queue entry, each
+        array task runs its member's node script into its own run dir. Members that differ in
+        resources (nodes, GPUs, time, ...) cannot share an array: they go as separate jobs."""
+        import submitit
+
+        base = specs[0].name.rsplit("-", 1)[0]
+        logs = Path(specs[0].slurm.log_dir or f"runs/{base}-sweep/slurm")
+        for spec in specs:  # one log dir and one name for the array: the same #SBATCH lines
+            spec.slurm.log_dir = str(logs)
+        params = [submitit_parameters(s) | {"job_name": base} for s in specs]
+        if any(p != params[0] for p in params[1:]):
+            print("ddpkit: sweep members differ in resources; submitting them as separate jobs",
+                  file=sys.stderr)  # fmt: skip
+            return super().submit_sweep(specs, opts)
+        if specs[0].slurm.container == "pyxis":
+            raise SpecError("submit cannot run pyxis jobs; render each member and sbatch it")
+        check_secrets(specs[0])
+        logs.mkdir(parents=True, exist_ok=True)
+        executor = submitit.SlurmExecutor(folder=str(logs))
+        executor.update_parameters(**params[0])
+        try:
+            with executor.batch():
+                jobs = [executor.submit(NodeCommand(node_script(s))) for s in specs]
+        except (FileNotFoundError, subprocess.CalledProcessError) as e:
+            print(f"error: sbatch failed ({e}); is SLURM up? (make slurm-up)", file=sys.stderr)
+            return 1
+        ids = [str(j.job_id) for j in jobs]
+        record_job(self.name, ids[0], name=base, log_dir=str(logs), members=ids,
+                   run_dirs=[s.run_dir for s in specs])  # fmt: skip
+        print(f"submitted job array {ids[0].split('_')[0]} ({len(ids)} members of {base}):")
+        for job_id, spec in zip(ids, specs, strict=True):
+            print(f"  {job_id}: {spec.name}, run dir {spec.run_dir}")
+        print(f"logs: {logs}/<job>_<node>_log.out; status: python -m tools.launch status slurm ID")
+        if not opts.wait:
+            return 0
+        codes = [self.wait(job_id, opts.poll_s) for job_id in ids]
+        return next((c for c in codes if c), 0)
 
     def poll(self, job: str) -> JobStatus:
         info = _job_fields(_check_job_id(job))
