@@ -152,3 +152,30 @@ def test_a_part_missing_from_an_older_checkpoint_keeps_its_fresh_value(tmp_path)
         ck.close()
     finally:
         dist.destroy_process_group()
+
+
+def test_changing_the_optimizer_on_resume_is_one_line_or_reset(base, tmp_path):
+    rd = tmp_path / "run"
+    shutil.copytree(base, rd)
+    run = train(rd, *ARGS, "--steps", "7", "--optimizer", "sgd", check=False)
+    assert run.rc == 2 and "Traceback" not in run.out
+    [line] = [x for x in run.out.splitlines() if x.startswith("error: ")]
+    assert line == (
+        f"error: checkpoint {rd / 'checkpoints' / 'step-6'} holds the state of adamw (exp_avg, "
+        "exp_avg_sq, step), this run's optimizer keeps momentum_buffer; resume with the "
+        "optimizer it was saved with, or pass --reset-optimizer to start the optimizer state fresh"
+    )
+    run = train(rd, *ARGS, "--steps", "7", "--optimizer", "sgd", "--reset-optimizer")
+    assert "--reset-optimizer: the optimizer state starts fresh" in run.out
+    assert run.summary["resumed_from"].endswith("step-6")
+
+
+def test_a_step_dir_replaced_by_a_file_is_skipped_and_then_replaced(base, tmp_path):
+    rd = tmp_path / "run"
+    shutil.copytree(base, rd)
+    step6 = rd / "checkpoints" / "step-6"
+    shutil.rmtree(step6)
+    step6.write_text("not a checkpoint")
+    run = train(rd, *ARGS, "--steps", "6")
+    assert run.summary["resumed_from"].endswith("step-3")
+    assert (step6 / ".complete").is_file()

@@ -110,3 +110,24 @@ def test_a_user_error_on_one_rank_leaves_every_rank_quietly(tmp_path):
                   env={"DDPKIT_FAULT": "usererror@3:1"})  # fmt: skip
     assert p.returncode != 0 and "exitcode  : 2" in p.stderr
     assert _worker_lines(p.stdout + p.stderr) == ["error: injected user error on rank 1 at step 3"]
+
+
+@pytest.mark.parametrize(
+    "flag,sub,pattern",
+    [
+        ("--ckpt-dir", "FILE", r"--ckpt-dir \S+/FILE is a file; pass a directory path"),
+        ("--run-dir", "FILE", r"--run-dir \S+/FILE is a file; pass a directory path"),
+        ("--run-dir", "FILE/sub", r"--run-dir \S+/FILE/sub is under \S+/FILE, a file"),
+    ],
+)
+def test_paths_that_cannot_be_directories(flag, sub, pattern, tmp_path):
+    (tmp_path / "FILE").write_text("x")
+    args = ["--run-dir", str(tmp_path / "r")] if flag != "--run-dir" else []
+    _one_line(_train(flag, str(tmp_path / sub), *args), pattern)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["FILE"]
+
+
+def test_a_run_dir_where_nothing_can_be_created(tmp_path):
+    _one_line(
+        _train("--run-dir", "/proc/x"), r"--run-dir /proc/x: cannot create directories in /proc"
+    )

@@ -25,9 +25,11 @@ def main(argv: list[str] | None = None, defaults: dict[str, Any] | None = None) 
         print(dump(cfg))
         return 0
     try:  # imports the user's model/dataset/loss: a bad path exits 2 before any process group
+        from train.config import check_paths
         from train.registry import precheck
 
         precheck(cfg)
+        check_paths(cfg)
     except ConfigError as e:
         return _before_group(e)
 

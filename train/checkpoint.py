@@ -383,6 +383,8 @@ class Checkpointer:
         state = {n: p.state_dict() for n, p in states.items() if n in present}
         if "model" in state:
             _check_compatible(path, state["model"], meta, info)
+        if "optim" in state:
+            _check_optimizer(path, state["optim"], meta, info)
         rng = next((n for n, p in states.items() if isinstance(p, RngState)), None)
         if rng in state and f"{rng}.{states[rng].key}" not in meta:  # type: ignore[attr-defined]
             del state[rng]  # the world grew: this rank has no saved RNG state
@@ -419,6 +421,20 @@ def describe(e: BaseException) -> str:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0][:200] if text else type(e).__name__
+
+
+def _check_optimizer(path: Path, optim_sd: dict, meta: dict, info: dict[str, Any]) -> None:
+    """The same kind of optimizer state (adamw's exp_avg vs sgd's momentum_buffer): DCP
+    would otherwise fail deep in the load with a missing key."""
+    ours = {k for st in optim_sd.get("state", {}).values() for k in st}
+    theirs = {k.rsplit(".", 1)[1] for k in meta if k.startswith("optim.state.")}
+    if ours and theirs and ours != theirs:
+        saved = info.get("optimizer") or "another optimizer"
+        raise ConfigError(
+            f"checkpoint {path} holds the state of {saved} ({', '.join(sorted(theirs))}), "
+            f"this run's optimizer keeps {', '.join(sorted(ours))}; resume with the optimizer "
+            "it was saved with, or pass --reset-optimizer to start the optimizer state fresh"
+        )
 
 
 def _check_compatible(path: Path, model_sd: dict, meta: dict, info: dict[str, Any]) -> None:

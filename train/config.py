@@ -97,6 +97,7 @@ class TrainConfig:
     resume: str = "auto"  # auto | never | PATH to a step-N checkpoint directory
     timeout_s: float = 600.0  # a collective that waits longer fails the job
     shutdown_timeout_s: float = 30.0  # torchrun's --shutdown-timeout: a signal save must fit in it
+    reset_optimizer: bool = False  # resume without the optimizer state (e.g. after changing it)
     max_bad_steps: int = 0  # skip up to N non-finite steps before stopping (syncs every step)
     stop_check_s: float = 0.25  # seconds between the ranks' stop-signal agreements (0: every step)
     # --- CUDA path ---
@@ -455,6 +456,29 @@ def validate(cfg: TrainConfig) -> None:
         cfg.run_dir = str(Path("runs") / cfg.name)
     if cfg.ckpt_dir is None:
         cfg.ckpt_dir = str(Path(cfg.run_dir) / "checkpoints")
+
+
+def check_paths(cfg: TrainConfig) -> None:
+    """The run and checkpoint dirs can be made and written here (on the node, before
+    anything is written: not part of validate(), which the launcher also runs elsewhere).
+    A probe directory is made and removed in the nearest existing one."""
+    import tempfile
+
+    for flag, value in (("--run-dir", cfg.run_dir), ("--ckpt-dir", cfg.ckpt_dir)):
+        path = Path(str(value))
+        probe = path
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        if not probe.is_dir():
+            where = "is a file" if probe == path else f"is under {probe}, a file"
+            raise ConfigError(f"{flag} {value} {where}; pass a directory path")
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".ddpkit-probe-", dir=probe))
+        except OSError as e:
+            raise ConfigError(
+                f"{flag} {value}: cannot create directories in {probe} ({e.strerror}); "
+                "pass a writable path"
+            ) from None
 
 
 def log_backends(cfg: TrainConfig) -> list[str]:

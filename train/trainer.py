@@ -201,6 +201,7 @@ class Trainer:
             "parallel": c.parallel,
             "sharding": c.sharding,
             "model": c.model,
+            "optimizer": c.optimizer,
             "global_batch": self.global_batch,
             "epoch": self.sampler.epoch,
             "consumed": self.sampler.consumed,
@@ -384,9 +385,14 @@ class Trainer:
 
     def maybe_resume(self) -> None:
         self.phase = "checkpoint load"
-        got = self.ckpt.resume(self.cfg.resume, self.states)
+        states = dict(self.states)
+        if self.cfg.reset_optimizer:  # the optimizer keeps its fresh state
+            del states["optim"]
+        got = self.ckpt.resume(self.cfg.resume, states)
         if got is None:
             return
+        if self.cfg.reset_optimizer:
+            self.reporter.info("--reset-optimizer: the optimizer state starts fresh")
         path, _ = got
         state = self._resumed
         self.step = int(state["step"])
