@@ -10,7 +10,8 @@ second apart. `python -m train` runs unchanged; a wrapper around Trainer.train_s
 start of every `--block`-th kit step, closes the kit block just finished (its time includes
 each step's logging, checkpoint poll and stop-signal check, since it runs from one block
 start to the next), runs the plain blocks due next (bench.plain_ddp.PlainLoop: its own
-model, DDP, sampler and AdamW on the kit's data tensors), and switches the kit variant:
+model, DDP, sampler and AdamW on the kit's data tensors; plain-fsdp: bench.plain_fsdp, an
+hf: model under FSDP2 by hand), and switches the kit variant:
   kit         as users run it, logging every `--block` steps (pass --log-interval = --block)
   kit-nolog   --log-interval set above the run length for this block (no logging step)
   kit-nostop  StopRequest.agreed patched to "no signal" (no per-step all_reduce)
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 
 KIT = ("kit", "kit-nolog", "kit-nostop")
-PLAIN = ("plain", "plain-gather")
+PLAIN = ("plain", "plain-gather", "plain-fsdp")
 
 
 def schedule(variants: list[str], cycles: int) -> list[tuple[int, str]]:
@@ -69,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     st: dict = {"pos": 0, "current": None, "count": 0, "start": 0.0, "stamps": []}
 
     def plain_loop(tr, v: str) -> PlainLoop:
+        if v == "plain-fsdp" and v not in loops:  # an hf: model under FSDP2, by hand
+            from bench.plain_fsdp import PlainFSDPLoop
+
+            loops[v] = PlainFSDPLoop(tr.cfg, tr.data)
         if v not in loops:  # built lazily: DDP's constructor broadcasts, on both ranks alike
             c = tr.cfg
             mode = "loader" if v == "plain" else "gather"

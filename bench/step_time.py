@@ -210,6 +210,12 @@ class Interleaved:
     batch_size: int = 64
     synthetic_samples: int = 8192
     timeout_s: float = 420.0
+    kit_args: tuple[str, ...] = ()  # more `python -m train` flags (hf: dataset, FSDP, ...)
+    label: str = ""  # the name in tables and file names (default: the model)
+
+    @property
+    def name(self) -> str:
+        return self.label or self.model
 
 
 def interleaved_command(case: Interleaved, out: Path, run_dir: Path) -> list[str]:
@@ -240,6 +246,7 @@ def interleaved_command(case: Interleaved, out: Path, run_dir: Path) -> list[str
         str(case.synthetic_samples),
         "--log-interval",
         str(case.block),
+        *case.kit_args,
         *kit_run_flags(run_dir),
     )
 
@@ -247,7 +254,7 @@ def interleaved_command(case: Interleaved, out: Path, run_dir: Path) -> list[str
 def run_interleaved(case: Interleaved, launches: int, work: Path, log) -> dict[str, Any]:
     runs = []
     for i in range(launches):
-        out, run_dir = work / f"inter-{case.model}-{i}.json", work / f"inter-{case.model}-{i}"
+        out, run_dir = work / f"inter-{case.name}-{i}.json", work / f"inter-{case.name}-{i}"
         cmd = interleaved_command(case, out, run_dir)
         _, wall, _ = launch(cmd, case.timeout_s)
         rec = read_json(out)
@@ -256,7 +263,7 @@ def run_interleaved(case: Interleaved, launches: int, work: Path, log) -> dict[s
         runs.append({"launch": i, "command": shlex.join(cmd), "wall_s": wall, **rec})
         s = summarize_blocks(case, [rec])
         log(
-            f"  {case.model:<8} interleaved launch {i}: "
+            f"  {case.name:<8} interleaved launch {i}: "
             + ", ".join(f"{v} {s[v]['step_s']['median'] * 1e3:.2f} ms" for v in case.variants)
             + f" ({wall:.0f} s)"
         )
@@ -274,7 +281,7 @@ def summarize_blocks(case: Interleaved, runs: list[dict[str, Any]]) -> dict[str,
     out: dict[str, Any] = {}
     for v in case.variants:
         out[v] = {"step_s": spread([c[v] for c in cycles if v in c])}
-        for base in BASELINES:
+        for base in (*BASELINES, "plain-fsdp"):
             if v in interleaved.KIT and base in case.variants:
                 pairs = [c[v] / c[base] for c in cycles if v in c and base in c]
                 out[v][f"ratio_vs_{base}"] = spread(pairs)
@@ -289,7 +296,7 @@ def interleaved_rows(result: dict[str, Any]) -> list[list[str]]:
     case, s = result["case"], result["summary"]
     return [
         [
-            case["model"],
+            case.get("label") or case["model"],
             v,
             fmt_spread(s[v]["step_s"], 1e3, 2),
             *(fmt_spread(s[v].get(f"ratio_vs_{b}"), 1.0, 3) for b in BASELINES),

@@ -63,16 +63,23 @@ def make_tokenizer(out: Path, docs: list[str]) -> int:
     return len(fast)
 
 
-def make_model_dir(out: Path, vocab: int, arch: str = "llama") -> None:
+SIZES = {  # hidden, layers: "test" for the tests, "bench" for make bench (~ms per step)
+    "test": (32, 2),
+    "bench": (64, 4),
+}
+
+
+def make_model_dir(out: Path, vocab: int, arch: str = "llama", size: str = "test") -> None:
     """config.json only: the kit initialises it from --seed."""
     from transformers import GPT2Config, LlamaConfig
 
+    hidden, layers = SIZES[size]
     if arch == "llama":
         cfg = LlamaConfig(
             vocab_size=vocab,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
             num_attention_heads=4,
             num_key_value_heads=2,
             max_position_embeddings=64,
@@ -83,13 +90,13 @@ def make_model_dir(out: Path, vocab: int, arch: str = "llama") -> None:
     cfg.save_pretrained(str(out))
 
 
-def make_all(root: Path, arch: str = "llama") -> tuple[Path, Path]:
-    """(model dir with config + tokenizer, data dir with a .txt and a .jsonl shard... of one kind)"""
-    docs = corpus()
+def make_all(root: Path, arch: str = "llama", size: str = "test") -> tuple[Path, Path]:
+    """(model dir: config + tokenizer, data dir: two JSON-lines shards of the corpus)"""
+    docs = corpus(400 if size == "test" else 4000)
     model = root / "model"
     model.mkdir(parents=True, exist_ok=True)
     vocab = make_tokenizer(model, docs)
-    make_model_dir(model, vocab, arch)
+    make_model_dir(model, vocab, arch, size)
     data = root / "data"
     data.mkdir(exist_ok=True)
     half = len(docs) // 2
