@@ -191,3 +191,16 @@ def test_fit_is_import_light_and_rejects_unknown_settings(tmp_path):
     )
     assert p.returncode == 2, p.stderr
     assert p.stderr.startswith("error: fit(): unknown setting 'stepz'"), p.stderr
+
+
+def test_a_job_file_carries_model_args_to_the_nodes_as_json():
+    from tools.spec import load_spec
+    from train.config import parse_config
+
+    spec = load_spec(JOB)
+    argv = spec.train_argv()
+    i = argv.index("--model-args")
+    assert argv[i + 1] == '{"width":64,"depth":3}'  # JSON, not a Python repr
+    cfg, _ = parse_config(argv)
+    assert cfg.model_args == {"width": 64, "depth": 3}
+    assert cfg.dataset_args == {"samples": 2048}

@@ -12,6 +12,7 @@ exits 2. Rendering reads nothing but a JobSpec, so everything a backend needs is
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import posixpath
 import re
@@ -174,6 +175,8 @@ class JobSpec:
             flag = "--" + key.replace("_", "-")
             if isinstance(value, bool):
                 args.append(flag if value else "--no-" + key.replace("_", "-"))
+            elif isinstance(value, dict):  # model_args / dataset_args: the flag takes JSON
+                args += [flag, json.dumps(value, separators=(",", ":"))]
             elif value is not None:
                 args += [flag, str(value)]
         if self.ckpt_dir:
