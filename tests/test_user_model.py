@@ -204,3 +204,55 @@ def test_a_job_file_carries_model_args_to_the_nodes_as_json():
     cfg, _ = parse_config(argv)
     assert cfg.model_args == {"width": 64, "depth": 3}
     assert cfg.dataset_args == {"samples": 2048}
+
+
+STATE_SCRIPT = """
+import sys
+import torch
+sys.path.insert(0, sys.argv.pop(1))
+from train import fit
+
+class Counter:  # the user's own state: forward passes seen
+    def __init__(self):
+        self.n = 0
+    def state_dict(self):
+        return {"n": torch.tensor(self.n)}
+    def load_state_dict(self, state):
+        self.n = int(state["n"])
+
+counter = Counter()
+
+class Net(torch.nn.Linear):
+    def forward(self, x):
+        counter.n += 1
+        return super().forward(x)
+
+def data(cfg):
+    x = torch.randn(256, 4, generator=torch.Generator().manual_seed(0))
+    return torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long()), None
+
+raise SystemExit(fit(lambda cfg: Net(4, 2), data, states={"counter": counter}, batch_size=8))
+"""
+
+
+def test_a_user_state_object_is_checkpointed_and_restored(tmp_path):
+    from tests.trainrun import full_params
+
+    script = tmp_path / "s.py"
+    script.write_text(STATE_SCRIPT)
+    run_dir = tmp_path / "r"
+
+    def run(steps: int) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [PY, str(script), str(ROOT), "--steps", str(steps), "--run-dir", str(run_dir)]
+            + ["--no-eval", "--progress", "plain"],
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    assert run(4).returncode == 0
+    assert run(7).returncode == 0  # resumes from step-4: the counter continues from 4
+    assert int(full_params(run_dir / "checkpoints" / "step-4", "user_counter")["n"]) == 4
+    assert int(full_params(run_dir / "checkpoints" / "step-7", "user_counter")["n"]) == 7

@@ -29,6 +29,7 @@ def fit(
     dataset: str | Callable[..., Any] | None = None,
     loss: str | Callable[..., Any] | None = None,
     *,
+    states: dict[str, Any] | None = None,
     argv: Sequence[str] | None = None,
     **config: Any,
 ) -> int:
@@ -36,7 +37,10 @@ def fit(
     input, 75 preempted: requeue). model/dataset/loss: a callable (the contracts in
     train/registry.py) or a name/import path as the flags take. `config`: TrainConfig fields
     as keywords (e.g. steps=100, model_args={"width": 64}); command-line flags override
-    them (argv defaults to sys.argv[1:])."""
+    them (argv defaults to sys.argv[1:]). `states`: your own objects with
+    state_dict()/load_state_dict() (an EMA, a curriculum), saved in every checkpoint as the
+    part `user_<name>` and restored on resume (a checkpoint without it: one warning, the
+    object keeps its value)."""
     import sys
 
     from train import registry
@@ -45,4 +49,14 @@ def fit(
     for key, part in (("model", model), ("dataset", dataset), ("loss", loss)):
         if part is not None:
             config[key] = part if isinstance(part, str) else registry.name_callable(part)
-    return main(list(sys.argv[1:] if argv is None else argv), defaults=config)
+    for name, obj in (states or {}).items():  # bad input: one line, exit 2, like the flags
+        if not name.isidentifier() or not all(
+            callable(getattr(obj, m, None)) for m in ("state_dict", "load_state_dict")
+        ):
+            print(
+                f"error: fit(states={{{name!r}: ...}}): needs an identifier as the name and an "
+                f"object with state_dict/load_state_dict (got a {type(obj).__name__})",
+                file=sys.stderr,
+            )
+            return 2
+    return main(list(sys.argv[1:] if argv is None else argv), defaults=config, states=states)

@@ -14,8 +14,13 @@ from train import early
 from train.config import EXIT_BAD_INPUT, ConfigError, dump, parse_config
 
 
-def main(argv: list[str] | None = None, defaults: dict[str, Any] | None = None) -> int:
-    """`defaults`: settings a script passes through train.fit (flags and --config win)."""
+def main(
+    argv: list[str] | None = None,
+    defaults: dict[str, Any] | None = None,
+    states: dict[str, Any] | None = None,
+) -> int:
+    """`defaults`: settings a script passes through train.fit (flags and --config win);
+    `states`: its own objects with state_dict/load_state_dict, checkpointed by name."""
     early.install()  # first: a stop signal during start-up is recorded, not fatal
     try:
         cfg, print_only = parse_config(argv, defaults)
@@ -48,7 +53,7 @@ def main(argv: list[str] | None = None, defaults: dict[str, Any] | None = None) 
     world = None
     try:
         world = distributed.init(cfg)
-        return Trainer(cfg, world).train()
+        return Trainer(cfg, world, states).train()
     except ConfigError as e:
         if world is None:
             return _before_group(e)

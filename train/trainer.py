@@ -56,7 +56,7 @@ class CollectiveFailure(RuntimeError):
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, world: World):
+    def __init__(self, cfg: TrainConfig, world: World, states: dict[str, Any] | None = None):
         self.cfg, self.world = cfg, world
         self.t_start = time.perf_counter()
         self.run_dir = Path(cfg.run_dir)
@@ -138,6 +138,7 @@ class Trainer:
         }
         if self.scaler is not None:
             self.states["scaler"] = self.scaler
+        self.states.update({f"user_{k}": v for k, v in (states or {}).items()})  # train.fit
         self.throughputs: list[float] = []
         self.mfus: list[float] = []
         self.peak_flops = peak_flops(world.device, cfg.peak_tflops)
