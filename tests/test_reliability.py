@@ -257,3 +257,51 @@ def test_usr1_then_term_to_the_agent_saves_and_writes_the_marker(tmp_path):
     assert marker["launch_id"] == "L1" and marker["signal"] == "SIGUSR1", out
     assert (rd / "checkpoints" / f"step-{marker['step']}" / ".complete").is_file()
     assert f"SIGUSR1 received: saving a checkpoint at step {marker['step']}" in out
+
+
+# --- item 8: a full disk ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A 1.5 MB tmpfs (an mlp checkpoint with AdamW state is ~2.4 MB): needs root."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (the disk-full cases run as root in CI)")
+    d = tmp_path / "tmpfs"
+    d.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1500k", "tmpfs", str(d)],
+                       capture_output=True, text=True)  # fmt: skip
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {p.stderr.strip()}")
+    yield d
+    subprocess.run(["umount", str(d)], check=False)
+
+
+NO_SPACE = re.compile(
+    r"^error: no space left on device writing (\S+) \((\d+) bytes free(, about (\d+) needed)?\); "
+)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_full_disk_during_a_save_is_one_line(tmpfs, mode):
+    rd = tmpfs / "run"
+    extra = ("--ckpt-async",) if mode == "async" else ()
+    run = train(rd, *SMALL, "--steps", "4", "--ckpt-interval", "2", *extra, check=False)
+    assert run.rc == 2 and "Traceback" not in run.out, run.out
+    [line] = [x for x in run.out.splitlines() if x.startswith("error: ")]
+    m = NO_SPACE.match(line)
+    assert m and m.group(1) == str(rd / "checkpoints" / "step-2"), line
+    assert int(m.group(4)) > 2_000_000  # the state of the mlp and AdamW
+    assert not (rd / "checkpoints" / "step-2").exists()  # the partial save is gone
+
+
+def test_a_full_run_dir_is_one_line(tmpfs, tmp_path):
+    rd = tmpfs / "run"
+    filler = tmpfs / "fill"
+    with open(filler, "wb") as f:  # leave ~20 KB: the metrics lines fill it during training
+        f.write(b"\0" * (1500 * 1024 - 20 * 1024))
+    args = ("--steps", "2000", "--ckpt-dir", str(tmp_path / "ck"), "--no-ckpt-final")
+    run = train(rd, *SMALL, *args, check=False)
+    assert run.rc == 2 and "Traceback" not in run.out, run.out[-2000:]
+    [line] = [x for x in run.out.splitlines() if x.startswith("error: ")]
+    assert NO_SPACE.match(line) and str(rd) in line, line

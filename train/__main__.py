@@ -65,6 +65,17 @@ def main(
             return EXIT_BAD_INPUT
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
+    except OSError as e:  # a full run dir (metrics, summary, config): one line, not a traceback
+        from pathlib import Path
+
+        from train.ckpt_files import is_no_space, no_space_message
+
+        if not is_no_space(e):
+            raise
+        if world is None or _claim_user_error():
+            where = Path(e.filename) if e.filename else Path(str(cfg.run_dir))
+            print(f"error: {no_space_message(where)}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
     except (RuntimeError, dist.DistError):
         if world is not None and _user_error_seen():
             return EXIT_BAD_INPUT

@@ -28,10 +28,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from train.ckpt_files import checksum_files, verify_files
+from train.ckpt_files import checksum_files, is_no_space, no_space_message, verify_files
 from train.config import ConfigError
 from train.contract import CKPT_MARKER as MARKER
 from train.contract import CKPT_STEP_PREFIX
+
+
+def _errors() -> tuple[type[BaseException], ...]:
+    """What a save or load can raise: DCP gathers every rank's errors into a
+    CheckpointException, a BaseException (imported here: DCP loads on first use)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return (Exception, CheckpointException)
+
 
 _STEP_DIR = re.compile(rf"^{CKPT_STEP_PREFIX}(\d+)$")
 
@@ -184,6 +193,20 @@ def verify(path: Path) -> str | None:
     return problem
 
 
+class DiskFull(ConfigError):
+    """No space left for a checkpoint: one line (where, free, needed), exit 2."""
+
+
+def _tensor_bytes(tree: Any) -> int:
+    if isinstance(tree, torch.Tensor):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, dict):
+        return sum(_tensor_bytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in tree)
+    return 0
+
+
 class UnusableCheckpoint(Exception):
     """A complete-looking checkpoint that fails verification or loading (message: why)."""
 
@@ -201,6 +224,7 @@ class Checkpointer:
         self._pending: tuple[Any, Path, dict[str, Any], float] | None = None
         self._staging: Any = None  # CUDA: the device-to-host copy still running
         self._stager: Any = None
+        self._local_bytes = 0  # this rank's tensor bytes in the last save
 
     # --- save ----------------------------------------------------------------------------
 
@@ -228,6 +252,7 @@ class Checkpointer:
         dist.barrier(group=self.pg)
         # An empty part (a grad scaler never used) has nothing to save and nothing to miss.
         state = {name: sd for name, part in states.items() if (sd := part.state_dict())}
+        self._local_bytes = _tensor_bytes(state)
         if self.use_async and not force_sync:
             resp = dcp.async_save(
                 state,
@@ -239,9 +264,32 @@ class Checkpointer:
             self._staging = getattr(resp, "staging_completion", None)
             self._pending = (fut, path, info, t0)
         else:
-            dcp.save(state, checkpoint_id=str(path), process_group=self.pg)
-            self._finish(path, info, t0)
+            try:
+                dcp.save(state, checkpoint_id=str(path), process_group=self.pg)
+                self._finish(path, info, t0)
+            except _errors() as e:
+                self._raise_if_no_space(e, path, _tensor_bytes(state))
+                raise
         return time.perf_counter() - t0
+
+    def _raise_if_no_space(self, e: BaseException, path: Path, local: int | None) -> None:
+        """A full disk: the partial step dir goes (it only takes space), DiskFull says where,
+        how much is free and how much a checkpoint needs (the last one's size, else at
+        least this rank's state)."""
+        complete, _ = list_checkpoints(self.dir)
+        share = local or self._local_bytes
+        needed = sum(f.stat().st_size for f in complete[-1].iterdir()) if complete else share
+        # torch.save reports a full disk as "unexpected pos N vs M" (no errno), so a failed
+        # write counts as a full disk also when less than this rank's share is free.
+        try:
+            free = shutil.disk_usage(path if path.exists() else self.dir).free
+        except OSError:
+            free = None
+        if not is_no_space(e) and not (free is not None and share and free < share):
+            return
+        if self.rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
+        raise DiskFull(no_space_message(path, needed)) from None
 
     def _get_stager(self) -> Any:
         """One stager for the whole run: its host buffers are allocated by the first async
@@ -286,9 +334,13 @@ class Checkpointer:
             return
         fut, path, info, t0 = self._pending
         self._pending = None
-        self.wait_staging()
-        fut.result()
-        self._finish(path, info, t0)
+        try:
+            self.wait_staging()
+            fut.result()
+            self._finish(path, info, t0)
+        except _errors() as e:
+            self._raise_if_no_space(e, path, None)
+            raise
 
     def _finish(self, path: Path, info: dict[str, Any], t0: float) -> None:
         # On rank 0 DCP returns only after gathering every rank's write results and
@@ -394,14 +446,12 @@ class Checkpointer:
                 f"warning: checkpoint {path} has no {', '.join(missing)} (written before "
                 f"{'it was' if len(missing) == 1 else 'they were'} checkpointed): fresh values kept"
             )
-        from torch.distributed.checkpoint.api import CheckpointException
-
         problem = None
         try:
             dcp.load(state, checkpoint_id=str(path), process_group=self.pg)
         # DCP gathers every rank's read errors into a CheckpointException (a BaseException)
         # raised on all ranks; the all-reduce in _agree covers a rank that failed alone.
-        except (Exception, CheckpointException) as e:
+        except _errors() as e:
             problem = f"load failed ({describe(e)})"
         self._agree(problem)
         for name, sd in state.items():

@@ -106,8 +106,14 @@ class RunLock:
         if verdict == "dead":
             self.log(f"warning: taking over the stale lock {self.path} of a dead job ({who})")
         tmp = self.path.with_name(f"{LOCK_FILE}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps(_me()) + "\n")
-        os.replace(tmp, self.path)
+        try:
+            tmp.write_text(json.dumps(_me()) + "\n")
+            os.replace(tmp, self.path)
+        except OSError:  # e.g. a full disk: leave nothing behind
+            tmp.unlink(missing_ok=True)
+            if verdict == "free":
+                self.path.unlink(missing_ok=True)
+            raise
         self._thread = threading.Thread(target=self._beat, daemon=True, name="ddpkit-lock")
         self._thread.start()
 

@@ -23,6 +23,7 @@ from train.checkpoint import (
     Values,
     check_resume_path,
 )
+from train.ckpt_files import is_no_space, no_space_message
 from train.config import EXIT_REQUEUE, ConfigError, TrainConfig, dump, log_backends, profile_range
 from train.contract import EXIT_DIVERGED, write_requeue_marker
 from train.data import DataBundle, GlobalBatchSampler, iterate_batches
@@ -96,6 +97,12 @@ class Trainer:
                 self.lock.acquire()
             except ConfigError as e:
                 box[0] = str(e)
+            except OSError as e:  # a full disk, a read-only one: every rank leaves with it
+                box[0] = (
+                    no_space_message(self.lock.path)
+                    if is_no_space(e)
+                    else f"{cfg.ckpt_dir}: cannot write the lock file ({e.strerror})"
+                )
         dist.broadcast_object_list(box, src=0)
         if box[0] is not None:
             raise ConfigError(box[0])
