@@ -1,75 +1,47 @@
 #!/usr/bin/env bash
-# ddpkit container entrypoint: torchrun -> python -m train on this node.
+# ddpkit container entrypoint: the node launcher (python -m train.node) on this node.
 #
-#   <image> [train flags]     torchrun, one process per visible GPU (NCCL), or one per usable
-#                             CPU with gloo when no GPU is visible; the flags go to train.
-#   <image> COMMAND [ARGS]    runs COMMAND as given (bash, python, torchrun ...), for
-#                             launchers that build the whole command line themselves.
+#   <image> [train flags]              the kit's trainer with these flags
+#   <image> [node flags] -- ENTRY...   what the launcher renders: the node launcher's flags
+#                                      (--run-dir, --shutdown-timeout, --max-restarts ...)
+#                                      and the entry point (-m train FLAGS, -m MODULE ARGS,
+#                                      or SCRIPT ARGS: the user's code in the image)
+#   <image> COMMAND [ARGS]             runs COMMAND as given (bash, python, torchrun ...), for
+#                                      launchers that build the whole command line themselves
 #
-# torchrun reads PET_<FLAG> variables as the defaults of its flags (a PyTorchJob sets
-# PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR, ...). This script passes no flag whose PET_
-# variable is set, so the launcher's values win; PET_NPROC_PER_NODE overrides the process
-# count. Without any rendezvous variable the run is single-node (--standalone).
-#
-# Signals: TERM, INT, HUP, QUIT, USR1 and USR2 are forwarded to torchrun, which forwards them
-# to the workers (--signals-to-handle); the workers save a checkpoint and rank 0 writes
-# <run dir>/requeue.json. torchrun itself exits 1 then, so this script turns that file into
-# exit status 75 ("saved after a preemption signal, please requeue").
+# The node launcher (train/node.py) runs torchrun in process with the launch contract: the
+# stop signals reach the workers, the shutdown budget, and one exit status (2 bad input,
+# 3 diverged, 75 saved after a stop signal: requeue). This script only adds what depends on
+# the container: the process count (one per visible GPU, else one per usable CPU with gloo;
+# PET_NPROC_PER_NODE overrides) and --standalone when no rendezvous is given. torchrun reads
+# PET_<FLAG> variables (a PyTorchJob sets them) as the defaults of its flags.
 set -euo pipefail
 
-readonly EXIT_REQUEUE=75
-readonly HANDLED_SIGNALS="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
 DDPKIT_HOME=${DDPKIT_HOME:-/opt/ddpkit}
 
 if [[ $# -gt 0 && $1 != -* ]]; then
     exec "$@"
 fi
+node_mode=0
 for arg in "$@"; do
-    case $arg in
-        -h | --help | --print-config) exec python -m train "$@" ;;
-    esac
+    [[ $arg == -- ]] && node_mode=1 && break
 done
-
-# Validates the flags (one line and exit 2 on bad input) and resolves the run dir.
-plan=$(python "$DDPKIT_HOME/docker/launch_plan.py" "$@") || exit $?
-mapfile -t lines <<<"$plan"
-run_dir=${lines[0]}
-shutdown_timeout=${lines[1]}
-nproc=${lines[2]:-}
+if ((!node_mode)); then
+    for arg in "$@"; do
+        case $arg in
+            -h | --help | --print-config) exec python -m train "$@" ;;
+        esac
+    done
+    set -- -- -m train "$@"
+fi
 
 launch=()
-[[ -n ${PET_SIGNALS_TO_HANDLE:-} ]] || launch+=(--signals-to-handle "$HANDLED_SIGNALS")
-[[ -n ${PET_SHUTDOWN_TIMEOUT:-} ]] || launch+=(--shutdown-timeout "$shutdown_timeout")
-[[ -n $nproc ]] && launch+=(--nproc-per-node "$nproc")
+if [[ -z ${PET_NPROC_PER_NODE:-} ]]; then
+    launch+=(--nproc-per-node "$(python "$DDPKIT_HOME/docker/launch_plan.py")")
+fi
 if [[ -z ${PET_NNODES:-}${PET_RDZV_ENDPOINT:-}${PET_MASTER_ADDR:-}${PET_STANDALONE:-} ]]; then
     launch+=(--standalone)
 fi
-
-started=$(date +%s)
-echo "ddpkit: torchrun ${launch[*]} -m train $*" >&2
-torchrun "${launch[@]}" -m train "$@" &
-child=$!
-
-# As PID 1 a shell ignores signals it has no trap for; forward each to torchrun.
-for sig in TERM INT HUP QUIT USR1 USR2; do
-    # shellcheck disable=SC2064  # expand $sig now: one trap per signal
-    trap "kill -s $sig $child 2>/dev/null || true" "$sig"
-done
-
-# `wait` returns early (status > 128) when a trapped signal arrives: wait again until
-# torchrun has really exited, then read its status.
-status=0
-while :; do
-    wait "$child" && status=0 || status=$?
-    kill -0 "$child" 2>/dev/null || break
-done
-if ((status > 128)); then
-    wait "$child" && status=0 || status=$?
-fi
-
-requeue="$run_dir/requeue.json"
-if [[ -f $requeue ]] && (($(stat -c %Y "$requeue") >= started)); then
-    echo "ddpkit: checkpoint saved after a preemption signal; exiting $EXIT_REQUEUE (requeue)" >&2
-    exit "$EXIT_REQUEUE"
-fi
-exit "$status"
+echo "ddpkit: python -m train.node ${launch[*]} $*" >&2
+# exec: the node launcher is PID 1; torchrun inside it handles the stop signals.
+exec python -m train.node "${launch[@]}" "$@"

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Container command of every ddpkit pod on Kubernetes (PyTorchJob and TrainJob). The
-# renderer embeds this file as `bash -c <this> ddpkit-k8s HOST_POD WAIT_S TORCHRUN_ARGS...`;
-# every user value arrives as an argument, never as part of this text.
+# renderer embeds this file as `bash -c <this> ddpkit-k8s HOST_POD WAIT_S NODE_ARGS...`;
+# every user value arrives as an argument, never as part of this text. NODE_ARGS go to the
+# node launcher every backend runs (python -m train.node [flags] -- <entry point>).
 #
 #   HOST_POD  the pod that hosts the rendezvous: <job>-master-0 (static), <job>-worker-0 (elastic)
 #   WAIT_S    how long a non-host pod waits for a TCP connection to the rendezvous endpoint
 #
-# The controller injects the rendezvous as PET_* variables (torchrun reads them as the
-# defaults of its flags): PET_MASTER_ADDR/PET_MASTER_PORT/PET_NODE_RANK for a static job
+# The controller injects the rendezvous as PET_* variables (torchrun, inside the node
+# launcher, reads them as the defaults of its flags): PET_MASTER_ADDR/PET_MASTER_PORT/PET_NODE_RANK for a static job
 # or a TrainJob, PET_RDZV_ENDPOINT for an elastic one. A pod can start before the host's
 # Service resolves or before its port listens, and torch fails at once on a name that does
 # not resolve, so the other pods first wait for a real TCP connection, not only DNS.
@@ -62,5 +63,5 @@ extra=()
 if [[ -n ${PET_RDZV_ENDPOINT:-} ]]; then
     extra+=(--rdzv-conf "${PET_RDZV_CONF:+$PET_RDZV_CONF,}is_host=$is_host")
 fi
-echo "ddpkit: torchrun ${extra[*]} $*" >&2
-exec torchrun "${extra[@]}" "$@"
+echo "ddpkit: python -m train.node ${extra[*]} $*" >&2
+exec python -m train.node "${extra[@]}" "$@"

@@ -90,7 +90,10 @@ def test_render_has_the_gpu_flags_and_the_volumes():
     # torchrun's shutdown timeout (30 s default) must fit in docker stop's grace
     assert "--stop-timeout=60" in argv
     image_at = argv.index("ddpkit:latest")
-    assert argv[image_at + 1 :] == _spec(gpus=8).train_argv()
+    rest = argv[image_at + 1 :]  # the node launcher's flags, then the entry point
+    assert rest[: rest.index("--")] == [
+        "--run-dir", "runs/default", "--shutdown-timeout", "30", "--max-restarts=0"]  # fmt: skip
+    assert rest[rest.index("--") + 1 :] == ["-m", "train", *_spec(gpus=8).train_argv()]
 
 
 @pytest.mark.parametrize(
@@ -206,17 +209,20 @@ def test_build_argv_bakes_the_builders_ids_but_never_root():
 
 
 def _entrypoint(tmp_path: Path, *args: str, env: dict[str, str] | None = None, fake=True):
-    """Run docker/entrypoint.sh in tmp_path; with fake=True torchrun only records its argv."""
+    """Run docker/entrypoint.sh in tmp_path; with fake=True `python` only records the node
+    launcher's command line (and exits FAKE_STATUS), anything else runs the real python."""
     bins = [str(VENV_BIN)]
     if fake:
         fake_dir = tmp_path / "fakebin"
         fake_dir.mkdir(exist_ok=True)
-        (fake_dir / "torchrun").write_text(
-            "#!/usr/bin/env bash\nprintf '%s\\n' \"$@\" > torchrun.args\n"
-            '[[ -n "${FAKE_REQUEUE:-}" ]] && mkdir -p runs/t && echo {} > runs/t/requeue.json\n'
-            "exit ${FAKE_STATUS:-0}\n"
+        (fake_dir / "python").write_text(
+            "#!/usr/bin/env bash\n"
+            "if [[ $1 == -m && $2 == train.node ]]; then\n"
+            "    printf '%s\\n' \"$@\" > node.args; exit ${FAKE_STATUS:-0}\n"
+            "fi\n"
+            f'exec {sys.executable} "$@"\n'
         )
-        (fake_dir / "torchrun").chmod(0o755)
+        (fake_dir / "python").chmod(0o755)
         bins.insert(0, str(fake_dir))
     base = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
     full = {
@@ -242,74 +248,54 @@ def _finish(p: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:
     return p.returncode, out, err
 
 
-def test_entrypoint_single_node_flags(tmp_path):
+def _node_args(tmp_path: Path) -> list[str]:
+    args = (tmp_path / "node.args").read_text().splitlines()
+    assert args[:2] == ["-m", "train.node"]
+    return args[2:]
+
+
+def test_entrypoint_train_flags_go_to_the_node_launcher(tmp_path):
     rc, _, err = _finish(
-        _entrypoint(
-            tmp_path,
-            "--name",
-            "t",
-            "--steps",
-            "3",
-            "--shutdown-timeout-s",
-            "45.5",
-            env={"PET_NPROC_PER_NODE": ""},
-        )
+        _entrypoint(tmp_path, "--name", "t", "--steps", "3", env={"PET_NPROC_PER_NODE": ""})
     )
     assert rc == 0, err
-    args = (tmp_path / "torchrun.args").read_text().splitlines()
-    assert args[args.index("--signals-to-handle") + 1].split(",") == [
-        "SIGTERM",
-        "SIGINT",
-        "SIGHUP",
-        "SIGQUIT",
-        "SIGUSR1",
-        "SIGUSR2",
-    ]
-    assert args[args.index("--shutdown-timeout") + 1] == "46"
-    # no GPU here: one process per CPU this process may use
-    assert args[args.index("--nproc-per-node") + 1] == str(len(os.sched_getaffinity(0)))
-    assert "--standalone" in args
-    assert args[args.index("-m") :] == [
-        "-m",
-        "train",
-        "--name",
-        "t",
-        "--steps",
-        "3",
-        "--shutdown-timeout-s",
-        "45.5",
-    ]
+    args = _node_args(tmp_path)
+    # no GPU here: one process per CPU this process may use; no rendezvous: standalone
+    assert args[: args.index("--")] == [
+        "--nproc-per-node", str(len(os.sched_getaffinity(0))), "--standalone"]  # fmt: skip
+    assert args[args.index("--") :] == ["--", "-m", "train", "--name", "t", "--steps", "3"]
+
+
+def test_entrypoint_runs_what_the_launcher_renders(tmp_path):
+    spec = load_spec(REPO_ROOT / "examples/plain_torchrun/job.toml", ["args=['--steps','5']"])
+    rc, _, err = _finish(_entrypoint(tmp_path, *docker.node_args(spec)))
+    assert rc == 0, err
+    args = _node_args(tmp_path)
+    assert args == ["--standalone", *docker.node_args(spec)]
+    assert args[args.index("--") :] == ["--", "examples/plain_torchrun/ddp_fit.py", "--steps", "5"]
 
 
 def test_entrypoint_leaves_launcher_pet_variables_to_torchrun(tmp_path):
-    env = {
-        "PET_NPROC_PER_NODE": "4",
-        "PET_NNODES": "2",
-        "PET_MASTER_ADDR": "job-master-0",
-        "PET_SIGNALS_TO_HANDLE": "SIGTERM",
-    }
+    env = {"PET_NPROC_PER_NODE": "4", "PET_NNODES": "2", "PET_MASTER_ADDR": "job-master-0"}
     rc, _, err = _finish(_entrypoint(tmp_path, "--steps", "3", env=env))
     assert rc == 0, err
-    args = (tmp_path / "torchrun.args").read_text().splitlines()
-    for flag in ("--standalone", "--nproc-per-node", "--signals-to-handle"):
+    args = _node_args(tmp_path)
+    for flag in ("--standalone", "--nproc-per-node"):
         assert flag not in args
 
 
-def test_entrypoint_turns_a_fresh_requeue_file_into_75_and_ignores_a_stale_one(tmp_path):
-    rc, _, err = _finish(
-        _entrypoint(tmp_path, "--name", "t", env={"FAKE_REQUEUE": "1", "FAKE_STATUS": "1"})
-    )
-    assert rc == 75, err
-    stale = tmp_path / "runs" / "t" / "requeue.json"
-    os.utime(stale, (time.time() - 3600, time.time() - 3600))
-    rc, _, _ = _finish(_entrypoint(tmp_path, "--name", "t", env={"FAKE_STATUS": "3"}))
-    assert rc == 3
+def test_entrypoint_passes_the_node_launchers_exit_status_through(tmp_path):
+    for status in ("75", "3", "2"):
+        rc, _, err = _finish(_entrypoint(tmp_path, "--name", "t", env={"FAKE_STATUS": status}))
+        assert rc == int(status), err
 
 
 def test_entrypoint_bad_input_and_commands(tmp_path):
-    rc, out, err = _finish(_entrypoint(tmp_path, "--batch-size", "0"))
-    assert rc == 2 and err.strip().count("\n") == 0 and "--batch-size" in err
-    assert not (tmp_path / "torchrun.args").exists()
+    # The real node launcher: the trainer's own check, one line, exit 2, no torchrun.
+    rc, out, err = _finish(_entrypoint(tmp_path, "--batch-size", "0", fake=False))
+    lines = [x for x in err.splitlines() if not x.startswith("ddpkit: python -m train.node")]
+    assert rc == 2 and len(lines) == 1 and "batch" in lines[0], err
+    assert not (tmp_path / "runs").exists()
     rc, out, _ = _finish(_entrypoint(tmp_path, "echo", "a b"))
     assert (rc, out) == (0, "a b\n")
 

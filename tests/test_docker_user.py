@@ -112,36 +112,61 @@ def test_bad_user_layer_is_one_line_before_anything_runs(sets, expect):
 # --- built and run with podman --------------------------------------------------------------
 
 
-@pytest.mark.skipif(harness.skip_reason() is not None, reason=harness.skip_reason() or "")
-@pytest.mark.container
-@pytest.mark.slow
-def test_plain_torchrun_script_runs_in_the_podman_built_user_image(tmp_path):
+def _build_and_run(tmp_path: Path, config: Path | None, sets: list[str]) -> Path:
+    """Build the kit image and the user image with the product's CLI (render docker
+    --build), then run the product's `docker run` argv (the node launcher, the job's entry
+    point) on 2 gloo ranks; returns the host side of the runs volume."""
     base, _ = harness.ensure_base_image(log=lambda m: print(m, file=sys.stderr))
-    ship = user_project(tmp_path)
-    sets = [
-        "image=localhost/ddpkit-user:test", "docker.kit_image=localhost/ddpkit:test",
-        f"docker.user_dir={ship}", f"docker.requirements={ship / 'requirements.txt'}",
-        "accelerator=cpu", f"docker.out_dir={tmp_path / 'runs'}", "name=ship",
-    ]  # fmt: skip
+    out = tmp_path / "runs"
+    out.mkdir()
+    sets = [*sets, "docker.kit_image=localhost/ddpkit:test", "accelerator=cpu",
+            f"docker.out_dir={out}"]  # fmt: skip
+    cfg = ["--config", str(config)] if config else []
     r = subprocess.run(
-        [sys.executable, "-m", "tools.launch", "render", "docker",
+        [sys.executable, "-m", "tools.launch", "render", "docker", *cfg,
          *[a for s in sets for a in ("--set", s)], "--build", "--base-image", base],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, env=harness.engine_env(),
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-4000:]
-    out = tmp_path / "runs"
-    out.mkdir()
-    spec = load_spec(REPO_ROOT / "configs/default.toml", sets, gpus=2)
-    argv = docker.run_argv(spec)
-    argv = argv[: argv.index(spec.image) + 1]
+    spec = load_spec(config, sets, gpus=2)
     ident = ["podman", "run", "--rm", "--entrypoint", "id", spec.image, "-u"]
     uid = subprocess.run(harness.adapt_run_argv(ident), capture_output=True, text=True,
                          timeout=120).stdout.strip()  # fmt: skip
-    if os.geteuid() == 0:
+    if os.geteuid() == 0:  # the volume belongs to the container user, as make docker-run does
         os.chown(out, int(uid), int(uid))
-    cmd = ["torchrun", "--standalone", "--nproc-per-node", "2", "shipme/train.py"]
-    r = subprocess.run(harness.adapt_run_argv(argv + cmd), capture_output=True, text=True,
-                       timeout=300)  # fmt: skip
+    r = subprocess.run(harness.adapt_run_argv(docker.run_argv(spec)), capture_output=True,
+                       text=True, timeout=300)  # fmt: skip
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    return out
+
+
+container = pytest.mark.skipif(
+    harness.skip_reason() is not None, reason=harness.skip_reason() or ""
+)
+
+
+@container
+@pytest.mark.container
+@pytest.mark.slow
+def test_plain_torchrun_example_runs_in_the_podman_built_user_image(tmp_path):
+    """examples/plain_torchrun (knows nothing of ddpkit) shipped with docker.user_dir and
+    run through the rendered `docker run`: the node launcher, its script entry point."""
+    job = REPO_ROOT / "examples/plain_torchrun/job.toml"
+    out = _build_and_run(tmp_path, job, ["image=localhost/ddpkit-plain:test",
+                                         "docker.user_dir=examples/plain_torchrun"])  # fmt: skip
+    result = json.loads((out / "plain-torchrun" / "result.json").read_text())
+    assert result["world_size"] == 2, result
+
+
+@container
+@pytest.mark.container
+@pytest.mark.slow
+def test_requirements_are_installed_in_the_podman_built_user_image(tmp_path):
+    ship = user_project(tmp_path)
+    job = REPO_ROOT / "examples/plain_torchrun/job.toml"  # a script job, retargeted
+    out = _build_and_run(tmp_path, job, [
+        "image=localhost/ddpkit-user:test", "name=ship", "script=shipme/train.py", "args=[]",
+        f"docker.user_dir={ship}", f"docker.requirements={ship / 'requirements.txt'}",
+    ])  # fmt: skip
     result = json.loads((out / "ship" / "result.json").read_text())
     assert result == {"world": 2, "sum": 3.0, "dep": 42, "script": "/workspace/shipme/train.py"}

@@ -186,11 +186,13 @@ def test_static_job_shape() -> None:
     assert c["ports"] == [{"name": "pytorchjob-port", "containerPort": 29500, "protocol": "TCP"}]
     amounts = {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "2"}
     assert c["resources"] == {"requests": amounts, "limits": amounts}
-    # torchrun takes nnodes/rank/master from the injected PET_* variables, not from flags.
+    # The node launcher every backend runs; torchrun inside it takes nnodes/rank/master
+    # from the injected PET_* variables, not from flags.
     cmd = c["command"] + c["args"]
-    assert cmd[:2] == ["bash", "-c"] and "exec torchrun" in cmd[2]
-    i = cmd.index("-m")
-    assert cmd[i : i + 2] == ["-m", "train"] and cmd[i + 2 :] == spec.train_argv()
+    assert cmd[:2] == ["bash", "-c"] and "exec python -m train.node" in cmd[2]
+    assert cmd[6:] == spec.node_argv([])[3:]  # [python -m train.node] flags -- -m train ...
+    i = cmd.index("--")
+    assert cmd[i + 1 : i + 3] == ["-m", "train"] and cmd[i + 3 :] == spec.train_argv()
     assert not {"--nnodes", "--node-rank", "--master-addr", "--rdzv-endpoint"} & set(cmd)
     assert cmd[4] == "default-master-0"  # the pod the others wait for
     # /dev/shm in memory; checkpoints on the claim, at the checkpoint path.

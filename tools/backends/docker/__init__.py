@@ -6,8 +6,9 @@
             cancel is `docker stop` with time for the checkpoint the signal triggers
     render --build [--base-image IMG]   also builds the image (make docker-build)
 
-Inside the container the entrypoint (docker/entrypoint.sh) starts torchrun with the process
-count given here (PET_NPROC_PER_NODE) and the training flags of the spec. Relative host
+Inside the container the entrypoint (docker/entrypoint.sh) runs the node launcher every
+backend runs (python -m train.node) with the flags and the entry point rendered here, the
+process count (PET_NPROC_PER_NODE, or one per visible GPU) and --standalone. Relative host
 paths (docker.out_dir, docker.data_dir) are relative to the repository root, where the
 Makefile runs.
 """
@@ -15,7 +16,6 @@ Makefile runs.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shutil
 import subprocess
@@ -29,6 +29,7 @@ from tools.backends.docker import user as docker_user
 from tools.spec import JobSpec, SpecError
 from tools.templating import REPO_ROOT, shell_quote
 from train.config import TrainConfig
+from train.contract import DEFAULT_SHUTDOWN_TIMEOUT_S, shutdown_budget_s
 
 FILE_EXT = "sh"
 DOCKERFILE = "docker/Dockerfile"
@@ -59,8 +60,7 @@ def _under_runs(spec: JobSpec, key: str, value: str) -> None:
 
 def stop_timeout_s(spec: JobSpec) -> int:
     """docker stop's grace: torchrun's shutdown timeout (the save must fit) plus a margin."""
-    shutdown = spec.train.get("shutdown_timeout_s", TrainConfig.shutdown_timeout_s)
-    return math.ceil(shutdown) + STOP_GRACE_S
+    return spec.shutdown_budget_s + STOP_GRACE_S
 
 
 def gpu_flag(spec: JobSpec) -> str | None:
@@ -86,8 +86,6 @@ def environment(spec: JobSpec) -> dict[str, str]:
     """Environment of the container: process count, debug preset, NCCL choices, env."""
     n = nproc(spec)
     env = {"PET_NPROC_PER_NODE": str(n)} if n is not None else {}
-    if spec.max_restarts:
-        env["PET_MAX_RESTARTS"] = str(spec.max_restarts)
     env.update(spec.launch_env())
     return env
 
@@ -133,14 +131,20 @@ def run_argv(spec: JobSpec, engine: str = "docker") -> list[str]:
         argv += ["-e", f"{key}={value}"]
     argv += list(d.extra_args)
     argv.append(spec.image)
-    return argv + spec.train_argv()
+    return argv + node_args(spec)
+
+
+def node_args(spec: JobSpec) -> list[str]:
+    """After the image: the node launcher's flags and the entry point (the entrypoint adds
+    the process count and --standalone, which depend on the container)."""
+    return spec.node_argv([])[3:]  # without `python -m train.node`
 
 
 def render(spec: JobSpec) -> str:
     """The command line, one option per line, every word shell-quoted."""
     argv = run_argv(spec)
     lines, i = [" ".join(shell_quote(a) for a in argv[:2])], 2
-    image_at = len(argv) - len(spec.train_argv()) - 1
+    image_at = len(argv) - len(node_args(spec)) - 1
     while i < image_at:
         takes_value = argv[i] in ("--name", "--label", "--gpus", "--ulimit", "-v", "-e")
         lines.append(" ".join(shell_quote(a) for a in argv[i : i + 1 + takes_value]))
@@ -315,7 +319,7 @@ def list_jobs(opts: argparse.Namespace) -> int:
 def cancel(job: str | None, opts: argparse.Namespace) -> int:
     """SIGTERM: the job saves a checkpoint and exits 75; SIGKILL only after the grace."""
     name, engine = _job(job, opts)
-    grace = STOP_GRACE_S + math.ceil(TrainConfig.shutdown_timeout_s)
+    grace = STOP_GRACE_S + shutdown_budget_s(DEFAULT_SHUTDOWN_TIMEOUT_S)
     if opts.spec is not None:
         grace = stop_timeout_s(opts.spec)
     return subprocess.run([engine, "stop", "--time", str(grace), name]).returncode

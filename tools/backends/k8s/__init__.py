@@ -29,7 +29,6 @@ from tools.backends.k8s.crds import PYTORCHJOB, TRAINJOB
 from tools.backends.k8s.crds import RUNTIME as TRAINER_RUNTIME
 from tools.spec import JobSpec
 from tools.templating import REPO_ROOT
-from train.contract import TORCHRUN_SIGNALS, shutdown_budget_s
 
 FILE_EXT = "yaml"
 PORT_NAME = "pytorchjob-port"
@@ -100,16 +99,10 @@ def env(spec: JobSpec) -> list[dict[str, Any]]:
     return [pod_name, *plain, *secrets]
 
 
-def shutdown_timeout_s(spec: JobSpec) -> int:
-    from train.config import TrainConfig
-
-    return shutdown_budget_s(spec.train.get("shutdown_timeout_s", TrainConfig.shutdown_timeout_s))
-
-
 def grace_period_s(spec: JobSpec) -> int:
     """terminationGracePeriodSeconds: SIGTERM, then this long for the checkpoint save (the
     shutdown budget) and the agent's exit before the kubelet sends SIGKILL."""
-    return shutdown_timeout_s(spec) + GRACE_MARGIN_S
+    return spec.shutdown_budget_s + GRACE_MARGIN_S
 
 
 def max_restarts(spec: JobSpec) -> int:
@@ -125,24 +118,24 @@ def host_pod(spec: JobSpec) -> str:
     return f"{spec.name}-{role}-0"
 
 
+def node_args(spec: JobSpec) -> list[str]:
+    """The node launcher's flags and the entry point (spec.node_argv without `python -m
+    train.node`); the rendezvous comes from the controller's PET_* variables."""
+    argv = spec.node_argv([])[3:]
+    # An elastic job restarts its group on every membership change: its own default.
+    return [
+        f"--max-restarts={max_restarts(spec)}" if a.startswith("--max-restarts=") else a
+        for a in argv[: argv.index("--")]
+    ] + argv[argv.index("--") :]
+
+
 def command(spec: JobSpec) -> tuple[list[str], list[str]]:
-    """(command, args) of the training container: the launch script, then its arguments."""
+    """(command, args) of the training container: the launch script, then its arguments
+    (every user value is an argument, never script text)."""
     text = LAUNCH_SCRIPT.read_text()
     # The file's header comment documents it in the repository; the manifest names it.
     script = "# ddpkit k8s/launch.sh\n" + text[text.index("set -euo pipefail") :]
-    args = [
-        host_pod(spec),
-        str(RDZV_WAIT_S),
-        "--signals-to-handle",
-        TORCHRUN_SIGNALS,
-        "--shutdown-timeout",
-        str(shutdown_timeout_s(spec)),
-        "--max-restarts",
-        str(max_restarts(spec)),
-        "-m",
-        "train",
-        *spec.train_argv(),
-    ]
+    args = [host_pod(spec), str(RDZV_WAIT_S), *node_args(spec)]
     return ["bash", "-c", script, "ddpkit-k8s"], args
 
 
