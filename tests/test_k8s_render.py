@@ -357,3 +357,12 @@ def test_rdma_asks_for_an_unlimited_memlock_instead_of_a_useless_ipc_lock() -> N
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     assert {"name": "DDPKIT_REQUIRE_MEMLOCK", "value": "unlimited"} in c["env"]
     assert c["resources"]["limits"]["rdma/ib"] == "1"
+
+
+def test_the_users_script_is_the_entry_point_of_every_pod() -> None:
+    spec = load_spec(REPO / "examples/plain_torchrun/job.toml", ["k8s.pvc=ckpt"], nodes=2)
+    (job,) = list(yaml.safe_load_all(k8s.render(spec)))
+    for r in job["spec"]["pytorchReplicaSpecs"].values():
+        args = r["template"]["spec"]["containers"][0]["args"]
+        assert args[args.index("--") :] == ["--", "examples/plain_torchrun/ddp_fit.py",
+                                            *spec.args]  # fmt: skip
