@@ -150,6 +150,27 @@ def test_logs_follow_and_list_ask_the_engine(tmp_path):
     assert argv[argv.index("--label") + 1] == "app.kubernetes.io/instance=job1"
 
 
+def test_poll_running_then_the_recorded_exit_status(tmp_path, monkeypatch):
+    from tools.backends import JobState, record_job
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "docker").write_text(
+        '#!/usr/bin/env bash\n[[ $1 == ps ]] && printf "%s" "${FAKE_PS:-}"\nexit 0\n'
+    )
+    (fake / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    monkeypatch.setattr("tools.backends.OUT_DIR", tmp_path / "out")
+    record_job("docker", "j1", engine="docker", image="x", run_dir="runs/j1")
+    monkeypatch.setenv("FAKE_PS", "running\tUp 3 seconds")
+    assert docker.poll("j1").state is JobState.RUNNING
+    monkeypatch.setenv("FAKE_PS", "")
+    assert docker.poll("j1").state is JobState.UNKNOWN  # gone, no exit status recorded
+    record_job("docker", "j1", engine="docker", image="x", run_dir="runs/j1", exit_code=75)
+    st = docker.poll("j1")
+    assert (st.state, st.exit_code) == (JobState.FAILED, 75)
+
+
 def test_render_cpu_run_has_no_gpu_flag_and_mounts_data_read_only(tmp_path):
     spec = _spec("accelerator=cpu", f"docker.data_dir={tmp_path}", "train.data_dir=data/mnist")
     argv = docker.run_argv(spec)

@@ -3,7 +3,6 @@ API server on loopback (tests/k8s_apiserver.py)."""
 
 from __future__ import annotations
 
-from argparse import Namespace
 from pathlib import Path
 
 import pytest
@@ -139,7 +138,9 @@ def test_no_kubeconfig_is_a_clear_error(tmp_path, monkeypatch, capsys):
 def test_submit_wait_follows_the_job_to_its_end(cluster, capsys, outcome, rc):
     cluster.finish_as = outcome
     got, out, err = cli(capsys, "submit", "k8s", "--set", "name=w", "--wait")
-    assert got == rc and f"w: {outcome}" in err
+    assert (
+        got == rc and f"job w: {outcome.lower()} exit={rc} (PyTorchJob default/w: {outcome})" in err
+    )
 
 
 def test_logs_follow_streams_every_pod_until_the_job_ends(cluster, capsys):
@@ -172,8 +173,7 @@ def test_list_shows_the_namespaces_ddpkit_jobs_of_both_kinds(cluster, capsys):
         assert rc == 0, err
     cluster.objects[("pytorchjobs", "default", "other")] = {
         "kind": "PyTorchJob", "metadata": {"name": "other", "labels": {"app": "x"}}}  # fmt: skip
-    rc = k8s.list_jobs(Namespace(spec=None, namespace=None))
-    out, err = capsys.readouterr()
+    rc, out, err = cli(capsys, "list", "k8s")
     assert rc == 0, err
     assert sorted(line.split("\t")[:3] for line in out.splitlines()) == [
         ["a1", "PyTorchJob", "Pending"], ["b2", "TrainJob", "Pending"]]  # fmt: skip

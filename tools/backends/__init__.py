@@ -46,8 +46,8 @@ from tools.templating import REPO_ROOT
 BACKENDS = {
     "local": "tools.backends.local:LocalBackend",
     "slurm": "tools.backends.slurm:SlurmBackend",
-    "k8s": "tools.backends.k8s",
-    "docker": "tools.backends.docker",
+    "k8s": "tools.backends.k8s:K8sBackend",
+    "docker": "tools.backends.docker:DockerBackend",
 }
 OUT_DIR = REPO_ROOT / "out"
 

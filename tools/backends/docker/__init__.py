@@ -16,6 +16,7 @@ Makefile runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
@@ -24,12 +25,12 @@ import tempfile
 import tomllib
 from pathlib import Path, PurePosixPath
 
-from tools.backends import last_job, record_job
+from tools.backends import Backend, JobState, JobStatus, last_job, record_job
 from tools.backends.docker import user as docker_user
 from tools.spec import JobSpec, SpecError
 from tools.templating import REPO_ROOT, shell_quote
 from train.config import TrainConfig
-from train.contract import DEFAULT_SHUTDOWN_TIMEOUT_S, shutdown_budget_s
+from train.contract import DEFAULT_SHUTDOWN_TIMEOUT_S, EXIT_REQUEUE, shutdown_budget_s
 
 FILE_EXT = "sh"
 DOCKERFILE = "docker/Dockerfile"
@@ -273,12 +274,38 @@ def submit(spec: JobSpec, opts: argparse.Namespace) -> int:
     engine = find_engine(getattr(opts, "engine", None))
     argv = run_argv(spec, engine)
     prepare_out_dir(spec, engine)
-    record_job("docker", spec.name, engine=engine, image=spec.image, run_dir=spec.run_dir)
+    info = {"engine": engine, "image": spec.image, "run_dir": spec.run_dir}
+    record_job("docker", spec.name, **info)
     print("+ " + " ".join(shell_quote(a) for a in argv), file=sys.stderr)
     try:
-        return subprocess.run(argv).returncode
+        rc = subprocess.run(argv).returncode
     except KeyboardInterrupt:  # the engine forwards Ctrl-C; report its status
-        return 130
+        rc = 130
+    record_job("docker", spec.name, **info, exit_code=rc)
+    return rc
+
+
+def poll(job: str) -> JobStatus:
+    """Running while the container exists (it is removed at the end), then the exit status
+    this checkout recorded, if it ran the job."""
+    rec: dict = {}
+    with contextlib.suppress(SpecError):  # nothing submitted from here yet
+        rec = last_job("docker")
+    engine = rec.get("engine") if rec.get("job") == job else None
+    r = subprocess.run(
+        [engine or find_engine(), "ps", "-a", "--filter", f"name=^{job}$", "--format",
+         "{{.State}}\t{{.Status}}"], capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    state, _, words = r.stdout.strip().partition("\t")
+    if state == "running":
+        return JobStatus(job, JobState.RUNNING, detail=f"({words})")
+    if state:
+        return JobStatus(job, JobState.PENDING, detail=f"({words})")
+    code = rec.get("exit_code") if rec.get("job") == job else None
+    if code is None:
+        return JobStatus(job, JobState.UNKNOWN, detail="(no such container)")
+    again = " (saved after a stop signal: run it again to resume)" if code == EXIT_REQUEUE else ""
+    return JobStatus(job, JobState.SUCCEEDED if code == 0 else JobState.FAILED, code, again)
 
 
 def _job(job: str | None, opts: argparse.Namespace) -> tuple[str, str]:
@@ -323,3 +350,35 @@ def cancel(job: str | None, opts: argparse.Namespace) -> int:
     if opts.spec is not None:
         grace = stop_timeout_s(opts.spec)
     return subprocess.run([engine, "stop", "--time", str(grace), name]).returncode
+
+
+class DockerBackend(Backend):
+    name = "docker"
+    file_ext = FILE_EXT
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        add_arguments(parser)
+
+    def render(self, spec: JobSpec) -> str:
+        return render(spec)
+
+    def after_render(self, spec: JobSpec, opts: argparse.Namespace, text: str) -> int:
+        return after_render(spec, opts, text)
+
+    def submit(self, spec: JobSpec, opts: argparse.Namespace) -> int:
+        return submit(spec, opts)  # in the foreground: it has ended when this returns
+
+    def poll(self, job: str) -> JobStatus:
+        return poll(job)
+
+    def status(self, job: str | None, opts: argparse.Namespace) -> int:
+        return status(job, opts)
+
+    def logs(self, job: str | None, opts: argparse.Namespace) -> int:
+        return logs(job, opts)
+
+    def cancel(self, job: str | None, opts: argparse.Namespace) -> int:
+        return cancel(job, opts)
+
+    def list_jobs(self, opts: argparse.Namespace) -> int:
+        return list_jobs(opts)

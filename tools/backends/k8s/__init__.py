@@ -17,11 +17,13 @@ Everything about Kubernetes, in this package and k8s/:
 
 from __future__ import annotations
 
+import argparse
 import posixpath
 from typing import Any
 
 import yaml
 
+from tools.backends import Backend, JobStatus
 from tools.backends.k8s import crds as k8s_crds
 from tools.backends.k8s.checks import check
 from tools.backends.k8s.crds import PYTORCH_CONTAINER as CONTAINER
@@ -382,42 +384,54 @@ def render(spec: JobSpec) -> str:
     return "\n".join(head) + "\n" + body
 
 
-# --- submission (kubernetes client) -----------------------------------------------------------
+# --- the backend (side effects in api.py, with the kubernetes client) ----------------------------
 
 
-def add_arguments(parser: Any) -> None:
-    parser.add_argument("-n", "--namespace", help="status/logs/cancel/list: the namespace")
-    if "--follow" not in parser._option_string_actions:  # the launcher may define it for all
-        parser.add_argument(
-            "-f", "--follow", action="store_true", help="logs: stream every pod to the job's end"
-        )
+class K8sBackend(Backend):
+    name = "k8s"
+    file_ext = FILE_EXT
 
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("-n", "--namespace", help="status/logs/cancel/list: the namespace")
+        if "--follow" not in parser._option_string_actions:  # the launcher may define it
+            parser.add_argument(
+                "-f", "--follow", action="store_true", help="logs: stream every pod to the end"
+            )
 
-def submit(spec: JobSpec, opts: Any) -> int:
-    from tools.backends.k8s import api as k8s_api
+    def render(self, spec: JobSpec) -> str:
+        return render(spec)
 
-    return k8s_api.submit(spec, manifests(spec), opts)
+    def submit(self, spec: JobSpec, opts: argparse.Namespace) -> int:
+        from tools.backends.k8s import api
 
+        rc = api.submit(spec, manifests(spec), opts)
+        if rc or not getattr(opts, "wait", False):
+            return rc
+        self._where = (spec.k8s.namespace, spec.k8s.api)
+        return self.wait(spec.name, poll_s=5.0)
 
-def status(job: str | None, opts: Any) -> int:
-    from tools.backends.k8s import api as k8s_api
+    def poll(self, job: str) -> JobStatus:
+        from tools.backends.k8s import api
 
-    return k8s_api.status(job, opts)
+        ns, kind = getattr(self, "_where", None) or api.where(job)
+        return api.poll(job, ns, kind)
 
+    def status(self, job: str | None, opts: argparse.Namespace) -> int:
+        from tools.backends.k8s import api
 
-def logs(job: str | None, opts: Any) -> int:
-    from tools.backends.k8s import api as k8s_api
+        return api.status(job, opts)
 
-    return k8s_api.logs(job, opts)
+    def logs(self, job: str | None, opts: argparse.Namespace) -> int:
+        from tools.backends.k8s import api
 
+        return api.logs(job, opts)
 
-def cancel(job: str | None, opts: Any) -> int:
-    from tools.backends.k8s import api as k8s_api
+    def cancel(self, job: str | None, opts: argparse.Namespace) -> int:
+        from tools.backends.k8s import api
 
-    return k8s_api.cancel(job, opts)
+        return api.cancel(job, opts)
 
+    def list_jobs(self, opts: argparse.Namespace) -> int:
+        from tools.backends.k8s import api
 
-def list_jobs(opts: Any) -> int:
-    from tools.backends.k8s import api as k8s_api
-
-    return k8s_api.list_jobs(opts)
+        return api.list_jobs(opts)

@@ -13,11 +13,10 @@ import json
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
-from tools.backends import last_job, record_job
+from tools.backends import JobState, JobStatus, last_job, record_job
 from tools.backends.k8s import crds as k8s_crds
 from tools.backends.k8s.crds import NODE as TRAINJOB_CONTAINER
 from tools.backends.k8s.crds import PYTORCH_CONTAINER, PYTORCHJOB, TRAINJOB
@@ -212,8 +211,6 @@ def submit(spec: JobSpec, docs: list[dict[str, Any]], opts: Any) -> int:
             )
             print(f"created {kind.lower()}/{spec.name} in namespace {ns}")
     record_job("k8s", spec.name, namespace=ns, api=api)
-    if getattr(opts, "wait", False):
-        return _wait(custom, spec.name, ns, api)
     return 0
 
 
@@ -225,6 +222,18 @@ def _target(job: str | None, opts: Any) -> tuple[str, str, str]:
         return rec["job"], getattr(opts, "namespace", None) or rec["namespace"], rec["api"]
     ns = getattr(opts, "namespace", None) or (spec.k8s.namespace if spec else "default")
     return job, ns, spec.k8s.api if spec else "pytorchjob"
+
+
+def where(job: str) -> tuple[str, str]:
+    """(namespace, api) of a job named without options: the last one submitted here if it is
+    that job, else the defaults."""
+    try:
+        rec = last_job("k8s")
+    except SpecError:
+        rec = {}
+    if rec.get("job") == job:
+        return rec["namespace"], rec["api"]
+    return "default", "pytorchjob"
 
 
 def _get(custom: Any, name: str, ns: str, api: str) -> dict[str, Any]:
@@ -249,18 +258,25 @@ def _finished(obj: dict[str, Any]) -> str | None:
     return None
 
 
-def _wait(custom: Any, name: str, ns: str, api: str, poll_s: float = 5.0) -> int:
-    seen = None
-    while True:
+def poll(name: str, ns: str, api: str) -> JobStatus:
+    """One look at the job, in the launcher's job-state vocabulary (Backend.wait loops on it)."""
+    custom, _, _ = _clients()
+    try:
         obj = _get(custom, name, ns, api)
-        conds = (obj.get("status") or {}).get("conditions") or []
-        last = conds[-1]["type"] if conds else "Pending"
-        if last != seen:
-            print(f"{name}: {last}", file=sys.stderr)
-            seen = last
-        if done := _finished(obj):
-            return 0 if done in ("Succeeded", "Complete") else 1
-        time.sleep(poll_s)
+    except SpecError as e:
+        if "not found" not in str(e):
+            raise
+        return JobStatus(name, JobState.UNKNOWN, detail=f"(not in namespace {ns})")
+    conds = [
+        c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("status") == "True"
+    ]
+    last = conds[-1]["type"] if conds else "Pending"
+    state = {
+        "Succeeded": JobState.SUCCEEDED, "Complete": JobState.SUCCEEDED,
+        "Failed": JobState.FAILED, "Running": JobState.RUNNING, "Restarting": JobState.RUNNING,
+    }.get(_finished(obj) or last, JobState.PENDING)  # fmt: skip
+    code = {JobState.SUCCEEDED: 0, JobState.FAILED: 1}.get(state)
+    return JobStatus(name, state, code, f"({obj.get('kind', api)} {ns}/{name}: {last})")
 
 
 def _pod_selector(name: str, api: str) -> str:
