@@ -171,6 +171,25 @@ def test_poll_running_then_the_recorded_exit_status(tmp_path, monkeypatch):
     assert (st.state, st.exit_code) == (JobState.FAILED, 75)
 
 
+def test_a_sweep_runs_n_named_containers_one_after_the_other(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "docker").write_text(
+        "#!/usr/bin/env python3\nimport json, sys\n"
+        "print(json.dumps(sys.argv[1:]), file=open(sys.argv[0] + '.log', 'a'))\n"
+        "sys.exit(3 if 'sw-1' in sys.argv else 0)\n"
+    )
+    (fake / "docker").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    args = ["--sweep", "train.steps=5,7", "--set", "name=sw", "--set", "accelerator=cpu"]
+    r = _launch("submit", "docker", *args, env=env)
+    assert r.returncode == 3, r.stderr  # a member's failure is the sweep's status
+    runs = [json.loads(x) for x in (fake / "docker.log").read_text().splitlines()]
+    runs = [a for a in runs if a[0] == "run"]
+    assert [a[a.index("--name") + 1] for a in runs] == ["sw-0", "sw-1"]
+    assert [a[a.index("--steps") + 1] for a in runs] == ["5", "7"]
+
+
 def test_render_cpu_run_has_no_gpu_flag_and_mounts_data_read_only(tmp_path):
     spec = _spec("accelerator=cpu", f"docker.data_dir={tmp_path}", "train.data_dir=data/mnist")
     argv = docker.run_argv(spec)

@@ -177,3 +177,20 @@ def test_list_shows_the_namespaces_ddpkit_jobs_of_both_kinds(cluster, capsys):
     assert rc == 0, err
     assert sorted(line.split("\t")[:3] for line in out.splitlines()) == [
         ["a1", "PyTorchJob", "Pending"], ["b2", "TrainJob", "Pending"]]  # fmt: skip
+
+
+def test_a_sweep_is_n_named_jobs(cluster, capsys):
+    sweep = ["--sweep", "train.lr=1e-3,3e-4", "--set", "name=sw"]
+    rc, out, err = cli(capsys, "render", "k8s", *sweep)
+    assert rc == 0, err
+    docs = list(yaml.safe_load_all(out))  # the members' manifests, one stream
+    assert [d["metadata"]["name"] for d in docs] == ["sw-0", "sw-1"]
+    rc, out, err = cli(capsys, "submit", "k8s", *sweep)
+    assert rc == 0, err
+    created = {k[2]: v for k, v in cluster.objects.items() if k[0] == "pytorchjobs"}
+    assert sorted(created) == ["sw-0", "sw-1"]
+    for name, lr in (("sw-0", "0.001"), ("sw-1", "0.0003")):
+        args = created[name]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
+            "containers"][0]["args"]  # fmt: skip
+        assert args[args.index("--lr") + 1] == lr
+        assert args[args.index("--run-dir") + 1] == f"runs/{name}"

@@ -380,7 +380,10 @@ def render(spec: JobSpec) -> str:
             "# no k8s.pvc: checkpoints stay on each pod's disk and are lost with the pod; "
             "set k8s.pvc (or k8s.pvc_size)"
         )
-    body = yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+    # explicit_start: every document opens with ---, so renders can be concatenated (sweeps)
+    body = yaml.dump_all(
+        docs, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100, explicit_start=True
+    )
     return "\n".join(head) + "\n" + body
 
 
