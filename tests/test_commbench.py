@@ -39,6 +39,17 @@ def test_parse_size():
         parse_size("big")
 
 
+def test_default_sweep_reaches_1g_on_gpus_and_stays_small_on_cpu():
+    import argparse
+
+    from tools.commbench import build_parser, size_sweep
+
+    args = build_parser().parse_args([])
+    gpu, cpu = size_sweep(args, on_gpu=True), size_sweep(args, on_gpu=False)
+    assert gpu[0] == cpu[0] == 1024 and gpu[-1] == 2**30 and cpu[-1] == 16 * 2**20
+    assert size_sweep(argparse.Namespace(**{**vars(args), "max_bytes": "64K"}), True)[-1] == 2**16
+
+
 def test_check_catches_a_wrong_result():
     import torch
     import torch.distributed as dist
