@@ -1,4 +1,5 @@
-"""An emulation of the Kubeflow PyTorchJob controller and the kubelet, for tests.
+"""An emulation of the Kubeflow PyTorchJob controller (and of Trainer v2's TrainJob on the
+torch-distributed runtime: `trainjob_pods`) and the kubelet, for tests.
 
 `pods(job)` applies the controller's rules (facts/kubeflow.md) to a rendered PyTorchJob:
 the pod names, and the environment it injects into each replica's `pytorch` container.
@@ -216,6 +217,45 @@ def pods(job: dict[str, Any]) -> list[Pod]:
     services = {p.name for p in out}
     for p in out:
         p.env = resolve(p.env, services)
+    return out
+
+
+def trainjob_pods(job: dict[str, Any], port: int) -> list[Pod]:
+    """The pods Trainer v2 makes from a rendered TrainJob (runtimePatches, Trainer 2.2+): the
+    runtime's `node` container with the trainer's image/command/args/env/resources and the
+    patch's pod fields, and the variables the torch plugin injects (facts/kubeflow.md):
+    PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK (the job completion index), PET_MASTER_ADDR
+    (<job>-node-0-0.<job>) and PET_MASTER_PORT (29500 on a cluster; `port` here, so tests
+    running side by side do not collide)."""
+    name, spec = job["metadata"]["name"], job["spec"]
+    trainer = spec["trainer"]
+    (patch,) = spec["runtimePatches"]
+    (rjob,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert rjob["name"] == "node", rjob["name"]  # the runtime's replicated job
+    pod_spec = rjob["template"]["spec"]["template"]["spec"]
+    (patched,) = [c for c in pod_spec["containers"] if c["name"] == "node"]
+    container = {
+        "name": "node", "image": trainer["image"], "command": trainer["command"],
+        "args": trainer["args"], "workingDir": "/workspace",  # the image's WORKDIR
+        "volumeMounts": patched.get("volumeMounts", []),
+    }  # fmt: skip
+    vols = {v["name"]: v for v in pod_spec.get("volumes", [])}
+    out = []
+    for rank in range(int(trainer["numNodes"])):
+        pod_name = f"{name}-node-0-{rank}"
+        env: dict[str, str] = {}
+        for e in trainer.get("env", []):
+            ref = e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+            env[e["name"]] = pod_name if ref == "metadata.name" else e["value"]
+        env |= {
+            "PYTHONUNBUFFERED": "1",
+            "PET_NNODES": str(trainer["numNodes"]),
+            "PET_NPROC_PER_NODE": str(trainer["numProcPerNode"]),
+            "PET_NODE_RANK": str(rank),
+            "PET_MASTER_ADDR": LOOPBACK,  # <job>-node-0-0.<job> on a cluster: this machine
+            "PET_MASTER_PORT": str(port),
+        }
+        out.append(Pod(pod_name, "node", rank, container, vols, env))
     return out
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.k8s_fakes import pods, running, wait_all, wait_for
+from tests.k8s_fakes import pods, running, trainjob_pods, wait_all, wait_for
 from tools.backends import k8s
 from tools.spec import load_spec
 
@@ -62,7 +62,7 @@ def _static(tmp_path, master, worker):
     # The worker starts first, as it may on a cluster: it must wait for the master's port.
     worker.start(tmp_path)
     time.sleep(3)
-    assert worker.proc.poll() is None and "ddpkit: torchrun" not in worker.log(), worker.log()
+    assert worker.proc.poll() is None and "train.node" not in worker.log(), worker.log()
     master.start(tmp_path)
     assert wait_all([master, worker], timeout=240) == [0, 0], worker.log() + master.log()
     assert "rendezvous endpoint 127.0.0.1:" in worker.log()
@@ -72,6 +72,27 @@ def _static(tmp_path, master, worker):
     # Checkpoints went to the shared claim (the mount path is the checkpoint path).
     ckpts = tmp_path / "pvc" / "ckpt"
     assert (ckpts / "step-12" / ".complete").is_file(), sorted(ckpts.rglob("*"))
+
+
+@pytest.mark.slow
+def test_trainjob_trains_on_the_torch_distributed_runtime(tmp_path):
+    """The Trainer 2.3 TrainJob: its pods as the runtime makes them, the node launcher in each,
+    checkpoints on the claim the runtimePatches mount."""
+    port = free_port()
+    spec = load_spec(
+        None,
+        ["name=emu", "accelerator=cpu", "k8s.api=trainjob", "k8s.pvc=ckpt",
+         "train.ckpt_interval=6", *TRAIN],
+        nodes=2, gpus=2,
+    )  # fmt: skip
+    (job,) = list(yaml.safe_load_all(k8s.render(spec)))
+    with running(trainjob_pods(job, port)) as (node0, node1):
+        node1.start(tmp_path)  # the other node first: it waits for node 0's port
+        node0.start(tmp_path)
+        assert wait_all([node0, node1], timeout=240) == [0, 0], node1.log() + node0.log()
+    s = summary_of(tmp_path)
+    assert s["world_size"] == 4 and s["steps"] == 12
+    assert (tmp_path / "pvc" / "ckpt" / "step-12" / ".complete").is_file()
 
 
 @pytest.mark.slow
