@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import gzip
 import itertools
+import math
 import os
 import struct
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -252,14 +254,44 @@ def token_file(cfg: TrainConfig) -> DataBundle:
 
 
 def _read_idx(path: Path) -> torch.Tensor:
-    """Read an IDX file (MNIST's format), gzipped or not."""
-    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    """Read an IDX file (MNIST's format), gzipped or not; ConfigError for a damaged one."""
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError
+        raise ConfigError(f"{path}: not a readable gzip file ({e}); re-download it") from None
+    if len(raw) < 4:
+        raise ConfigError(f"{path}: {len(raw)} bytes, shorter than an IDX header; re-download it")
     zero, dtype_code, ndim = struct.unpack(">HBB", raw[:4])
-    if zero != 0 or dtype_code != 0x08:
+    if zero != 0 or dtype_code != 0x08 or ndim == 0:
         raise ConfigError(f"{path} is not an IDX file of unsigned bytes; re-download it")
+    if len(raw) < 4 + 4 * ndim:
+        raise ConfigError(f"{path}: truncated IDX header ({len(raw)} bytes); re-download it")
     dims = struct.unpack(f">{ndim}I", raw[4 : 4 + 4 * ndim])
-    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    want, have = math.prod(dims), len(raw) - 4 - 4 * ndim
+    if have < want:
+        raise ConfigError(
+            f"{path}: the header promises {' x '.join(map(str, dims))} = {want} bytes of data, "
+            f"the file holds {have} (truncated); re-download it"
+        )
+    data = np.frombuffer(raw, dtype=np.uint8, count=want, offset=4 + 4 * ndim)
     return torch.from_numpy(data.copy()).view(*dims)
+
+
+def _check_mnist(img_path: Path, x: torch.Tensor, lbl_path: Path, y: torch.Tensor) -> None:
+    """The shapes and labels the models and the loss expect, named before training."""
+    if x.dim() != 3 or tuple(x.shape[1:]) != (28, 28):
+        raise ConfigError(
+            f"{img_path}: images of {' x '.join(map(str, x.shape[1:]))}, MNIST's are 28 x 28; "
+            "use MNIST's files (or --dataset imagefolder for other images)"
+        )
+    if y.dim() != 1 or len(y) != len(x):
+        raise ConfigError(
+            f"{img_path} holds {len(x)} images, {lbl_path} {len(y)} labels; use a matching pair"
+        )
+    if len(y) and int(y.max()) >= 10:
+        raise ConfigError(
+            f"{lbl_path}: label {int(y.max())} >= 10 classes; MNIST's labels are 0..9"
+        )
 
 
 _MNIST_FILES = {
@@ -296,9 +328,10 @@ def mnist(cfg: TrainConfig, rank0_download: bool) -> DataBundle:
                 f"train-labels-idx1-ubyte(.gz) there (from yann.lecun.com/exdb/mnist), "
                 "or allow the download"
             )
+        x, y = _read_idx(img), _read_idx(lbl)
+        _check_mnist(img, x, lbl, y)
         # The article's transform: ToTensor() scales to [0, 1].
-        x = _read_idx(img).float().div_(255.0).unsqueeze(1)
-        splits[split] = TensorDataset(x, _read_idx(lbl).long())
+        splits[split] = TensorDataset(x.float().div_(255.0).unsqueeze(1), y.long())
     return DataBundle(splits["train"], splits.get("val"), (1, 28, 28), 10)
 
 
@@ -322,14 +355,31 @@ def torchvision_dataset(cfg: TrainConfig, rank0_download: bool) -> DataBundle:
     root = Path(cfg.data_dir)
     train_root = root / "train" if (root / "train").is_dir() else root
     try:
-        train = datasets.ImageFolder(str(train_root), tf)
+        train = datasets.ImageFolder(str(train_root), tf, loader=_image_loader)
     except (FileNotFoundError, RuntimeError) as e:
         raise ConfigError(
             f"--data-dir {cfg.data_dir}: not an image folder ({e}); use <dir>/<class>/<image> "
             "(optionally under train/ and val/)"
         ) from None
-    val = datasets.ImageFolder(str(root / "val"), tf) if (root / "val").is_dir() else None
+    val = (
+        datasets.ImageFolder(str(root / "val"), tf, loader=_image_loader)
+        if (root / "val").is_dir()
+        else None
+    )
     return DataBundle(train, val, (3, 64, 64), len(train.classes))
+
+
+def _image_loader(path: str):
+    """torchvision's loader, with a damaged or non-image file named in one line (the rank
+    that meets it says so; the others leave quietly) instead of PIL's traceback."""
+    from torchvision.datasets.folder import default_loader
+
+    try:
+        return default_loader(path)
+    except (OSError, ValueError, SyntaxError) as e:  # PIL: UnidentifiedImageError, truncated
+        raise ConfigError(
+            f"{path}: not a readable image ({type(e).__name__}: {e}); remove or replace it"
+        ) from None
 
 
 def build_data(cfg: TrainConfig, rank0_download: bool = True) -> DataBundle:
