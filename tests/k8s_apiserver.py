@@ -28,7 +28,9 @@ from tools import launch
 
 SERVED = {("kubeflow.org", "v1", "pytorchjobs"), ("trainer.kubeflow.org", "v1alpha1", "trainjobs")}
 CUSTOM = re.compile(r"^/apis/([^/]+)/([^/]+)/namespaces/([^/]+)/([^/]+)(?:/([^/]+))?$")
-CORE = re.compile(r"^/api/v1/namespaces/([^/]+)/(pods|persistentvolumeclaims)(?:/([^/]+))?(/log)?$")
+CORE = re.compile(
+    r"^/api/v1/namespaces/([^/]+)/(pods|persistentvolumeclaims|secrets)(?:/([^/]+))?(/log)?$"
+)
 CRD = re.compile(r"^/apis/apiextensions.k8s.io/v1/customresourcedefinitions/([^/]+)$")
 
 # --- the TrainJob CRD of each Trainer release ---------------------------------------------------
@@ -164,6 +166,8 @@ class FakeCluster:
         self.pods: dict[tuple, dict] = {}  # (ns, name) -> {"labels":..., "log":..., "phase":...}
         self.requests: list[tuple[str, str, dict]] = []
         self.finish_as: str | None = None  # a created job reports this condition at once
+        self.secrets: dict[tuple, list[str]] = {}  # (ns, name) -> its keys
+        self.secrets_forbidden: set[tuple] = set()
 
 
 def _status(code: int, reason: str, message: str, details: dict | None = None) -> dict:
@@ -210,6 +214,15 @@ class Handler(BaseHTTPRequestHandler):
                 return self._forbidden(plural, ns)
             if plural == "persistentvolumeclaims":
                 return self._object(method, plural, ns, name, body, query)
+            if plural == "secrets":
+                if (ns, name) in c.secrets_forbidden:
+                    return self._forbidden(plural, ns)
+                if (ns, name) not in c.secrets:
+                    return self._send(404, _status(404, "NotFound", f'secrets "{name}" not found',
+                                                   {"name": name, "kind": "secrets"}))  # fmt: skip
+                data = {k: "c2VjcmV0" for k in c.secrets[(ns, name)]}  # base64 "secret"
+                return self._send(200, {"kind": "Secret", "metadata": {"name": name},
+                                        "data": data})  # fmt: skip
             if log:
                 pod = c.pods.get((ns, name))
                 if pod is None:

@@ -194,3 +194,23 @@ def test_a_sweep_is_n_named_jobs(cluster, capsys):
             "containers"][0]["args"]  # fmt: skip
         assert args[args.index("--lr") + 1] == lr
         assert args[args.index("--run-dir") + 1] == f"runs/{name}"
+
+
+def test_submit_checks_the_secrets_exist_without_printing_them(cluster, capsys):
+    sets = ["--set", "k8s.secret_env.WANDB_API_KEY=wandb/api-key", "--set", "name=sec"]
+    rc, out, err = cli(capsys, "submit", "k8s", *sets)
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "Secret 'wandb' does not exist in namespace 'default'" in err
+    assert "kubectl create secret generic wandb -n default --from-literal=api-key=" in err
+    cluster.secrets[("default", "wandb")] = ["token"]
+    rc, out, err = cli(capsys, "submit", "k8s", *sets)
+    assert rc == 2 and "has no key api-key (it has: token)" in err
+    assert not [k for k in cluster.objects if k[0] == "pytorchjobs"]
+    cluster.secrets[("default", "wandb")] = ["api-key"]
+    rc, out, err = cli(capsys, "submit", "k8s", *sets)
+    assert rc == 0, err
+    assert "c2VjcmV0" not in out + err and "secret" not in (out + err).replace("Secret", "")
+    env = cluster.objects[("pytorchjobs", "default", "sec")]["spec"]["pytorchReplicaSpecs"][
+        "Master"]["template"]["spec"]["containers"][0]["env"]  # fmt: skip
+    assert {"name": "WANDB_API_KEY",
+            "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key"}}} in env  # fmt: skip

@@ -171,6 +171,38 @@ def dry_run(custom: Any, spec: JobSpec, doc: dict[str, Any]) -> None:
         )
 
 
+def check_secrets(core: Any, spec: JobSpec) -> None:
+    """k8s.secret_env: each Secret and key exists, or the pods would hang in
+    CreateContainerConfigError after the queue. Only the key names are looked at; a user
+    without RBAC to read Secrets gets a note and the pods' own check."""
+    from kubernetes.client.exceptions import ApiException
+
+    ns = spec.k8s.namespace
+    wanted: dict[str, set[str]] = {}
+    for ref in spec.k8s.secret_env.values():
+        secret, _, key = ref.partition("/")
+        wanted.setdefault(secret, set()).add(key)
+    for secret, keys in sorted(wanted.items()):
+        try:
+            resp = core.read_namespaced_secret(secret, ns, _preload_content=False)
+            have = set((json.loads(resp.data).get("data") or {}).keys())
+        except ApiException as e:
+            if e.status == 404:
+                raise SpecError(
+                    f"k8s.secret_env: Secret {secret!r} does not exist in namespace {ns!r}; "
+                    f"create it (kubectl create secret generic {secret} -n {ns} "
+                    f"--from-literal={sorted(keys)[0]}=...)"
+                ) from None
+            print(f"cannot read Secret {secret} ({e.status} {e.reason}); not checking its keys",
+                  file=sys.stderr)  # fmt: skip
+            continue
+        if missing := sorted(keys - have):
+            raise SpecError(
+                f"k8s.secret_env: Secret {secret!r} in namespace {ns!r} has no key "
+                f"{', '.join(missing)} (it has: {', '.join(sorted(have)) or 'none'})"
+            )
+
+
 def _resource(api: str) -> tuple[str, str, str, str]:
     return TRAINJOB if api == "trainjob" else PYTORCHJOB
 
@@ -184,6 +216,7 @@ def submit(spec: JobSpec, docs: list[dict[str, Any]], opts: Any) -> int:
     if api == "trainjob":
         check_trainer_shape(ext, spec)
     dry_run(custom, spec, next(d for d in docs if d["kind"] == kind))
+    check_secrets(core, spec)
     for doc in docs:
         if doc["kind"] == "PersistentVolumeClaim":
             name = doc["metadata"]["name"]
