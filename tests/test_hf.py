@@ -151,9 +151,20 @@ def test_bad_hf_paths_exit_2_with_one_line(tiny, tmp_path):
     (tmp_path / "empty").mkdir()
     cases = [
         (["--model", f"hf:{tmp_path / 'empty'}"], "no config.json in"),
-        (["--model", f"hf:{model}", "--dataset", f"hf:{tmp_path / 'empty'}"], "no .txt/.jsonl"),
+        (
+            ["--model", f"hf:{model}", "--seq-len", "32", "--dataset", f"hf:{tmp_path / 'empty'}"],
+            "no .txt/.jsonl",
+        ),
         (["--model", f"hf:{model}", "--seq-len", "100"], "exceeds hf:"),
-        (["--model", f"hf:{model}", "--dataset", "mnist"], "holds classes; pick a dataset of tokens"),
+        (
+            ["--model", f"hf:{model}", "--dataset", "mnist"],
+            "holds classes; pick a dataset of tokens",
+        ),
+        (
+            ["--model", "gpt", "--vocab-size", "10", "--dataset", f"hf:{data}"]
+            + ["--dataset-args", json.dumps({"tokenizer": str(model)})],
+            "more than --vocab-size 10; pass --vocab-size 25 or more",
+        ),
     ]
     for args, text in cases:
         rd = tmp_path / "r"
@@ -186,4 +197,3 @@ def test_bad_hf_paths_exit_2_with_one_line(tiny, tmp_path):
         timeout=60,
     )
     assert p.returncode == 2 and "no such directory" in p.stderr
-    _ = json  # noqa: F841

@@ -185,6 +185,11 @@ def build_dataset(cfg: Any, path: Path) -> Any:
                 f"--dataset {cfg.dataset}: the tokenizer has {vocab} ids, the model's vocabulary "
                 f"{model_vocab}; use the model's own tokenizer"
             )
+    elif vocab > cfg.vocab_size:  # e.g. the built-in gpt: its embedding has --vocab-size rows
+        raise RegistryError(
+            f"--dataset {cfg.dataset}: the tokenizer has {vocab} ids, more than --vocab-size "
+            f"{cfg.vocab_size}; pass --vocab-size {vocab} or more"
+        )
     frac = float(cfg.dataset_args.get("val_fraction", 0.05))
     split = len(toks) - int(len(toks) * frac)
     if split < cfg.seq_len + 1:

@@ -299,6 +299,8 @@ def loss_fn(cfg: TrainConfig, spec: ModelSpec | None = None) -> Callable[..., An
 def precheck(cfg: TrainConfig) -> ModelSpec:
     """Everything that imports user code, before any process group: bad paths exit 2 here."""
     spec = model_spec(cfg)
+    if cfg.model.startswith(HF_PREFIX):  # its config.json and sizes, on the meta device
+        meta_model(spec, cfg)
     dataset_spec(cfg)
     loss_fn(cfg, spec)
     dkind, mkind = dataset_kind(cfg), spec.data_kind
