@@ -133,6 +133,7 @@ def test_workers_die_when_their_torchrun_agent_is_killed(tmp_path):
     p = subprocess.Popen(
         cmd, cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    workers: list[int] = []
     try:
         _wait_for_line(p, "step      2/")
         workers = _children(p.pid)
@@ -144,9 +145,10 @@ def test_workers_die_when_their_torchrun_agent_is_killed(tmp_path):
             time.sleep(0.2)
         assert not any(_alive(w) for w in workers), "workers outlived their agent"
     finally:
-        for w in _children(p.pid) if p.poll() is None else []:
-            os.kill(w, signal.SIGKILL)
         p.kill()
+        for w in workers:  # never leave a training process behind, even when this fails
+            if _alive(w):
+                os.kill(w, signal.SIGKILL)
 
 
 def _lock(run_dir: Path, pid: int) -> Path:

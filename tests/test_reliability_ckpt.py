@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.trainrun import train
+from tests.trainrun import run_module, train
 
 pytestmark = pytest.mark.slow
 
@@ -92,6 +92,8 @@ def test_resume_path_of_a_broken_checkpoint_is_one_line_and_writes_nothing(base,
     [line] = run.out.splitlines()
     assert line.startswith(f"error: --resume {bad}: unusable checkpoint (__0_0.distcp fails")
     assert not (tmp_path / "new").exists()
+    info = json.loads(run_module("tools.ckpt", "inspect", str(bad), "--json").stdout)
+    assert info["checksums"].startswith("__0_0.distcp fails its checksum (crc32 ")
 
 
 def test_when_no_checkpoint_loads_the_run_stops_with_one_line(base, tmp_path):

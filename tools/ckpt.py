@@ -90,9 +90,13 @@ def inspect(path: Path) -> dict[str, Any]:
             )
         else:
             entries.append({"key": key, "shape": None, "dtype": "object", "bytes": None})
+    from train.ckpt_files import verify_files
+
     return {
         "path": str(path),
         "complete": marker.is_file(),
+        # what a resume would find: "ok", what is wrong, or none recorded (an older save)
+        "checksums": (verify_files(path, info) or "ok") if "files" in info else "none recorded",
         "step": info.get("step"),
         "world_size": info.get("world_size"),
         "parallel": info.get("parallel"),
@@ -175,6 +179,7 @@ def _print_inspect(r: dict[str, Any]) -> None:
         f"{'complete' if r['complete'] else 'INCOMPLETE (no .complete marker)'}"
     )
     print(f"tensors: {r['tensor_bytes'] / 2**20:.2f} MiB, model {r['model_bytes'] / 2**20:.2f} MiB")
+    print(f"checksums: {r['checksums']}")
     for e in r["entries"]:
         shape = "x".join(map(str, e["shape"])) if e["shape"] is not None else "-"
         size = f"{e['bytes']:>12,}" if e["bytes"] is not None else f"{'-':>12}"
