@@ -119,18 +119,23 @@ def test_sbatch_lines_follow_the_spec() -> None:
     assert not any(x.startswith("--gpus-per-node") for x in cpu_lines)
 
 
-def test_submitit_parameters_match_render() -> None:
-    spec = spec_for("mnist-site")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_submitit_writes_the_same_sbatch_options(case: str, tmp_path: Path) -> None:
+    """One set of sbatch options feeds both routes: submitit's own sbatch text carries every
+    #SBATCH option of the rendered script (besides --output: each route its own log file)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    spec = spec_for(case)
     p = slurm.submitit_parameters(spec)
-    assert (p["nodes"], p["ntasks_per_node"], p["gpus_per_node"], p["cpus_per_task"]) == (
-        4,
-        1,
-        8,
-        32,
-    )
-    assert p["time"] == 1440 and p["partition"] == "gpu" and p["mem"] == "0"
-    assert p["additional_parameters"]["signal"] == "USR1@120"
-    # The same setup and teardown shell as the rendered script, line for line.
+    theirs = _make_sbatch_string(command="true", folder=tmp_path, **p)
+    their_opts = {ln.removeprefix("#SBATCH ").replace("'", "") for ln in theirs.splitlines()
+                  if ln.startswith("#SBATCH ")}  # fmt: skip
+    ours = [o for o in slurm.sbatch_options(spec) if not o.startswith("--output")]
+    assert set(ours) <= their_opts, set(ours) - their_opts
+    # no option twice with two values (e.g. submitit's default --time=5 beside ours)
+    keys = [o.split("=")[0] for o in their_opts]
+    assert len(keys) == len(set(keys)), sorted(keys)
+    # the same setup and teardown shell as the rendered script, line for line
     text = slurm.render(spec)
     assert "\n".join(p["setup"]) in text and "\n".join(p["teardown"]) in text
     assert slurm.node_script(spec) in text
@@ -155,7 +160,8 @@ def run_node_script(spec: JobSpec, tmp_path: Path, node_id: str = "0") -> tuple[
     """Run the rendered node script with a fake `python` (the node launcher) that records."""
     bin_dir = fake_bin(tmp_path, "python")
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_NODEID": node_id, "SLURM_JOB_ID": "42",
-           "DDPKIT_HEAD_ADDR": "10.1.2.3", "DDPKIT_RDZV_PORT": "20042", "HOME": str(tmp_path)}  # fmt: skip
+           "DDPKIT_HEAD_ADDR": "10.1.2.3", "DDPKIT_RDZV_PORT": "20042", "HOME": str(tmp_path),
+           "DDPKIT_LAUNCH_ID": "ddpkit-42-0"}  # fmt: skip
     rc = subprocess.run(
         ["bash", "-c", slurm.node_script(spec)], cwd=tmp_path, env=env, check=False
     ).returncode
@@ -225,6 +231,7 @@ def test_setup_resolves_head_address_port_per_job_and_srun_cpus(tmp_path: Path) 
     assert env["DDPKIT_RDZV_PORT"] == str(20000 + 123457 % 20000)
     assert run_setup(spec, tmp_path, "123458")["DDPKIT_RDZV_PORT"] == str(20000 + 123458 % 20000)
     assert env["SRUN_CPUS_PER_TASK"] == "8"
+    assert env["DDPKIT_LAUNCH_ID"] == "ddpkit-123457-0"  # one id per attempt, every node
     assert (tmp_path / "run" / "slurm").is_dir()  # made before any srun --output opens there
     fixed = load_spec(None, ["train.run_dir=run", "slurm.rdzv_port=29400"], 2, 2)
     assert run_setup(fixed, tmp_path)["DDPKIT_RDZV_PORT"] == "29400"
@@ -244,22 +251,29 @@ def test_srun_gets_cpus_kill_on_bad_exit_and_a_wait_beyond_the_budget() -> None:
 def run_teardown(tmp_path: Path, step_rc: int) -> tuple[int, str]:
     fake_bin(tmp_path, "scontrol")
     script = f"(exit {step_rc})\n" + slurm.teardown_script(load_spec(None, []))
-    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "42"}
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "42",
+           "DDPKIT_LAUNCH_ID": "ddpkit-42-0", "PYTHONPATH": str(REPO)}  # fmt: skip
     out = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True,
                          text=True, check=False)  # fmt: skip
     return out.returncode, out.stderr
 
 
-def test_teardown_requeues_on_75_only(tmp_path: Path) -> None:
-    # issue 13 item 4: the step's exit status decides (the node launcher counts only a marker
-    # of this launch); a stale requeue.json beside a crash no longer fakes a save.
-    (tmp_path / "runs" / "default").mkdir(parents=True)
-    (tmp_path / "runs" / "default" / "requeue.json").write_text("{}")
+def test_teardown_requeues_only_for_this_attempt(tmp_path: Path) -> None:
+    # issue 13 item 4: a stale requeue.json beside a crash no longer fakes a save
+    marker = tmp_path / "runs" / "default" / "requeue.json"
+    marker.parent.mkdir(parents=True)
+    marker.write_text(json.dumps({"launch_id": "ddpkit-42-0-earlier", "time": 1}))
     rc, _ = run_teardown(tmp_path, 1)
     assert rc == 1 and not (tmp_path / "scontrol.json").exists()
     rc, err = run_teardown(tmp_path, 75)
     assert rc == 75 and "requeue 1 of 3" in err
     assert json.loads((tmp_path / "scontrol.json").read_text())["argv"] == ["requeue", "42"]
+    # srun killed a node after another exited 75: this attempt's marker still requeues
+    (tmp_path / "scontrol.json").unlink()
+    marker.write_text(json.dumps({"launch_id": "ddpkit-42-0", "time": 1}))
+    rc, err = run_teardown(tmp_path, 143)
+    assert rc == 75 and "step exit 143, but this attempt saved" in err
+    assert (tmp_path / "scontrol.json").exists()
 
 
 @pytest.mark.parametrize(

@@ -239,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{PREFIX}: stopped by {_signame(stopped_by)} without a requeue request "
             f"(exit {code}); see README 'Preemption' to ask for a requeue"
         )
+    # The outcome is decided: a late stop signal (srun stopping the step once a node exited)
+    # must not turn it into a death by signal while the interpreter shuts down.
+    for name in ("SIGTERM", "SIGUSR1", "SIGUSR2"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
     if line:
         print(line, file=sys.stderr, flush=True)
     return code

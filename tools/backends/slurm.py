@@ -76,36 +76,49 @@ def cpus_per_task(spec: JobSpec) -> int:
     return spec.nproc_per_node * spec.cpus_per_proc
 
 
-def sbatch_options(spec: JobSpec) -> list[str]:
-    """The `#SBATCH` options, in the order they are written."""
+def sbatch_params(spec: JobSpec) -> dict[str, str | int | bool]:
+    """The job's sbatch options, ONE set for both routes: the rendered `#SBATCH` lines and
+    submitit's parameters. Keys are sbatch's long options with '_' for '-'; True = a flag."""
     _check_tokens(spec)
     s = spec.slurm
-    opts = [
-        f"--job-name={spec.name}",
-        f"--nodes={spec.nodes}",
-        "--ntasks-per-node=1",
-        f"--cpus-per-task={cpus_per_task(spec)}",
-    ]
+    params: dict[str, str | int | bool] = {
+        "job_name": spec.name,
+        "nodes": spec.nodes,
+        "ntasks_per_node": 1,
+        "cpus_per_task": cpus_per_task(spec),
+    }
     if spec.accelerator == "gpu":
-        opts.append(f"--gpus-per-node={spec.nproc_per_node}")
+        params["gpus_per_node"] = spec.nproc_per_node
     if spec.mem is not None:
-        opts.append(f"--mem={spec.mem}")
-    opts.append(f"--time={spec.time_minutes}")
+        params["mem"] = spec.mem
+    params["time"] = spec.time_minutes
     for key in ("partition", "account", "qos", "constraint"):
         if getattr(s, key):
-            opts.append(f"--{key}={getattr(s, key)}")
+            params[key] = getattr(s, key)
     if s.exclusive:
-        opts.append("--exclusive")
-    opts += [
-        # sbatch opens --output before the script runs, so it must be a directory that
-        # exists: the submit directory. The per-node logs go to the log dir (made by setup).
-        "--output=slurm-%x-%j.out",
-        "--open-mode=append",  # a requeued job appends to its logs
-        f"--signal={s.signal}@{s.grace_s}",  # no "B:": the job step's processes get it
-        "--requeue" if s.requeue_limit > 0 else "--no-requeue",
-        f"--comment={COMMENT}",
-    ]
-    return opts + list(s.extra_sbatch)
+        params["exclusive"] = True
+    params["open_mode"] = "append"  # a requeued job appends to its logs
+    params["signal"] = f"{s.signal}@{s.grace_s}"  # no "B:": the job step's processes get it
+    params["requeue" if s.requeue_limit > 0 else "no_requeue"] = True
+    params["comment"] = COMMENT
+    for line in s.extra_sbatch:
+        key, _, value = line[2:].partition("=")
+        params[key.replace("-", "_")] = value or True
+    return params
+
+
+def sbatch_options(spec: JobSpec) -> list[str]:
+    """The `#SBATCH` options, in the order they are written."""
+    opts = []
+    for key, value in sbatch_params(spec).items():
+        flag = "--" + key.replace("_", "-")
+        opts.append(flag if value is True else f"{flag}={value}")
+        if key == "time":
+            # sbatch opens --output before the script runs, so it must be a directory that
+            # exists: the submit directory. The per-node logs go to the log dir (made by setup).
+            # (submitit writes its own --output into the log dir it creates.)
+            opts.append("--output=slurm-%x-%j.out")
+    return opts
 
 
 def srun_wait_s(spec: JobSpec) -> int:
@@ -216,9 +229,20 @@ def node_script(spec: JobSpec) -> str:
     ).rstrip("\n")
 
 
+# Run by the batch shell with the system python3: train/contract.py is stdlib only.
+MARKER_CHECK = (
+    "import sys; from train.contract import fresh_requeue_marker as f; "
+    "sys.exit(0 if f(sys.argv[1], sys.argv[2], 0.0) else 1)"
+)
+
+
 def teardown_script(spec: JobSpec) -> str:
     return render_template(
-        "slurm/teardown.sh.j2", requeue_limit=spec.slurm.requeue_limit, exit_requeue=EXIT_REQUEUE
+        "slurm/teardown.sh.j2",
+        requeue_limit=spec.slurm.requeue_limit,
+        exit_requeue=EXIT_REQUEUE,
+        marker_check=MARKER_CHECK,
+        run_dir=spec.run_dir,
     ).rstrip("\n")
 
 
@@ -240,39 +264,18 @@ def render(spec: JobSpec) -> str:
 
 
 def submitit_parameters(spec: JobSpec) -> dict[str, object]:
-    """The spec's resources as submitit SlurmExecutor parameters (same #SBATCH lines)."""
-    _check_tokens(spec)
-    s = spec.slurm
-    extra: dict[str, object] = {
-        "open-mode": "append",
-        "signal": f"{s.signal}@{s.grace_s}",
-        "requeue" if s.requeue_limit > 0 else "no-requeue": True,
-        "comment": COMMENT,
-    }
-    for line in s.extra_sbatch:
-        key, _, value = line[2:].partition("=")
-        extra[key] = value or True
-    params: dict[str, object] = {
+    """The same sbatch options for submitit: its own keys where it has one (it writes a
+    default for them otherwise), every option again in additional_parameters (which win)."""
+    params = sbatch_params(spec)
+    return {
         "job_name": spec.name,
         "nodes": spec.nodes,
-        "ntasks_per_node": 1,
-        "cpus_per_task": cpus_per_task(spec),
         "time": spec.time_minutes,
         "setup": setup_script(spec).splitlines(),
         "teardown": teardown_script(spec).splitlines(),
         "srun_args": srun_args(spec, with_output=False),
-        "additional_parameters": extra,
+        "additional_parameters": params,
     }
-    if spec.accelerator == "gpu":
-        params["gpus_per_node"] = spec.nproc_per_node
-    if spec.mem is not None:
-        params["mem"] = spec.mem
-    for key in ("partition", "account", "qos", "constraint"):
-        if getattr(s, key):
-            params[key] = getattr(s, key)
-    if s.exclusive:
-        params["exclusive"] = True
-    return params
 
 
 # --- submission (side effects) ----------------------------------------------------------------
@@ -327,6 +330,11 @@ def _sacct_fields(job_id: str) -> dict[str, str] | None:
         return None
     jid, name, state, code = line.split("|")[:4]
     return {"JobId": jid, "JobName": name, "JobState": state.split()[0], "ExitCode": code}
+
+
+def _named(params: dict[str, object], name: str) -> dict[str, object]:
+    extra = dict(params["additional_parameters"])  # type: ignore[call-overload]
+    return params | {"job_name": name, "additional_parameters": extra | {"job_name": name}}
 
 
 def check_secrets(spec: JobSpec) -> None:
@@ -398,7 +406,7 @@ class SlurmBackend(Backend):
         logs = Path(specs[0].slurm.log_dir or f"runs/{base}-sweep/slurm")
         for spec in specs:  # one log dir and one name for the array: the same #SBATCH lines
             spec.slurm.log_dir = str(logs)
-        params = [submitit_parameters(s) | {"job_name": base} for s in specs]
+        params = [_named(submitit_parameters(s), base) for s in specs]
         if any(p != params[0] for p in params[1:]):
             print("ddpkit: sweep members differ in resources; submitting them as separate jobs",
                   file=sys.stderr)  # fmt: skip
