@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tools.backends import Backend, JobState, JobStatus, last_job, record_job
 from tools.spec import JobSpec, SpecError
-from tools.templating import render_template
+from tools.templating import render_template, shell_quote
 from train.contract import EXIT_REQUEUE
 
 # Values that land on `#SBATCH` lines, which sbatch (not a shell) parses: no quoting there,
@@ -236,13 +236,18 @@ MARKER_CHECK = (
 )
 
 
-def teardown_script(spec: JobSpec) -> str:
+def teardown_script(spec: JobSpec, array_prefix: str | None = None) -> str:
+    """The batch shell's end. For a sweep's job array the run dir is <array_prefix><task id>
+    (member i runs in runs/<name>-<i>), so every array task shares one script."""
+    run_dir = shell_quote(spec.run_dir)
+    if array_prefix is not None:
+        run_dir = shell_quote(array_prefix) + '"$SLURM_ARRAY_TASK_ID"'
     return render_template(
         "slurm/teardown.sh.j2",
         requeue_limit=spec.slurm.requeue_limit,
         exit_requeue=EXIT_REQUEUE,
         marker_check=MARKER_CHECK,
-        run_dir=spec.run_dir,
+        run_dir_shell=run_dir,
     ).rstrip("\n")
 
 
@@ -407,6 +412,9 @@ class SlurmBackend(Backend):
         for spec in specs:  # one log dir and one name for the array: the same #SBATCH lines
             spec.slurm.log_dir = str(logs)
         params = [_named(submitit_parameters(s), base) for s in specs]
+        if all(s.run_dir == f"runs/{s.name}" for s in specs):
+            teardown = teardown_script(specs[0], array_prefix=f"runs/{base}-").splitlines()
+            params = [p | {"teardown": teardown} for p in params]
         if any(p != params[0] for p in params[1:]):
             print("ddpkit: sweep members differ in resources; submitting them as separate jobs",
                   file=sys.stderr)  # fmt: skip
