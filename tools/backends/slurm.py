@@ -4,7 +4,8 @@ The job is three pieces of shell, rendered from slurm/*.j2 by pure functions:
   setup     batch shell, before the step: log dir, head address, port, image, user setup
   node      what each node runs (one task per node): the node launcher, `python -m train.node`
             (torchrun in process, signals, shutdown budget, exit 75 on a requeue request)
-  teardown  batch shell, after the step: requeue when the step exited 75
+  teardown  batch shell, after the step: requeue when the step exited 75 (or a node was
+            stopped by srun after this attempt's requeue marker was written)
 `render` puts them in one sbatch script under `#SBATCH` lines. `submit` hands the same
 resources to submitit as parameters, setup/teardown as its slurm_setup/slurm_teardown lines,
 and the node script as what each submitit task runs, so `render` shows what runs.
