@@ -113,6 +113,21 @@ def test_gpus_follow_the_process_count(sets, gpus, flag, nproc):
     assert found == ([f"PET_NPROC_PER_NODE={nproc}"] if nproc else [])
 
 
+@pytest.mark.parametrize(
+    ("sets", "gpus", "devices"),
+    [
+        ([], 2, ["0", "1"]),
+        (["docker.gpus=all"], None, ["all"]),
+        (["docker.gpus=1,3"], None, ["1", "3"]),
+    ],
+)
+def test_podman_gets_the_nvidia_cdi_devices(sets, gpus, devices):
+    argv = docker.run_argv(_spec(*sets, gpus=gpus), engine="podman")
+    assert "--gpus" not in argv  # podman 4 has no such flag; its CDI devices instead
+    got = [argv[i + 1] for i, a in enumerate(argv) if a == "--device"]
+    assert got == [f"nvidia.com/gpu={d}" for d in devices]
+
+
 def test_make_docker_run_without_gpus_gives_all_and_with_gpus_the_count(tmp_path):
     fake = tmp_path / "bin"
     fake.mkdir()

@@ -65,7 +65,7 @@ def stop_timeout_s(spec: JobSpec) -> int:
 
 
 def gpu_flag(spec: JobSpec) -> str | None:
-    """`--gpus` value: the process count, the listed devices, or all (None on CPU)."""
+    """Docker's `--gpus` value: the process count, the listed devices, or all (None on CPU)."""
     if spec.accelerator != "gpu":
         return None
     gpus = spec.docker.gpus
@@ -73,6 +73,22 @@ def gpu_flag(spec: JobSpec) -> str | None:
         return str(spec.nproc_per_node)  # a count: the engine picks that many GPUs
     # Docker splits --gpus on commas unless the device list is quoted inside the value.
     return "all" if gpus == "all" else f'"device={gpus}"'
+
+
+def gpu_args(spec: JobSpec, engine: str) -> list[str]:
+    """The GPU flags for the engine. podman has no count form (its --gpus, where it exists,
+    takes a device name): the NVIDIA CDI devices, by index."""
+    flag = gpu_flag(spec)
+    if flag is None:
+        return []
+    if engine != "podman":
+        return ["--gpus", flag]
+    gpus = spec.docker.gpus
+    if gpus is None:
+        ids = [str(i) for i in range(spec.nproc_per_node)]
+    else:
+        ids = ["all"] if gpus == "all" else gpus.split(",")
+    return [a for i in ids for a in ("--device", f"nvidia.com/gpu={i}")]
 
 
 def nproc(spec: JobSpec) -> int | None:
@@ -111,8 +127,7 @@ def run_argv(spec: JobSpec, engine: str = "docker") -> list[str]:
         _under_runs(spec, "ckpt_dir", spec.ckpt_dir or spec.train["ckpt_dir"])
     d = spec.docker
     argv = [engine, "run", "--rm", "--name", spec.name, "--label", f"{LABEL}={spec.name}"]
-    if gpus := gpu_flag(spec):
-        argv += ["--gpus", gpus]
+    argv += gpu_args(spec, engine)
     argv += [
         f"--shm-size={d.shm_size}",  # DataLoader workers and NCCL's shared-memory transport
         "--ulimit",
@@ -147,7 +162,7 @@ def render(spec: JobSpec) -> str:
     lines, i = [" ".join(shell_quote(a) for a in argv[:2])], 2
     image_at = len(argv) - len(node_args(spec)) - 1
     while i < image_at:
-        takes_value = argv[i] in ("--name", "--label", "--gpus", "--ulimit", "-v", "-e")
+        takes_value = argv[i] in ("--name", "--label", "--gpus", "--device", "--ulimit", "-v", "-e")
         lines.append(" ".join(shell_quote(a) for a in argv[i : i + 1 + takes_value]))
         i += 1 + takes_value
     lines.append(" ".join(shell_quote(a) for a in argv[image_at:]))
