@@ -29,11 +29,13 @@ def test_reshard_with_less_than_one_global_batch_left_goes_to_the_next_epoch(tmp
     # 1 process stops 16 samples before the end of epoch 0 (64 batches of 16); 2 ranks need
     # 32 per step: the rest of epoch 0 is their dropped tail, so they start epoch 1.
     rd = tmp_path / "run"
-    train(rd, *SMALL, "--steps", "63")
+    first = train(rd, *SMALL, "--steps", "63").summary
     run = train(rd, *SMALL, "--steps", "65", nproc=2, timeout=120)
     assert "global batch 16 -> 32" in run.out
     assert [m["epoch"] for m in run.metrics()][-2:] == [1, 1]
     assert run.summary["steps"] == 65
+    # item 4: the run's first loss survives the restart (it is in the train state)
+    assert run.summary["first_loss"] == first["first_loss"] == run.metrics()[0]["loss"]
 
 
 # --- item 1: divergence ----------------------------------------------------------------------
