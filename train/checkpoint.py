@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -225,6 +226,8 @@ class Checkpointer:
         self._staging: Any = None  # CUDA: the device-to-host copy still running
         self._stager: Any = None
         self._local_bytes = 0  # this rank's tensor bytes in the last save
+        self._finisher: tuple[threading.Thread, Path] | None = None  # rank 0: marker thread
+        self._finisher_error: BaseException | None = None
 
     # --- save ----------------------------------------------------------------------------
 
@@ -327,9 +330,13 @@ class Checkpointer:
     def poll(self) -> None:
         """Mark a finished async save complete (cheap; call at step boundaries)."""
         if self._pending is not None and self._pending[0].done():
-            self.wait()
+            self.wait(background=True)
 
-    def wait(self) -> None:
+    def wait(self, background: bool = False) -> None:
+        """Finish the async save in flight. `background`: rank 0's checksums and marker are
+        written by a thread (they read the whole checkpoint back: ~1 s for 322 MB measured
+        under load), joined by the next wait() or close()."""
+        self._join_finisher()
         if self._pending is None:
             return
         fut, path, info, t0 = self._pending
@@ -337,10 +344,34 @@ class Checkpointer:
         try:
             self.wait_staging()
             fut.result()
-            self._finish(path, info, t0)
+            if not (background and self.rank == 0):
+                self._finish(path, info, t0)
         except _errors() as e:
             self._raise_if_no_space(e, path, None)
             raise
+        if background and self.rank == 0:
+            thread = threading.Thread(
+                target=self._finish_in_thread, args=(path, info, t0), daemon=True
+            )
+            self._finisher = (thread, path)
+            thread.start()
+
+    def _finish_in_thread(self, path: Path, info: dict[str, Any], t0: float) -> None:
+        try:
+            self._finish(path, info, t0)
+        except BaseException as e:  # re-raised on the training thread by _join_finisher
+            self._finisher_error = e
+
+    def _join_finisher(self) -> None:
+        if self._finisher is None:
+            return
+        thread, path = self._finisher
+        self._finisher = None
+        thread.join()
+        e, self._finisher_error = self._finisher_error, None
+        if e is not None:
+            self._raise_if_no_space(e, path, None)
+            raise e
 
     def _finish(self, path: Path, info: dict[str, Any], t0: float) -> None:
         # On rank 0 DCP returns only after gathering every rank's write results and
