@@ -151,47 +151,6 @@ class Backend(abc.ABC):
             time.sleep(poll_s)
 
 
-class ModuleBackend(Backend):
-    """A backend still written as a module of functions (FILE_EXT, render, submit, status,
-    logs, cancel): served through this interface until it is a Backend subclass."""
-
-    def __init__(self, name: str, module: Any) -> None:
-        self.name = name  # type: ignore[misc]
-        self.file_ext = module.FILE_EXT  # type: ignore[misc]
-        self.module = module
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        if hasattr(self.module, "add_arguments"):
-            self.module.add_arguments(parser)
-
-    def render(self, spec: JobSpec) -> str:
-        return self.module.render(spec)
-
-    def after_render(self, spec: JobSpec, opts: argparse.Namespace, text: str) -> int:
-        after = getattr(self.module, "after_render", None)
-        return after(spec, opts, text) if after else 0
-
-    def submit(self, spec: JobSpec, opts: argparse.Namespace) -> int:
-        return self.module.submit(spec, opts)
-
-    def poll(self, job: str) -> JobStatus:
-        raise SpecError(f"the {self.name} backend cannot poll jobs yet")
-
-    def status(self, job: str | None, opts: argparse.Namespace) -> int:
-        return self.module.status(job, opts)
-
-    def logs(self, job: str | None, opts: argparse.Namespace) -> int:
-        return self.module.logs(job, opts)
-
-    def cancel(self, job: str | None, opts: argparse.Namespace) -> int:
-        return self.module.cancel(job, opts)
-
-    def list_jobs(self, opts: argparse.Namespace) -> int:
-        if hasattr(self.module, "list_jobs"):
-            return self.module.list_jobs(opts)
-        return super().list_jobs(opts)
-
-
 def load_backend(name: str) -> Backend:
     """The backend registered as `name`, imported now."""
     if name not in BACKENDS:
@@ -203,8 +162,6 @@ def load_backend(name: str) -> Backend:
         if e.name != module_name:
             raise
         raise SpecError(f"backend {name!r} is not implemented in this checkout yet") from None
-    if not cls_name:
-        return ModuleBackend(name, module)
     backend = getattr(module, cls_name)()
     assert isinstance(backend, Backend) and backend.name == name
     return backend
