@@ -181,3 +181,33 @@ def test_gloo_gets_only_an_exact_interface_name(ifname, gloo):
     env = load_spec(None, [f"nccl_socket_ifname={ifname}"]).launch_env()
     assert env["NCCL_SOCKET_IFNAME"] == ifname
     assert env.get("GLOO_SOCKET_IFNAME") == gloo
+
+
+# Input paths of the training job: looked up at render time only where the nodes see this
+# machine's files. A container job's data exists in its image or volumes, not here.
+_IN_CONTAINER = [
+    "--set", "train.model=gpt", "--set", "train.dataset=tokens",
+    "--set", "train.data_dir=/data/owt-not-here",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["k8s", "docker"])
+def test_container_backends_do_not_look_up_input_paths_here(backend: str) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "tools.launch", "render", backend, *_IN_CONTAINER],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "/data/owt-not-here" in r.stdout
+
+
+@pytest.mark.parametrize("backend", ["slurm", "local"])
+def test_shared_filesystem_backends_refuse_a_missing_input_path(backend: str) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "tools.launch", "render", backend, *_IN_CONTAINER],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "error: --data-dir /data/owt-not-here does not exist; point it at your tokens data"
+    ]

@@ -110,14 +110,19 @@ def run(argv: list[str]) -> int:
     if "--make" in argv[2:]:
         argv = make_argv(argv, dict(os.environ))
     argv, entry_args = _split_entry_args(argv)
-    # The first pass reads the common flags (backend flags stay unknown), so the spec is
-    # checked before the backend module (and submitit or kubernetes) is imported.
+    # The first pass reads the common flags (backend flags stay unknown); the spec is checked
+    # before submitit or the kubernetes client is imported (backends import them on use).
     first, _ = build_parser().parse_known_args(argv)
+    from tools.backends import load_backend
     from tools.spec import load_spec
+
+    backend = load_backend(first.backend)  # light: engines' clients are imported on use
 
     def load(sets: list[str]) -> JobSpec:
         config = first.config or "configs/default.toml"
-        return load_spec(config, sets, first.nodes, first.gpus, entry_args)
+        return load_spec(
+            config, sets, first.nodes, first.gpus, entry_args, backend.shares_filesystem
+        )
 
     spec, members = None, []
     if first.sweeps and first.action not in ("render", "submit"):
@@ -134,9 +139,6 @@ def run(argv: list[str]) -> int:
 
         print(tomli_w.dumps(spec.to_dict()), end="")
         return 0
-    from tools.backends import load_backend
-
-    backend = load_backend(first.backend)
     opts = build_parser(backend).parse_args(argv)
     opts.spec = spec
     if opts.action == "render":

@@ -486,8 +486,10 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
 # --- validation ----------------------------------------------------------------------------
 
 
-def validate(spec: JobSpec) -> JobSpec:
-    """Checks across fields. Each message names the value and the fix."""
+def validate(spec: JobSpec, local_paths: bool = True) -> JobSpec:
+    """Checks across fields. Each message names the value and the fix. local_paths: the
+    nodes see this machine's files (local, SLURM's shared filesystem), so the training
+    inputs are looked up here too; False for container backends."""
     if not NAME_RE.match(spec.name):
         raise SpecError(
             f"name {spec.name!r} is not safe: use 1-52 lowercase letters, digits and '-', "
@@ -517,7 +519,7 @@ def validate(spec: JobSpec) -> JobSpec:
         if not ENV_NAME_RE.match(key):
             raise SpecError(f"env key {key!r} is not a variable name; use [A-Za-z_][A-Za-z0-9_]*")
     _validate_entry(spec)
-    _validate_train(spec)
+    _validate_train(spec, local_paths)
     validate_containers(spec)
     s = spec.slurm
     if s.requeue_limit < 0:
@@ -591,7 +593,7 @@ def _validate_entry(spec: JobSpec) -> None:
             )
 
 
-def _validate_train(spec: JobSpec) -> None:
+def _validate_train(spec: JobSpec, local_paths: bool = True) -> None:
     for key in ("run_dir", "ckpt_dir"):
         value = spec.train.get(key)
         if isinstance(value, str) and ("\n" in value or value.startswith("-")):
@@ -611,7 +613,12 @@ def _validate_train(spec: JobSpec) -> None:
         # The trainer's own parse + validate on the exact argv the nodes will get, with the
         # world size they will have: one typed config, no copy of its rules here.
         try:
-            parse_config(spec.train_argv(), world=(spec.world_size, spec.nodes), installed=False)
+            parse_config(
+                spec.train_argv(),
+                world=(spec.world_size, spec.nodes),
+                installed=False,
+                local_paths=local_paths,
+            )
         except ConfigError as e:
             raise SpecError(str(e)) from None  # the trainer's own message, word for word
 
@@ -665,6 +672,7 @@ def load_spec(
     nodes: int | None = None,
     gpus: int | None = None,
     train_args: list[str] | None = None,
+    local_paths: bool = True,
 ) -> JobSpec:
     """Load, override, type-check and validate a job file. Raises SpecError."""
     data: dict[str, Any] = {}
@@ -682,7 +690,7 @@ def load_spec(
     if train_args:
         data["train_args"] = list(data.get("train_args", [])) + list(train_args)
     spec = _build(JobSpec, data, "")
-    return validate(spec)
+    return validate(spec, local_paths)
 
 
 __all__ = [

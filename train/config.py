@@ -310,6 +310,7 @@ def parse_config(
     defaults: dict[str, Any] | None = None,
     world: tuple[int, int] | None = None,
     installed: bool = True,
+    local_paths: bool = True,
 ) -> tuple[TrainConfig, bool]:
     """Resolve defaults < (a script's `defaults`, see train.fit) < --config file < flags.
     Returns (config, print_only).
@@ -317,7 +318,9 @@ def parse_config(
     `world` = (world size, nodes) the run will have; default: torchrun's environment. The
     launchers (train.node, tools.launch) pass it to check a launch before it starts.
     installed=False skips the checks of what is installed (tools.launch renders for nodes
-    whose packages it cannot see)."""
+    whose packages it cannot see); local_paths=False also skips whether input paths
+    (--data-dir, --resume, hf:PATH) exist here (a container's paths exist only in its
+    image or volumes)."""
     args = build_parser().parse_args(argv)
     values: dict[str, Any] = {}
     for key, value in (defaults or {}).items():
@@ -331,7 +334,7 @@ def parse_config(
         if v is not None:
             values[f.name] = v
     cfg = TrainConfig(**values)
-    validate(cfg)
+    validate(cfg, local_paths=local_paths)
     if installed:
         check_packages(cfg)  # not in validate(): what is installed is the node's business
     if world is None:
@@ -388,8 +391,9 @@ def check_numbers(cfg: TrainConfig) -> None:
             )
 
 
-def validate(cfg: TrainConfig) -> None:
-    """Checks that need no process group. World-size checks live in train.parallel."""
+def validate(cfg: TrainConfig, local_paths: bool = True) -> None:
+    """Checks that need no process group. World-size checks live in train.parallel.
+    local_paths=False: input paths are not looked up on this machine (see parse_config)."""
     check_numbers(cfg)
 
     def positive(name: str, allow_none: bool = False) -> None:
@@ -434,7 +438,7 @@ def validate(cfg: TrainConfig) -> None:
             f"--lr-scaling {cfg.lr_scaling} needs --base-batch-size (the global batch "
             "the base --lr was tuned for)"
         )
-    registry.check_names(cfg)
+    registry.check_names(cfg, local_paths=local_paths)
     mkind, dkind = registry.model_kind(cfg), registry.dataset_kind(cfg)
     if mkind is not None and dkind != "any" and mkind != dkind:
         raise ConfigError(
@@ -442,11 +446,11 @@ def validate(cfg: TrainConfig) -> None:
             f"pick a dataset of {mkind} (synthetic fits every model)"
         )
     registry.check_model(cfg)
-    if cfg.dataset in ("imagefolder", "tokens") and not Path(cfg.data_dir).exists():
+    if local_paths and cfg.dataset in ("imagefolder", "tokens") and not Path(cfg.data_dir).exists():
         raise ConfigError(
             f"--data-dir {cfg.data_dir} does not exist; point it at your {cfg.dataset} data"
         )
-    if cfg.resume not in ("auto", "never") and not Path(cfg.resume).exists():
+    if local_paths and cfg.resume not in ("auto", "never") and not Path(cfg.resume).exists():
         raise ConfigError(
             f"--resume {cfg.resume}: no such checkpoint directory; pass a step-N directory "
             "under the checkpoint dir, or auto / never"

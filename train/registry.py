@@ -118,8 +118,9 @@ def _kind_of(value: str, table: dict[str, Any]) -> str:
     return "bad"
 
 
-def check_names(cfg: TrainConfig) -> None:
-    """Syntax of cfg.model / dataset / loss, without importing anything."""
+def check_names(cfg: TrainConfig, local_paths: bool = True) -> None:
+    """Syntax of cfg.model / dataset / loss, without importing anything; with local_paths,
+    also that an hf:PATH exists on this machine."""
     _builtins()
     for flag, value, table, what in (
         ("--model", cfg.model, MODELS, "pkg.module:factory or hf:PATH"),
@@ -134,7 +135,7 @@ def check_names(cfg: TrainConfig) -> None:
                 f"{flag} {value}: not a built-in ({', '.join(table)}) nor an import path "
                 f"{what}; pick a built-in name or write module:attribute"
             )
-        if kind == "hf" and not Path(value[len(HF_PREFIX) :]).exists():
+        if kind == "hf" and local_paths and not Path(value[len(HF_PREFIX) :]).exists():
             raise RegistryError(
                 f"{flag} {value}: {value[len(HF_PREFIX) :]} does not exist; point hf: at a "
                 "local directory (or file) on this machine"

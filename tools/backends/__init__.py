@@ -85,6 +85,10 @@ class Backend(abc.ABC):
 
     name: ClassVar[str]
     file_ext: ClassVar[str]  # of `render --write` output: "sbatch", "yaml", "sh"
+    # The nodes see this machine's files (local; SLURM's shared filesystem): the training
+    # inputs (--data-dir, --resume, hf:PATH) are then checked here at render time. Container
+    # backends set False: those paths exist only in the image or its volumes.
+    shares_filesystem: ClassVar[bool] = True
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:  # noqa: B027 (a hook)
         """Backend-only CLI flags (none by default)."""

@@ -370,6 +370,7 @@ def cancel(job: str | None, opts: argparse.Namespace) -> int:
 class DockerBackend(Backend):
     name = "docker"
     file_ext = FILE_EXT
+    shares_filesystem = False  # inputs live in the image or its mounts
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         add_arguments(parser)

@@ -393,6 +393,7 @@ def render(spec: JobSpec) -> str:
 class K8sBackend(Backend):
     name = "k8s"
     file_ext = FILE_EXT
+    shares_filesystem = False  # inputs live in the image or on the PVC
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("-n", "--namespace", help="status/logs/cancel/list: the namespace")
