@@ -181,3 +181,35 @@ def test_a_step_dir_replaced_by_a_file_is_skipped_and_then_replaced(base, tmp_pa
     run = train(rd, *ARGS, "--steps", "6")
     assert run.summary["resumed_from"].endswith("step-3")
     assert (step6 / ".complete").is_file()
+
+
+def _to_pre_parts_layout(step: Path) -> None:
+    """Rewrite a step dir as versions before the named parts wrote it: the sampler's position
+    inside the train state, no first_loss, no checksums in the marker."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
+
+    flat = step.parent / "flat.pt"
+    dcp_to_torch_save(step, flat)
+    sd = torch.load(flat, weights_only=False)
+    sd["train"].update(sd.pop("sampler"))
+    del sd["train"]["first_loss"]
+    torch.save(sd, flat)
+    marker = json.loads((step / ".complete").read_text())
+    del marker["files"]
+    shutil.rmtree(step)
+    torch_save_to_dcp(flat, step)
+    flat.unlink()
+    (step / ".complete").write_text(json.dumps(marker))
+
+
+def test_a_checkpoint_from_before_the_named_parts_resumes_where_it_stopped(base, tmp_path):
+    rd = tmp_path / "run"
+    shutil.copytree(base, rd)
+    shutil.rmtree(rd / "checkpoints" / "step-6")
+    _to_pre_parts_layout(rd / "checkpoints" / "step-3")
+    run = train(rd, *ARGS, "--steps", "6")
+    assert run.summary["resumed_from"].endswith("step-3")
+    assert "(epoch 0, 48 samples into it)" in run.out  # 3 steps x batch 16: from the train state
+    assert "has no train.first_loss" in run.out and "sampler" not in run.out.split("warning")[1]
+    uninterrupted = json.loads((base / "summary.json").read_text())
+    assert run.summary["param_digest"] == uninterrupted["param_digest"]

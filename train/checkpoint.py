@@ -391,6 +391,8 @@ class Checkpointer:
         meta = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
         present = {k.split(".", 1)[0] for k in meta}
         state = {n: p.state_dict() for n, p in states.items() if n in present}
+        old_keys = _plain_values_as_saved(states, state, meta)
+        moved = _moved_parts(states, state, meta, present)
         if "model" in state:
             _check_compatible(path, state["model"], meta, info)
         if "optim" in state:
@@ -398,7 +400,8 @@ class Checkpointer:
         rng = next((n for n, p in states.items() if isinstance(p, RngState)), None)
         if rng in state and f"{rng}.{states[rng].key}" not in meta:  # type: ignore[attr-defined]
             del state[rng]  # the world grew: this rank has no saved RNG state
-        missing = [n for n, p in states.items() if n not in present and p.state_dict()]
+        missing = [n for n, p in states.items() if n not in present | moved and p.state_dict()]
+        missing += old_keys
         if missing and self.rank == 0:
             self.log(
                 f"warning: checkpoint {path} has no {', '.join(missing)} (written before "
@@ -412,9 +415,42 @@ class Checkpointer:
         except _errors() as e:
             problem = f"load failed ({describe(e)})"
         self._agree(problem)
+        for name in moved:  # read from where an older version kept it
+            src, keys = MOVED_PARTS[name]
+            states[name].load_state_dict({k: state[src].pop(k) for k in keys})
         for name, sd in state.items():
             states[name].load_state_dict(sd)
         return info
+
+
+# Parts an older version kept inside another part: name -> (that part, its keys). Before
+# the named parts, the sampler's position was part of the train state.
+MOVED_PARTS: dict[str, tuple[str, tuple[str, ...]]] = {"sampler": ("train", ("epoch", "consumed"))}
+
+
+def _plain_values_as_saved(states: dict[str, Stateful], state: dict, meta: dict) -> list[str]:
+    """Ask a plain-value part (Values) for the keys its checkpoint holds: a key added since
+    keeps its fresh value (returned as 'part.key' for the warning) instead of failing the
+    load with a missing key; a key it no longer has is read and ignored."""
+    added: list[str] = []
+    for name, part in states.items():
+        if name not in state or not isinstance(part, Values):
+            continue
+        saved = {k.split(".", 2)[1] for k in meta if k.startswith(f"{name}.")}
+        ours = state[name]
+        added += [f"{name}.{k}" for k in ours if k not in saved]
+        state[name] = {k: ours.get(k) for k in saved}
+    return added
+
+
+def _moved_parts(states: dict[str, Stateful], state: dict, meta: dict, present: set) -> set:
+    """The parts this checkpoint holds where an older version put them (MOVED_PARTS)."""
+    moved = set()
+    for name, (src, keys) in MOVED_PARTS.items():
+        saved = all(f"{src}.{k}" in meta for k in keys)
+        if name in states and name not in present and src in state and saved:
+            moved.add(name)
+    return moved
 
 
 def describe(e: BaseException) -> str:
