@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -118,8 +119,11 @@ def hf_case(quick: bool, work: Path) -> step_time.Interleaved:
 
 def run_hf(quick: bool, work: Path, out: Path, env: dict) -> list[str]:
     _log("step time, interleaved blocks: the kit vs a plain FSDP2 loop on a tiny HF model")
-    case = hf_case(quick, work)
-    r = step_time.run_interleaved(case, 1, work, _log)
+    try:
+        case = hf_case(quick, work)
+        r = step_time.run_interleaved(case, 1, work, _log)
+    finally:  # the generated model and data are scratch, like the run dirs
+        shutil.rmtree(work / "hf", ignore_errors=True)
     write_json(out / "hf_step_time.json", {"env": env, "interleaved": [r]})
     s = r["summary"]
     ratio = s["kit"]["ratio_vs_plain-fsdp"]

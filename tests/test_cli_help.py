@@ -165,7 +165,9 @@ def test_ckpt_inspect_takes_a_run_or_checkpoints_dir(run_with_checkpoints, where
     first = p.stdout.splitlines()[0]
     # the newest COMPLETE one: step-6 has no marker
     assert first.startswith(f"{run_with_checkpoints / 'checkpoints' / 'step-4'}: step 4,"), first
-    assert len(p.stdout.splitlines()) == 2 + 1500
+    lines = p.stdout.splitlines()
+    assert lines[2] == "checksums: none recorded"  # a marker written without them
+    assert len(lines) == 3 + 1500  # header, sizes, checksums, one line per tensor
 
 
 def test_ckpt_inspect_with_only_cut_short_saves_names_them(tmp_path, run_with_checkpoints):
