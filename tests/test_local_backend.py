@@ -214,3 +214,24 @@ def test_fresh_requeue_marker_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     os.utime(marker, (1000.0, 1000.0))
     assert not fresh_requeue_marker(tmp_path, "launch-b", since=2000.0)
     assert fresh_requeue_marker(tmp_path, "launch-b", since=500.0)
+
+
+@pytest.mark.slow
+def test_a_signal_in_the_last_steps_ends_in_a_finished_run_exit_0(tmp_path: Path) -> None:
+    """SIGTERM to the launcher just before the last step: the trainer finishes (too late to
+    stop), so the launch is a finished run (exit 0, one line), not a death by signal."""
+    run = tmp_path / "run"
+    env = clean_env(DDPKIT_FAULT="signal@12:0:SIGTERM")  # rank 0 signals its agent
+    p = subprocess.run(
+        [PY, "-m", "train.node", "--standalone", "--nproc-per-node=2", "--run-dir", str(run),
+         "--", "-m", "train", "--run-dir", str(run), "--steps", "12", "--progress", "plain",
+         "--no-eval", "--synthetic-samples", "1024", "--batch-size", "16"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert error_lines(p.stderr)[-1] == (
+        "ddpkit node: SIGTERM arrived during the last steps; the run finished (nothing to requeue)"
+    )
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["steps"], summary["signal"]) == (12, "SIGTERM")
+    assert not (run / REQUEUE_MARKER).exists()

@@ -25,6 +25,7 @@ EXIT_REQUEUE = 75
 
 # --- files in the run dir / checkpoint dir ----------------------------------------------------
 REQUEUE_MARKER = "requeue.json"  # rank 0 writes it after a preemption save (torchrun exits 1)
+SUMMARY_FILE = "summary.json"  # rank 0 writes it when a run ends (with the launch id)
 CKPT_MARKER = ".complete"  # a step dir counts only once this file is in it
 CKPT_STEP_PREFIX = "step-"  # <ckpt_dir>/step-<N>/
 
@@ -72,7 +73,16 @@ def fresh_requeue_marker(run_dir: str | Path, launch_id: str | None, since: floa
     """True when <run_dir>/requeue.json was written by this launch: same launch id when the
     launcher gave one and the marker carries one, else written after `since` (epoch seconds;
     the marker's "time", or the file's mtime for a writer that records neither)."""
-    path = Path(run_dir) / REQUEUE_MARKER
+    return _written_by_launch(Path(run_dir) / REQUEUE_MARKER, launch_id, since)
+
+
+def finished_in_launch(run_dir: str | Path, launch_id: str | None, since: float) -> bool:
+    """True when the trainer's <run_dir>/summary.json was written by this launch: the run
+    ended (a stop signal in its last steps arrived too late to stop it), by the same rule."""
+    return _written_by_launch(Path(run_dir) / SUMMARY_FILE, launch_id, since)
+
+
+def _written_by_launch(path: Path, launch_id: str | None, since: float) -> bool:
     try:
         body = json.loads(path.read_text())
         mtime = path.stat().st_mtime

@@ -18,8 +18,9 @@ train.contract, so no backend retypes it:
   - for the default entry point, the training flags are checked BEFORE torchrun starts, with
     the world size this launch will have: a bad flag is one line + exit 2, no process group.
 Exit status (one, whatever torchrun's): a worker's 2 (bad input) -> 2, 3 (diverged) -> 3; a
-requeue marker of this launch -> 75; a stop signal without one -> 128 + signal; other worker
-failures -> 1; success -> 0. torch's ChildFailedError dump is replaced by one short line.
+requeue marker of this launch -> 75; a stop signal without one -> 128 + signal, unless the
+run finished in this launch anyway (summary.json with its id) -> 0; other worker failures
+-> 1; success -> 0. torch's ChildFailedError dump is replaced by one short line.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from train.contract import (
     RUN_DIR_ENV,
     SHUTDOWN_ENV,
     TORCHRUN_SIGNALS,
+    finished_in_launch,
     fresh_requeue_marker,
     shutdown_budget_s,
 )
@@ -233,7 +235,16 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.2)
             fresh = fresh_requeue_marker(run_dir, launch_id, started)
     code, line = outcome(failures, fresh)
-    if stopped_by is not None and code == EXIT_OK:
+    if (
+        stopped_by is not None
+        and code == EXIT_OK
+        and finished_in_launch(run_dir, launch_id, started)
+    ):
+        line = (
+            f"{PREFIX}: {_signame(stopped_by)} arrived during the last steps; the run finished "
+            "(nothing to requeue)"
+        )
+    elif stopped_by is not None and code == EXIT_OK:
         code = 128 + stopped_by
         line = (
             f"{PREFIX}: stopped by {_signame(stopped_by)} without a requeue request "

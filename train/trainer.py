@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from train.checkpoint import (
 )
 from train.ckpt_files import is_no_space, no_space_message
 from train.config import EXIT_REQUEUE, ConfigError, TrainConfig, dump, log_backends, profile_range
-from train.contract import EXIT_DIVERGED, write_requeue_marker
+from train.contract import EXIT_DIVERGED, LAUNCH_ID_ENV, SUMMARY_FILE, write_requeue_marker
 from train.data import DataBundle, GlobalBatchSampler, iterate_batches
 from train.distributed import World
 from train.fault import (
@@ -585,10 +586,11 @@ class Trainer:
                 "total_time_s": time.perf_counter() - self.t_start,
                 "resumed_from": self.resumed_from,
                 "signal": _signal_name(self.late_signal) if self.late_signal else None,
+                "launch_id": os.environ.get(LAUNCH_ID_ENV),  # the launcher's "it finished"
                 "state_bytes_per_rank": per_rank,
                 "param_digest": digest,
             }
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         if self.world.is_main:
             losses = (
                 f"loss {self.first_loss:.4f} -> {self.last_loss:.4f}"
