@@ -18,14 +18,14 @@ import sys
 from pathlib import Path
 
 from tools.spec import JobSpec, SpecError
+from train.errors import CliParser
 
 ACTIONS = ("render", "submit", "status", "logs", "cancel", "list")
 BACKEND_NAMES = ("local", "slurm", "k8s", "docker")  # tools.backends.BACKENDS (kept import-free)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
-        raise SpecError(f"{message} (see python -m tools.launch --help)")
+class _Parser(CliParser):
+    error_class = SpecError
 
 
 def build_parser(backend: object | None = None) -> argparse.ArgumentParser:

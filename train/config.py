@@ -19,7 +19,7 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from train import registry
 from train.contract import EXIT_BAD_INPUT, EXIT_REQUEUE
-from train.errors import UserError
+from train.errors import CliParser, UserError
 
 
 class ConfigError(UserError):
@@ -224,9 +224,8 @@ def _json_table(text: str) -> dict[str, Any]:
     return value
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
-        raise ConfigError(f"{message} (see python -m train --help)")
+class _Parser(CliParser):
+    error_class = ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:

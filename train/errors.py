@@ -21,10 +21,13 @@ class UserError(ValueError):
 
 
 class CliParser(argparse.ArgumentParser):
-    """argparse whose usage errors are UserErrors: one line (no usage dump), exit 2 via run_cli."""
+    """argparse whose usage errors are UserErrors: one line (no usage dump), exit 2 via run_cli.
+    A module whose callers catch its own UserError subclass sets `error_class`."""
+
+    error_class: type[UserError] = UserError
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UserError(f"{message} (see {self.prog} --help)")
+        raise self.error_class(f"{message} (see {self.prog} --help)")
 
 
 def print_error(err: BaseException | str) -> None:

@@ -49,7 +49,7 @@ from train.contract import (
     fresh_requeue_marker,
     shutdown_budget_s,
 )
-from train.errors import UserError, run_cli
+from train.errors import CliParser, UserError, run_cli
 
 PREFIX = "ddpkit node"
 MARKER_WAIT_S = 5.0  # how long a node waits for the marker of a rank 0 elsewhere
@@ -59,9 +59,8 @@ class NodeError(UserError):
     """A bad node-launcher invocation (one line, exit 2)."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
-        raise NodeError(f"{message} (see python -m train.node --help)")
+class _Parser(CliParser):
+    error_class = NodeError
 
 
 def build_parser() -> argparse.ArgumentParser:
