@@ -7,7 +7,7 @@ VENV      := .venv
 PY        := $(VENV)/bin/python
 STAMP     := $(VENV)/.installed
 
-CONFIG    ?= configs/default.toml
+CONFIG    ?=
 NODES     ?=
 GPUS      ?=
 NPROC     ?=
@@ -18,11 +18,13 @@ NAMESPACE ?=
 WAIT      ?=
 ARGS      ?=
 JOB       ?=
-# The variables reach the launcher through the environment (`tools.launch ... --make` reads
+# The variables reach the launcher through the environment (`ddpkit ... --make` reads
 # them as data), never pasted into recipe shell text: PARTITION='gpu;touch x' stays a value.
 # IMAGE unset keeps the job file's image.
 export CONFIG NODES GPUS NPROC IMAGE BASE_IMAGE PARTITION NAMESPACE WAIT ARGS JOB
-LAUNCH := $(PY) -m tools.launch
+# The same `ddpkit` command users install; the Makefile adds only the Make variables.
+DDPKIT := $(VENV)/bin/ddpkit
+LAUNCH := $(DDPKIT)
 
 .PHONY: help setup test test-fast lint format train bench \
 	docker-build docker-run slurm-up slurm-down slurm-render slurm-submit slurm-status \
@@ -32,7 +34,7 @@ help: ## List targets and variables
 	@echo "ddpkit targets:"
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-14s %s\n", $$1, $$2}'
 	@echo
-	@echo "Variables: CONFIG (default configs/default.toml) NODES GPUS NPROC IMAGE BASE_IMAGE PARTITION NAMESPACE WAIT=1 ARGS='extra flags for the entry point' JOB"
+	@echo "Variables: CONFIG (default ./ddpkit.toml, else the built-in job) NODES GPUS NPROC IMAGE BASE_IMAGE PARTITION NAMESPACE WAIT=1 ARGS='extra flags for the entry point' JOB"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -60,10 +62,7 @@ format: $(STAMP) ## Apply ruff format and safe fixes
 
 train: $(STAMP) ## Train CONFIG on this machine through the node launcher (NPROC: processes; default all GPUs, or 2 on CPU)
 	@NPROC=$${NPROC:-$$($(PY) -c 'import torch; print(torch.cuda.device_count() or 2)')} \
-	  $(LAUNCH) submit local --make && \
-	run_dir=$$($(PY) -c 'import json; print(json.load(open("out/local/last_job.json"))["run_dir"])') && \
-	{ $(PY) -m tools.plot "$$run_dir" || echo "(plots skipped)"; } && \
-	echo "outputs: $$run_dir (summary.json, metrics.jsonl, config.json, checkpoints/, *.png)"
+	  $(DDPKIT) run --make
 
 bench: $(STAMP) ## Benchmarks: step time vs a plain loop, checkpoint save times
 	$(PY) -m bench
@@ -80,7 +79,7 @@ slurm-up: $(STAMP) ## Start a real local SLURM cluster (NODES, default 2)
 slurm-down: ## Stop the local SLURM cluster
 	bash slurm/local/down.sh
 
-slurm-render: $(STAMP) ## Print the sbatch script and write out/slurm/<name>.sbatch
+slurm-render: $(STAMP) ## Print the sbatch script and write .ddpkit/rendered/slurm/<name>.sbatch
 	$(LAUNCH) render slurm --make --write
 
 slurm-submit: $(STAMP) ## Submit through submitit (WAIT=1 follows the job to its end)
@@ -95,7 +94,7 @@ slurm-logs: $(STAMP) ## Logs of JOB, every node prefixed (default: last job; WAI
 slurm-cancel: $(STAMP) ## Cancel JOB (default: last job)
 	$(LAUNCH) cancel slurm --make
 
-k8s-render: $(STAMP) ## Print the PyTorchJob/TrainJob YAML and write out/k8s/<name>.yaml
+k8s-render: $(STAMP) ## Print the PyTorchJob/TrainJob YAML and write .ddpkit/rendered/k8s/<name>.yaml
 	@$(LAUNCH) render k8s --make --write
 
 k8s-apply: $(STAMP) ## kubectl apply the rendered manifest (PVC and job)
@@ -105,5 +104,5 @@ k8s-apply: $(STAMP) ## kubectl apply the rendered manifest (PVC and job)
 k8s-delete: $(STAMP) ## kubectl delete the rendered job (the checkpoint PVC is kept)
 	set -o pipefail; $(LAUNCH) render k8s --make --set k8s.pvc_size= | kubectl delete -f -
 
-clean: ## Remove runs/ and out/
-	rm -rf runs out
+clean: ## Remove runs/ and .ddpkit/ (run dirs and job records of this workspace)
+	rm -rf runs .ddpkit

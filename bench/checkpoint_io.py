@@ -2,7 +2,7 @@
 
 Two parts, both on 2 gloo ranks:
 
-1. `torchrun ... -m bench.checkpoint_io --worker ...` drives train.checkpoint.Checkpointer (the
+1. `torchrun ... -m bench.checkpoint_io --worker ...` drives ddpkit.train.checkpoint.Checkpointer (the
    kit's DCP manager) directly on a model with AdamW state, and per repetition, in a rotated
    order, measures:
    - sync:    Checkpointer.save(force_sync) wall time on rank 0 (rank 0 finishes last: it
@@ -14,7 +14,7 @@ Two parts, both on 2 gloo ranks:
    - raw x1:  rank 0 writes the same number of bytes to one file, 8 MiB chunks, fsync;
    - raw x2:  both ranks write half of it each at once (DCP writes from every rank).
    DCP's FileSystemWriter fsyncs each file too, so all four reach the disk.
-2. Time to first step of `python -m train` started fresh vs resumed from a checkpoint of
+2. Time to first step of `python -m ddpkit.train` started fresh vs resumed from a checkpoint of
    the same model (bench.kit_timed launches, alternated F R F R ...).
 """
 
@@ -61,15 +61,15 @@ def worker(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
+    from ddpkit.train import distributed
+    from ddpkit.train.checkpoint import Checkpointer, ModelState, OptimizerState
+    from ddpkit.train.config import TrainConfig, validate
+    from ddpkit.train.distributed import set_threads_from_env
+    from ddpkit.train.metrics import state_bytes
+    from ddpkit.train.models import build_model
+    from ddpkit.train.parallel import parallelize
 
     from bench.common import write_json
-    from train import distributed
-    from train.checkpoint import Checkpointer, ModelState, OptimizerState
-    from train.config import TrainConfig, validate
-    from train.distributed import set_threads_from_env
-    from train.metrics import state_bytes
-    from train.models import build_model
-    from train.parallel import parallelize
 
     set_threads_from_env()
     root = Path(args.dir)
@@ -193,7 +193,7 @@ def checksum_cost(step_dir: Path, reps: int = 3) -> dict[str, Any]:
     """What the checksums cost: CRC-32 of every file of a checkpoint (what rank 0 does after
     a save, and the resume does before a load) against a plain read of the same bytes, with
     the files in the page cache (right after a save) and dropped from it (a resume)."""
-    from train.ckpt_files import checksum_files
+    from ddpkit.train.ckpt_files import checksum_files
 
     files = [p for p in sorted(step_dir.iterdir()) if p.is_file()]
     nbytes = sum(p.stat().st_size for p in files)
@@ -226,7 +226,7 @@ def checksum_cost(step_dir: Path, reps: int = 3) -> dict[str, Any]:
 def blocked_breakdown(states) -> dict[str, float]:
     """Where an async save's blocked time goes: get_state_dict, then the staging copy into
     new buffers (a first save, or a stager made per save) or into reused ones (a stager kept
-    across saves, as train.checkpoint does since f408bf2)."""
+    across saves, as ddpkit.train.checkpoint does since f408bf2)."""
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
     t0 = time.perf_counter()

@@ -17,12 +17,12 @@ steps=${STEPS:-200}
 for mode in eager compile; do
     flags=()
     [ "$mode" = compile ] && flags+=(--compile)
-    "$py" -m torch.distributed.run --standalone --nproc-per-node 1 -m train \
+    "$py" -m torch.distributed.run --standalone --nproc-per-node 1 -m ddpkit.train \
         --config configs/gpt_350m.toml --steps "$steps" --resume never \
         --run-dir "$out/$mode" --progress plain "${flags[@]}" 2>&1 | tee "$out/$mode.log"
 done
 
-"$py" -m tools.memory --config configs/gpt_350m.toml --gpus 1 --strategy FULL_SHARD --json \
+"$py" -m ddpkit.tools.memory --config configs/gpt_350m.toml --gpus 1 --strategy FULL_SHARD --json \
     > "$out/planner.json"
 "$py" - "$out" <<'PY'
 import json, sys

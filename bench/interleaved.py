@@ -1,12 +1,12 @@
 """The kit's loop and the plain loop in the same two processes, in alternating blocks.
 
     torchrun --nproc-per-node 2 -m bench.interleaved --out FILE --block 10 --cycles 60 \\
-        --variants plain,plain-gather,kit,kit-nolog,kit-nostop -- <python -m train flags>
+        --variants plain,plain-gather,kit,kit-nolog,kit-nostop -- <python -m ddpkit.train flags>
 
 On a shared machine, separate launches of each loop see different background load; here
 every cycle runs one block of `--block` steps of each variant back to back (order rotated
 per cycle), so a kit block and the plain block it is compared with are a fraction of a
-second apart. `python -m train` runs unchanged; a wrapper around Trainer.train_step, at the
+second apart. `python -m ddpkit.train` runs unchanged; a wrapper around Trainer.train_step, at the
 start of every `--block`-th kit step, closes the kit block just finished (its time includes
 each step's logging, checkpoint poll and stop-signal check, since it runs from one block
 start to the next), runs the plain blocks due next (bench.plain_ddp.PlainLoop: its own
@@ -57,10 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not any(v in KIT for v in variants):
         p.error(f"--variants: need at least one kit variant; unknown: {sorted(unknown)}")
 
-    import train.__main__ as train_main
+    import ddpkit.train.__main__ as train_main
+    from ddpkit.train import fault, trainer
+
     from bench.common import write_json
     from bench.plain_ddp import PlainLoop
-    from train import fault, trainer
 
     block = args.block
     plan = schedule(variants, args.cycles)

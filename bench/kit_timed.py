@@ -1,8 +1,8 @@
-"""`python -m train` with step timestamps: the kit's own loop, observed from outside.
+"""`python -m ddpkit.train` with step timestamps: the kit's own loop, observed from outside.
 
     torchrun ... -m bench.kit_timed --out FILE [--variant kit|kit-nostop] -- <train flags>
 
-Runs train.__main__.main unchanged except for thin wrappers that record, on rank 0, when
+Runs ddpkit.train.__main__.main unchanged except for thin wrappers that record, on rank 0, when
 each optimizer step returns and how long the start-up phases take (process group, data,
 parallelize, checkpointer, resume). The wrappers cost a perf_counter call each.
 
@@ -42,13 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.kit_timed")
     p.add_argument("--out", required=True, help="JSON file rank 0 writes the timestamps to")
     p.add_argument("--variant", choices=("kit", "kit-nostop"), default="kit")
-    p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then python -m train flags")
+    p.add_argument(
+        "train_args", nargs=argparse.REMAINDER, help="-- then python -m ddpkit.train flags"
+    )
     args = p.parse_args(argv)
     train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
 
     t_torch = time.time()
-    import train.__main__ as train_main
-    from train import checkpoint, distributed, fault, trainer
+    import ddpkit.train.__main__ as train_main
+    from ddpkit.train import checkpoint, distributed, fault, trainer
 
     t_torch_done = time.time()
     phases: list[tuple[str, float, float]] = [("import torch+train", t_torch, t_torch_done)]

@@ -3,7 +3,7 @@
     torchrun --nproc-per-node 2 -m bench.plain_ddp --out FILE [--model mlp] [--steps 200]
 
 DDP + DistributedSampler + DataLoader + AdamW, as in the PyTorch DDP tutorial. The data and
-the model come from the kit's builders (train.data.build_data, train.models.build_model) so
+the model come from the kit's builders (ddpkit.train.data.build_data, ddpkit.train.models.build_model) so
 both loops train the same network on the same tensors with the same per-rank batch; the
 loop itself uses none of the kit. Rank 0 writes the same timestamps as bench.kit_timed.
 """
@@ -48,10 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     import torch
     import torch.distributed as dist
+    from ddpkit.train.config import TrainConfig
+    from ddpkit.train.data import build_data
 
     from bench.common import write_json
-    from train.config import TrainConfig
-    from train.data import build_data
 
     phases = [("import torch+train", t0, time.time())]
 
@@ -102,10 +102,9 @@ class PlainLoop:
 
     def __init__(self, cfg, data, batch_size: int, lr: float, weight_decay: float, mode: str):
         import torch
+        from ddpkit.train.models import build_model
         from torch.nn.parallel import DistributedDataParallel as DDP
         from torch.utils.data import DataLoader, DistributedSampler
-
-        from train.models import build_model
 
         self.sampler = DistributedSampler(data.train, shuffle=True, seed=cfg.seed, drop_last=True)
         if mode == "loader":
@@ -161,7 +160,7 @@ class TensorBatches:
 
 def probe_stop_allreduce(n: int) -> dict[str, float]:
     """Median and mean seconds of the kit's stop check alone: MAX all_reduce of one int32,
-    then .item() (train.fault.StopRequest.agreed). Not part of the plain loop's timing."""
+    then .item() (ddpkit.train.fault.StopRequest.agreed). Not part of the plain loop's timing."""
     import statistics
 
     import torch

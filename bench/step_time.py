@@ -12,7 +12,7 @@ Variants:
   plain-gather  the plain loop with one tensor gather per batch instead of the DataLoader's
               per-sample collate: the kit's data path for in-memory data, so kit/plain-gather
               isolates the kit's loop overhead from the data-loading difference
-  kit         python -m train as users run it (default --log-interval 10)
+  kit         python -m ddpkit.train as users run it (default --log-interval 10)
   kit-nolog   the kit with --log-interval above --steps (no logging step inside the window)
   kit-nostop  the kit with the per-step stop-signal all_reduce patched out (bench only)
 """
@@ -210,7 +210,7 @@ class Interleaved:
     batch_size: int = 64
     synthetic_samples: int = 8192
     timeout_s: float = 420.0
-    kit_args: tuple[str, ...] = ()  # more `python -m train` flags (hf: dataset, FSDP, ...)
+    kit_args: tuple[str, ...] = ()  # more `python -m ddpkit.train` flags (hf: dataset, FSDP, ...)
     label: str = ""  # the name in tables and file names (default: the model)
 
     @property

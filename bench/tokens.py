@@ -5,7 +5,7 @@
 
 Cases, each a torchrun launch of 2 gloo ranks running this module's worker: build the
 tokens dataset, wrap the kit's gpt model (2 layers, d 64, seq 128) in DDP, train --steps
-steps. `new` is train.data.token_file (uint16 windows read per batch with pread, widened then);
+steps. `new` is ddpkit.train.data.token_file (uint16 windows read per batch with pread, widened then);
 `old` is the previous path, kept here as OldTokenChunks (the whole file copied to int64,
 then a DataLoader collating per sample). Each rank reports VmRSS before and after the data
 is built and at the end, its RssAnon/RssFile split, and samples/s after warmup. Importing
@@ -79,11 +79,10 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
+    from ddpkit.train.config import TrainConfig
+    from ddpkit.train.data import GlobalBatchSampler, iterate_batches, token_file
+    from ddpkit.train.models import build_model
     from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from train.config import TrainConfig
-    from train.data import GlobalBatchSampler, iterate_batches, token_file
-    from train.models import build_model
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

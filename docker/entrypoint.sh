@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# ddpkit container entrypoint: the node launcher (python -m train.node) on this node.
+# ddpkit container entrypoint: the node launcher (python -m ddpkit.train.node) on this node.
 #
 #   <image> [train flags]              the kit's trainer with these flags
 #   <image> [node flags] -- ENTRY...   what the launcher renders: the node launcher's flags
 #                                      (--run-dir, --shutdown-timeout, --max-restarts ...)
-#                                      and the entry point (-m train FLAGS, -m MODULE ARGS,
+#                                      and the entry point (-m ddpkit.train FLAGS, -m MODULE ARGS,
 #                                      or SCRIPT ARGS: the user's code in the image)
 #   <image> COMMAND [ARGS]             runs COMMAND as given (bash, python, torchrun ...), for
 #                                      launchers that build the whole command line themselves
@@ -29,19 +29,19 @@ done
 if ((!node_mode)); then
     for arg in "$@"; do
         case $arg in
-            -h | --help | --print-config) exec python -m train "$@" ;;
+            -h | --help | --print-config) exec python -m ddpkit.train "$@" ;;
         esac
     done
-    set -- -- -m train "$@"
+    set -- -- -m ddpkit.train "$@"
 fi
 
 launch=()
 if [[ -z ${PET_NPROC_PER_NODE:-} ]]; then
-    launch+=(--nproc-per-node "$(python "$DDPKIT_HOME/docker/launch_plan.py")")
+    launch+=(--nproc-per-node "$(python -m ddpkit.docker.launch_plan)")
 fi
 if [[ -z ${PET_NNODES:-}${PET_RDZV_ENDPOINT:-}${PET_MASTER_ADDR:-}${PET_STANDALONE:-} ]]; then
     launch+=(--standalone)
 fi
-echo "ddpkit: python -m train.node ${launch[*]} $*" >&2
+echo "ddpkit: python -m ddpkit.train.node ${launch[*]} $*" >&2
 # exec: the node launcher is PID 1; torchrun inside it handles the stop signals.
-exec python -m train.node "${launch[@]}" "$@"
+exec python -m ddpkit.train.node "${launch[@]}" "$@"

@@ -2,7 +2,7 @@
 this process may run on (gloo). Printed as one line.
 
 Kept out of the entrypoint's shell because counting GPUs needs torch; the node launcher
-(python -m train.node) does everything else: flag checks, the launch contract, the exit status.
+(python -m ddpkit.train.node) does everything else: flag checks, the launch contract, the exit status.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the ddpkit checkout
-from train import fit  # noqa: E402
+from ddpkit.train import fit  # noqa: E402
 
 
 def build_model(cfg, width=64):

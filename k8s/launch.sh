@@ -2,7 +2,7 @@
 # Container command of every ddpkit pod on Kubernetes (PyTorchJob and TrainJob). The
 # renderer embeds this file as `bash -c <this> ddpkit-k8s HOST_POD WAIT_S NODE_ARGS...`;
 # every user value arrives as an argument, never as part of this text. NODE_ARGS go to the
-# node launcher every backend runs (python -m train.node [flags] -- <entry point>).
+# node launcher every backend runs (python -m ddpkit.train.node [flags] -- <entry point>).
 #
 #   HOST_POD  the pod that hosts the rendezvous: <job>-master-0 (static), <job>-worker-0 (elastic)
 #   WAIT_S    how long a non-host pod waits for a TCP connection to the rendezvous endpoint
@@ -63,5 +63,5 @@ extra=()
 if [[ -n ${PET_RDZV_ENDPOINT:-} ]]; then
     extra+=(--rdzv-conf "${PET_RDZV_CONF:+$PET_RDZV_CONF,}is_host=$is_host")
 fi
-echo "ddpkit: python -m train.node ${extra[*]} $*" >&2
-exec python -m train.node "${extra[@]}" "$@"
+echo "ddpkit: python -m ddpkit.train.node ${extra[*]} $*" >&2
+exec python -m ddpkit.train.node "${extra[@]}" "$@"

@@ -23,8 +23,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 import yaml
-
-from tools import launch
+from ddpkit.tools import launch
 
 SERVED = {("kubeflow.org", "v1", "pytorchjobs"), ("trainer.kubeflow.org", "v1alpha1", "trainjobs")}
 CUSTOM = re.compile(r"^/apis/([^/]+)/([^/]+)/namespaces/([^/]+)/([^/]+)(?:/([^/]+))?$")
@@ -325,7 +324,7 @@ def cluster(tmp_path, monkeypatch):
     }))  # fmt: skip
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.setattr("tools.backends.OUT_DIR", tmp_path / "out")  # last_job.json
+    monkeypatch.chdir(tmp_path)  # the workspace: .ddpkit/jobs/ (last_job.json)
     yield state
     server.shutdown()
     server.server_close()

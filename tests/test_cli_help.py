@@ -9,16 +9,15 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
-
-from train.config import TrainConfig, build_parser, field_help
+from ddpkit.train.config import TrainConfig, build_parser, field_help
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _help_entries() -> dict[str, str]:
-    """flag -> its help text, from the real `python -m train --help` output."""
+    """flag -> its help text, from the real `python -m ddpkit.train --help` output."""
     out = subprocess.run(
-        [sys.executable, "-m", "train", "--help"],
+        [sys.executable, "-m", "ddpkit.train", "--help"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -64,7 +63,7 @@ def test_booleans_show_both_spellings():
 
 
 def test_a_flag_not_given_does_not_override_the_file(tmp_path):
-    from train.config import parse_config
+    from ddpkit.train.config import parse_config
 
     f = tmp_path / "c.toml"
     f.write_text("batch_size = 7\n")
@@ -74,7 +73,13 @@ def test_a_flag_not_given_does_not_override_the_file(tmp_path):
 
 # --- one wrapper for every tool: a closed pipe is a quiet exit ---------------------------
 
-TOOLS = ["tools.doctor", "tools.memory", "tools.commbench", "tools.plot", "tools.ckpt"]
+TOOLS = [
+    "ddpkit.tools.doctor",
+    "ddpkit.tools.memory",
+    "ddpkit.tools.commbench",
+    "ddpkit.tools.plot",
+    "ddpkit.tools.ckpt",
+]
 
 
 def _run_into_closed_pipe(args: list[str]) -> subprocess.CompletedProcess:
@@ -103,19 +108,19 @@ def test_help_into_a_closed_pipe_is_quiet(tool):
 
 
 def test_memory_plan_into_a_closed_pipe_is_quiet():
-    p = _run_into_closed_pipe(["tools.memory", "--params", "7e9", "--gpus", "8"])
+    p = _run_into_closed_pipe(["ddpkit.tools.memory", "--params", "7e9", "--gpus", "8"])
     assert p.stderr == "" and p.returncode == 1, p.stderr
 
 
 @pytest.mark.parametrize(
     "tool,args,needle",
     [
-        ("tools.plot", ["/nonexistent-run"], "/nonexistent-run"),
-        ("tools.ckpt", ["inspect", "/nonexistent-run"], "no such directory"),
-        ("tools.ckpt", ["bogus"], "invalid choice"),
-        ("tools.commbench", ["--iters", "0"], "--iters 0 must be >= 1"),
-        ("tools.doctor", ["--timeout-s", "0"], "must be > 0 seconds"),
-        ("tools.memory", ["--params", "7e9", "--gpus", "x"], "invalid int value"),
+        ("ddpkit.tools.plot", ["/nonexistent-run"], "/nonexistent-run"),
+        ("ddpkit.tools.ckpt", ["inspect", "/nonexistent-run"], "no such directory"),
+        ("ddpkit.tools.ckpt", ["bogus"], "invalid choice"),
+        ("ddpkit.tools.commbench", ["--iters", "0"], "--iters 0 must be >= 1"),
+        ("ddpkit.tools.doctor", ["--timeout-s", "0"], "must be > 0 seconds"),
+        ("ddpkit.tools.memory", ["--params", "7e9", "--gpus", "x"], "invalid int value"),
     ],
 )
 def test_a_user_error_is_one_line_and_exit_2(tool, args, needle):
@@ -155,7 +160,7 @@ def run_with_checkpoints(tmp_path_factory):
 @pytest.mark.parametrize("where", ["", "checkpoints"])
 def test_ckpt_inspect_takes_a_run_or_checkpoints_dir(run_with_checkpoints, where):
     p = subprocess.run(
-        [sys.executable, "-m", "tools.ckpt", "inspect", str(run_with_checkpoints / where)],
+        [sys.executable, "-m", "ddpkit.tools.ckpt", "inspect", str(run_with_checkpoints / where)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -175,7 +180,7 @@ def test_ckpt_inspect_with_only_cut_short_saves_names_them(tmp_path, run_with_ch
 
     shutil.copytree(run_with_checkpoints / "checkpoints" / "step-6", tmp_path / "step-6")
     p = subprocess.run(
-        [sys.executable, "-m", "tools.ckpt", "inspect", str(tmp_path)],
+        [sys.executable, "-m", "ddpkit.tools.ckpt", "inspect", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -191,7 +196,7 @@ def test_ckpt_inspect_with_only_cut_short_saves_names_them(tmp_path, run_with_ch
 def test_ckpt_inspect_piped_into_head_ends_quietly(run_with_checkpoints):
     # ~140 KB of output: more than a pipe holds, so the tool is still writing when head exits
     tool = subprocess.Popen(
-        [sys.executable, "-m", "tools.ckpt", "inspect", str(run_with_checkpoints)],
+        [sys.executable, "-m", "ddpkit.tools.ckpt", "inspect", str(run_with_checkpoints)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from tools.commbench import OPS, bandwidths, bus_factor, parse_size
+from ddpkit.tools.commbench import OPS, bandwidths, bus_factor, parse_size
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
@@ -42,7 +41,7 @@ def test_parse_size():
 def test_default_sweep_reaches_1g_on_gpus_and_stays_small_on_cpu():
     import argparse
 
-    from tools.commbench import build_parser, size_sweep
+    from ddpkit.tools.commbench import build_parser, size_sweep
 
     args = build_parser().parse_args([])
     gpu, cpu = size_sweep(args, on_gpu=True), size_sweep(args, on_gpu=False)
@@ -53,8 +52,7 @@ def test_default_sweep_reaches_1g_on_gpus_and_stays_small_on_cpu():
 def test_check_catches_a_wrong_result():
     import torch
     import torch.distributed as dist
-
-    from tools.commbench import Case
+    from ddpkit.tools.commbench import Case
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
@@ -79,7 +77,7 @@ def test_check_catches_a_wrong_result():
 )
 def test_bad_input_one_line_exit_2(args, needle):
     r = subprocess.run(
-        [sys.executable, "-m", "tools.commbench", *args],
+        [sys.executable, "-m", "ddpkit.tools.commbench", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -91,7 +89,7 @@ def test_bad_input_one_line_exit_2(args, needle):
 
 
 def torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), "-m", "tools.commbench"]
+    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), "-m", "ddpkit.tools.commbench"]
     return subprocess.run(
         [*cmd, "--sizes", "1K,64K", "--iters", "3", "--warmup", "1", *args],
         cwd=ROOT,

@@ -18,11 +18,11 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
+from ddpkit.tools.backends import docker
+from ddpkit.tools.spec import load_spec
+from ddpkit.tools.templating import KIT_DIR as REPO_ROOT
 
 from tests import container_harness as harness
-from tools.backends import docker
-from tools.spec import load_spec
-from tools.templating import REPO_ROOT
 
 VENV_BIN = Path(sys.executable).parent
 ENTRYPOINT = REPO_ROOT / "docker" / "entrypoint.sh"
@@ -35,7 +35,7 @@ def _spec(*sets: str, gpus: int | None = None, train_args: list[str] | None = No
 
 def _launch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "tools.launch", *args],
+        [sys.executable, "-m", "ddpkit.tools.launch", *args],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -62,17 +62,22 @@ def test_shellcheck_passes_on_the_entrypoint():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_dockerignore_admits_exactly_what_the_dockerfile_copies():
-    lines = [
-        ln.strip()
-        for ln in (REPO_ROOT / ".dockerignore").read_text().splitlines()
-        if ln.strip() and not ln.startswith("#")
-    ]
-    assert lines[0] == "*", "allow-list: runs, venvs and checkpoints stay out of the context"
-    allowed = {ln[1:].rstrip("/") for ln in lines if ln.startswith("!")}
-    copied = set(re.findall(r"^COPY (\S+)", DOCKERFILE.read_text(), re.M))
-    assert {c.rstrip("/") for c in copied} == allowed
-    assert all((REPO_ROOT / a).exists() for a in allowed)
+def test_the_image_context_holds_the_dockerfile_entrypoint_configs_and_the_wheel(tmp_path):
+    """The kit image is built from a staged context, never the checkout or the workspace:
+    what the Dockerfile copies is there, and the wheel holds only the ddpkit namespace."""
+    docker.stage_kit_context(tmp_path / "ctx")
+    ctx = tmp_path / "ctx"
+    staged = {p.relative_to(ctx).as_posix() for p in ctx.rglob("*") if p.is_file()}
+    wheels = [p for p in staged if p.startswith("wheels/")]
+    assert len(wheels) == 1 and wheels[0].endswith(".whl")
+    assert {"docker/Dockerfile", "docker/entrypoint.sh", "configs/default.toml"} <= staged
+    assert not any(p.startswith(("runs/", ".venv", "tests/", "bench/")) for p in staged)
+    for src in re.findall(r"^COPY (\S+)", DOCKERFILE.read_text(), re.M):
+        assert (ctx / src).exists(), src
+    import zipfile
+
+    tops = {n.split("/")[0] for n in zipfile.ZipFile(ctx / wheels[0]).namelist()}
+    assert tops == {"ddpkit", next(t for t in tops if t.endswith(".dist-info"))}
 
 
 # --- render ---------------------------------------------------------------------------------
@@ -93,7 +98,7 @@ def test_render_has_the_gpu_flags_and_the_volumes():
     rest = argv[image_at + 1 :]  # the node launcher's flags, then the entry point
     assert rest[: rest.index("--")] == [
         "--run-dir", "runs/default", "--shutdown-timeout", "30", "--max-restarts=0"]  # fmt: skip
-    assert rest[rest.index("--") + 1 :] == ["-m", "train", *_spec(gpus=8).train_argv()]
+    assert rest[rest.index("--") + 1 :] == ["-m", "ddpkit.train", *_spec(gpus=8).train_argv()]
 
 
 @pytest.mark.parametrize(
@@ -166,7 +171,7 @@ def test_logs_follow_and_list_ask_the_engine(tmp_path):
 
 
 def test_poll_running_then_the_recorded_exit_status(tmp_path, monkeypatch):
-    from tools.backends import JobState, record_job
+    from ddpkit.tools.backends import JobState, record_job
 
     fake = tmp_path / "bin"
     fake.mkdir()
@@ -175,7 +180,7 @@ def test_poll_running_then_the_recorded_exit_status(tmp_path, monkeypatch):
     )
     (fake / "docker").chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
-    monkeypatch.setattr("tools.backends.OUT_DIR", tmp_path / "out")
+    monkeypatch.chdir(tmp_path)  # the workspace: .ddpkit/jobs/
     record_job("docker", "j1", engine="docker", image="x", run_dir="runs/j1")
     monkeypatch.setenv("FAKE_PS", "running\tUp 3 seconds")
     assert docker.poll("j1").state is JobState.RUNNING
@@ -253,7 +258,7 @@ def test_bad_input_is_one_line_and_exit_2(args, expect):
 
 def test_build_argv_bakes_the_builders_ids_but_never_root():
     argv = docker.build_argv("podman", "img:t", "base:1", "abc", "", 1234, 99, version="0.3")
-    assert argv[:2] == ["podman", "build"] and argv[-1] == str(REPO_ROOT)
+    assert argv[:2] == ["podman", "build"] and argv[-1] == "."
     for pair in ("BASE_IMAGE=base:1", "REVISION=abc", "UID=1234", "GID=99", "VERSION=0.3"):
         assert pair in argv
     root = docker.build_argv("docker", "img:t", None, "abc", "", uid=0, gid=0)
@@ -272,7 +277,7 @@ def _entrypoint(tmp_path: Path, *args: str, env: dict[str, str] | None = None, f
         fake_dir.mkdir(exist_ok=True)
         (fake_dir / "python").write_text(
             "#!/usr/bin/env bash\n"
-            "if [[ $1 == -m && $2 == train.node ]]; then\n"
+            "if [[ $1 == -m && $2 == ddpkit.train.node ]]; then\n"
             "    printf '%s\\n' \"$@\" > node.args; exit ${FAKE_STATUS:-0}\n"
             "fi\n"
             f'exec {sys.executable} "$@"\n'
@@ -305,7 +310,7 @@ def _finish(p: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:
 
 def _node_args(tmp_path: Path) -> list[str]:
     args = (tmp_path / "node.args").read_text().splitlines()
-    assert args[:2] == ["-m", "train.node"]
+    assert args[:2] == ["-m", "ddpkit.train.node"]
     return args[2:]
 
 
@@ -318,7 +323,7 @@ def test_entrypoint_train_flags_go_to_the_node_launcher(tmp_path):
     # no GPU here: one process per CPU this process may use; no rendezvous: standalone
     assert args[: args.index("--")] == [
         "--nproc-per-node", str(len(os.sched_getaffinity(0))), "--standalone"]  # fmt: skip
-    assert args[args.index("--") :] == ["--", "-m", "train", "--name", "t", "--steps", "3"]
+    assert args[args.index("--") :] == ["--", "-m", "ddpkit.train", "--name", "t", "--steps", "3"]
 
 
 def test_entrypoint_runs_what_the_launcher_renders(tmp_path):
@@ -348,7 +353,7 @@ def test_entrypoint_passes_the_node_launchers_exit_status_through(tmp_path):
 def test_entrypoint_bad_input_and_commands(tmp_path):
     # The real node launcher: the trainer's own check, one line, exit 2, no torchrun.
     rc, out, err = _finish(_entrypoint(tmp_path, "--batch-size", "0", fake=False))
-    lines = [x for x in err.splitlines() if not x.startswith("ddpkit: python -m train.node")]
+    lines = [x for x in err.splitlines() if not x.startswith("ddpkit: python -m ddpkit.train.node")]
     assert rc == 2 and len(lines) == 1 and "batch" in lines[0], err
     assert not (tmp_path / "runs").exists()
     rc, out, _ = _finish(_entrypoint(tmp_path, "echo", "a b"))
@@ -429,7 +434,7 @@ def test_image_is_non_root_labelled_and_answers_help(image):
         image,
         "python",
         "-m",
-        "train",
+        "ddpkit.train",
         "--print-config",
         "--steps",
         "3",
@@ -475,13 +480,13 @@ def test_container_trains_is_preempted_and_resumes(image, tmp_path):
         time.sleep(0.5)
     # list: the running container carries the ddpkit label; logs: its output so far
     r = subprocess.run(
-        [sys.executable, "-c", "import sys, argparse; from tools.backends import docker; "
+        [sys.executable, "-c", "import sys, argparse; from ddpkit.tools.backends import docker; "
          "sys.exit(docker.list_jobs(argparse.Namespace(engine=sys.argv[1])))", harness.engine()],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 0 and r.stdout.startswith(f"{name}\t"), r.stdout + r.stderr
     r = subprocess.run(
-        [sys.executable, "-m", "tools.launch", "logs", "docker", name, "--engine",
+        [sys.executable, "-m", "ddpkit.tools.launch", "logs", "docker", name, "--engine",
          harness.engine()], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 0 and "ddpkit" in r.stdout + r.stderr, r.stderr

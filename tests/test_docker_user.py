@@ -13,12 +13,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from ddpkit.tools.backends import docker
+from ddpkit.tools.backends.docker import user as docker_user
+from ddpkit.tools.spec import load_spec
+from ddpkit.tools.templating import KIT_DIR as REPO_ROOT
 
 from tests import container_harness as harness
-from tools.backends import docker
-from tools.backends.docker import user as docker_user
-from tools.spec import load_spec
-from tools.templating import REPO_ROOT
 
 PLAIN_SCRIPT = """\
 # A plain torchrun DDP script: no ddpkit import; its one dependency comes from requirements.
@@ -102,7 +102,7 @@ def test_hadolint_passes_on_the_generated_containerfile(tmp_path):
 def test_bad_user_layer_is_one_line_before_anything_runs(sets, expect):
     args = [a for s in sets for a in ("--set", s)]
     r = subprocess.run(
-        [sys.executable, "-m", "tools.launch", "render", "docker", *args, "--build"],
+        [sys.executable, "-m", "ddpkit.tools.launch", "render", "docker", *args, "--build"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert r.returncode == 2 and r.stdout == "", r.stderr
@@ -123,7 +123,7 @@ def _build_and_run(tmp_path: Path, config: Path | None, sets: list[str]) -> Path
             f"docker.out_dir={out}"]  # fmt: skip
     cfg = ["--config", str(config)] if config else []
     r = subprocess.run(
-        [sys.executable, "-m", "tools.launch", "render", "docker", *cfg,
+        [sys.executable, "-m", "ddpkit.tools.launch", "render", "docker", *cfg,
          *[a for s in sets for a in ("--set", s)], "--build", "--base-image", base],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, env=harness.engine_env(),
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""tools.doctor: the rules over fake machines, the CLI's fatal findings (bogus
+"""ddpkit.tools.doctor: the rules over fake machines, the CLI's fatal findings (bogus
 NCCL_SOCKET_IFNAME, unreachable rendezvous port), and (slow) per-rank reports under torchrun
 and under an srun-style launch."""
 
@@ -12,9 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from tests.trainrun import run_module
-from tools.doctor_checks import (
+from ddpkit.tools.doctor_checks import (
     GiB,
     MiB,
     disk_finding,
@@ -23,13 +21,15 @@ from tools.doctor_checks import (
     shm_finding,
     skew_finding,
 )
-from tools.doctor_net import (
+from ddpkit.tools.doctor_net import (
     ib_findings,
     ifname_findings,
     nccl_ifname_matches,
     parse_endpoint,
     rendezvous_findings,
 )
+
+from tests.trainrun import run_module
 
 ROOT = Path(__file__).resolve().parents[1]
 IFACES = {"lo": "unknown", "eth0": "up", "eth1": "down", "ib0": "up", "docker0": "up"}
@@ -147,7 +147,7 @@ def test_clock_skew():
 
 
 def doctor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return run_module("tools.doctor", *args, env=env or clean_env())
+    return run_module("ddpkit.tools.doctor", *args, env=env or clean_env())
 
 
 def test_bogus_ifname_and_unreachable_port_are_both_fatal(tmp_path):
@@ -186,7 +186,7 @@ def test_bad_input_one_line_exit_2(args, needle):
 @pytest.mark.slow
 def test_torchrun_two_ranks_one_report(tmp_path):
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "tools.doctor"]
+    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "ddpkit.tools.doctor"]
     r = subprocess.run(
         [*cmd, "--json", "--ckpt-dir", str(tmp_path)],
         cwd=ROOT,
@@ -214,7 +214,7 @@ def test_srun_style_launch_rank0_listens(tmp_path):
     for rank in (0, 1):
         env = clean_env(SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank))
         env.update(SLURM_NNODES="1", SLURM_NTASKS_PER_NODE="2")
-        cmd = [sys.executable, "-m", "tools.doctor", "--json", "--ckpt-dir", str(tmp_path)]
+        cmd = [sys.executable, "-m", "ddpkit.tools.doctor", "--json", "--ckpt-dir", str(tmp_path)]
         cmd += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--connect-timeout", "30"]
         procs.append(
             subprocess.Popen(

@@ -58,7 +58,7 @@ def assert_bitwise(a, b, where: str = "") -> None:
 
 def export(ckpt: Path, out: Path) -> dict:
     p = subprocess.run(
-        [PY, "-m", "tools.ckpt", "export", str(ckpt), str(out)],
+        [PY, "-m", "ddpkit.tools.ckpt", "export", str(ckpt), str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -267,7 +267,7 @@ def test_resume_a_checkpoint_of_another_model(tmp_path):
 def test_ckpt_inspect_and_export(reference, tmp_path):
     ck = step_dir(reference.run_dir, 12)
     p = subprocess.run(
-        [PY, "-m", "tools.ckpt", "inspect", str(ck), "--json"],
+        [PY, "-m", "ddpkit.tools.ckpt", "inspect", str(ck), "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -283,7 +283,7 @@ def test_ckpt_inspect_and_export(reference, tmp_path):
     assert exported["meta"]["step"] == 12
     assert exported["model"]["layers.0.0.weight"].shape == (256, 784)
     bad = subprocess.run(
-        [PY, "-m", "tools.ckpt", "inspect", str(tmp_path)],
+        [PY, "-m", "ddpkit.tools.ckpt", "inspect", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -74,16 +74,24 @@ def test_full_shard_equals_ddp_on_the_tiny_hf_model(ddp_and_fsdp):
 
 
 def test_hf_export_reloads_with_from_pretrained_and_equal_logits(tiny, ddp_and_fsdp, tmp_path):
+    from ddpkit.train import hf
+    from ddpkit.train.config import TrainConfig
     from transformers import AutoModelForCausalLM
-
-    from train import hf
-    from train.config import TrainConfig
 
     model_dir, data, env = tiny
     ckpt = last_checkpoint(ddp_and_fsdp[1].run_dir)  # the FULL_SHARD run's sharded checkpoint
     out = tmp_path / "export"
     p = subprocess.run(
-        [PY, "-m", "tools.ckpt", "export", str(ckpt.parent.parent), str(out), "--format", "hf"],
+        [
+            PY,
+            "-m",
+            "ddpkit.tools.ckpt",
+            "export",
+            str(ckpt.parent.parent),
+            str(out),
+            "--format",
+            "hf",
+        ],
         cwd=ROOT,
         env=clean_env(**env),
         capture_output=True,
@@ -107,8 +115,8 @@ def test_hf_export_reloads_with_from_pretrained_and_equal_logits(tiny, ddp_and_f
 
 
 def test_hf_text_data_exactly_once_across_four_to_two_ranks(tiny, tmp_path):
-    from train import hf
-    from train.config import TrainConfig
+    from ddpkit.train import hf
+    from ddpkit.train.config import TrainConfig
 
     model, data, env = tiny
     n = len(
@@ -169,7 +177,7 @@ def test_bad_hf_paths_exit_2_with_one_line(tiny, tmp_path):
     for args, text in cases:
         rd = tmp_path / "r"
         p = subprocess.run(
-            [PY, "-m", "train", "--run-dir", str(rd), *args],
+            [PY, "-m", "ddpkit.train", "--run-dir", str(rd), *args],
             cwd=ROOT,
             env=clean_env(**env),
             capture_output=True,
@@ -183,7 +191,7 @@ def test_bad_hf_paths_exit_2_with_one_line(tiny, tmp_path):
         [
             PY,
             "-m",
-            "tools.ckpt",
+            "ddpkit.tools.ckpt",
             "export",
             str(tmp_path / "nope"),
             str(tmp_path / "o"),

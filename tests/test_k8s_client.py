@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ddpkit.tools.backends import k8s
+from ddpkit.tools.spec import load_spec
 
 from tests import k8s_apiserver
 from tests.k8s_apiserver import cli
-from tools.backends import k8s
-from tools.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ddpkit.tools.backends import k8s
+from ddpkit.tools.spec import load_spec
 
 from tests.k8s_fakes import pods, running, trainjob_pods, wait_all, wait_for
-from tools.backends import k8s
-from tools.spec import load_spec
 
 TRAIN = [
     "train.steps=12", "train.batch_size=16", "train.log_interval=1", "train.eval=false",
@@ -62,7 +62,7 @@ def _static(tmp_path, master, worker):
     # The worker starts first, as it may on a cluster: it must wait for the master's port.
     worker.start(tmp_path)
     time.sleep(3)
-    assert worker.proc.poll() is None and "train.node" not in worker.log(), worker.log()
+    assert worker.proc.poll() is None and "ddpkit.train.node" not in worker.log(), worker.log()
     master.start(tmp_path)
     assert wait_all([master, worker], timeout=240) == [0, 0], worker.log() + master.log()
     assert "rendezvous endpoint 127.0.0.1:" in worker.log()
@@ -139,8 +139,8 @@ def launch_script(tmp_path: Path, env: dict[str, str], wait_s: int = 30) -> tupl
     p = subprocess.run(cmd + args, env=base | env, capture_output=True, text=True, timeout=60)
     got = out.read_text().splitlines() if out.exists() else []
     if got:
-        assert got[:2] == ["-m", "train.node"]
-        assert got[got.index("--") :][:3] == ["--", "-m", "train"]
+        assert got[:2] == ["-m", "ddpkit.train.node"]
+        assert got[got.index("--") :][:3] == ["--", "-m", "ddpkit.train"]
         got = got[2:]
     return p.returncode, p.stderr, got
 

@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 import yaml
-
-from tools import launch
-from tools.backends import k8s
-from tools.spec import JobSpec, SpecError, load_spec
+from ddpkit.tools import launch
+from ddpkit.tools.backends import k8s
+from ddpkit.tools.spec import JobSpec, SpecError, load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden" / "k8s"
@@ -189,10 +188,12 @@ def test_static_job_shape() -> None:
     # The node launcher every backend runs; torchrun inside it takes nnodes/rank/master
     # from the injected PET_* variables, not from flags.
     cmd = c["command"] + c["args"]
-    assert cmd[:2] == ["bash", "-c"] and "exec python -m train.node" in cmd[2]
-    assert cmd[6:] == spec.node_argv([])[3:]  # [python -m train.node] flags -- -m train ...
+    assert cmd[:2] == ["bash", "-c"] and "exec python -m ddpkit.train.node" in cmd[2]
+    assert (
+        cmd[6:] == spec.node_argv([])[3:]
+    )  # [python -m ddpkit.train.node] flags -- -m ddpkit.train ...
     i = cmd.index("--")
-    assert cmd[i + 1 : i + 3] == ["-m", "train"] and cmd[i + 3 :] == spec.train_argv()
+    assert cmd[i + 1 : i + 3] == ["-m", "ddpkit.train"] and cmd[i + 3 :] == spec.train_argv()
     assert not {"--nnodes", "--node-rank", "--master-addr", "--rdzv-endpoint"} & set(cmd)
     assert cmd[4] == "default-master-0"  # the pod the others wait for
     # /dev/shm in memory; checkpoints on the claim, at the checkpoint path.

@@ -1,7 +1,7 @@
 """The node launcher (train/node.py) and the `local` backend, with real torchrun processes.
 
 - the plain torchrun script (examples/plain_torchrun, knows nothing of ddpkit) runs through
-  `python -m tools.launch submit local` on 2 ranks;
+  `python -m ddpkit.tools.launch submit local` on 2 ranks;
 - bad input is one line + exit 2 before any process group (launcher and node launcher), and
   a worker's own exit 2 stays 2 without torch's ChildFailedError dump;
 - the preemption contract (train/preempt.py) with a real SIGTERM: save + requeue -> 75 and a
@@ -20,23 +20,23 @@ import time
 from pathlib import Path
 
 import pytest
+from ddpkit.train.contract import REQUEUE_MARKER
 
 from tests.trainrun import PY, ROOT, clean_env
-from train.contract import REQUEUE_MARKER
 
 PLAIN_JOB = "examples/plain_torchrun/job.toml"
 
 
 def launch(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PY, "-m", "tools.launch", *args],
+        [PY, "-m", "ddpkit.tools.launch", *args],
         cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 
 
 def node(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PY, "-m", "train.node", *args],
+        [PY, "-m", "ddpkit.train.node", *args],
         cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 
@@ -64,7 +64,7 @@ def test_render_local_is_the_node_launcher_command(tmp_path: Path) -> None:
     p = launch("render", "local", "--config", PLAIN_JOB, "--set", f"train.run_dir={tmp_path}")
     assert p.returncode == 0, p.stderr
     last = p.stdout.strip().splitlines()[-1]
-    assert last.startswith(f"exec {PY} -m train.node --run-dir {tmp_path}")
+    assert last.startswith(f"exec {PY} -m ddpkit.train.node --run-dir {tmp_path}")
     assert "--standalone --nproc-per-node=2" in last
     assert last.endswith(
         "-- examples/plain_torchrun/ddp_fit.py --steps 50 --out runs/plain-torchrun/result.json"
@@ -77,7 +77,7 @@ def test_render_local_is_the_node_launcher_command(tmp_path: Path) -> None:
     [
         (["--", "--lr", "-1"], "error: --lr must be > 0, got -1.0"),
         (["--set", "train.batch_size=0"], "error: --batch-size must be >= 1, got 0; pass a positive integer"),
-        (["--", "--no-such-flag"], "error: unrecognized arguments: --no-such-flag (see python -m train --help)"),
+        (["--", "--no-such-flag"], "error: unrecognized arguments: --no-such-flag (see python -m ddpkit.train --help)"),
         (["--nodes", "2"], "error: local runs one node, got nodes = 2; use --nodes 1, or the slurm or k8s backend for several nodes"),
     ],
 )  # fmt: skip
@@ -93,7 +93,7 @@ def test_submit_local_bad_input_one_line_exit_2(tmp_path: Path, args, message) -
 def test_node_checks_train_flags_before_torchrun(tmp_path: Path) -> None:
     # HYBRID_SHARD over 2 nodes x 3 processes: the node launcher knows the world size (6).
     p = node("--nnodes=2", "--nproc-per-node=3", "--rdzv-endpoint=127.0.0.1:1", "--",
-             "-m", "train", "--run-dir", str(tmp_path / "r"), "--parallel", "fsdp",
+             "-m", "ddpkit.train", "--run-dir", str(tmp_path / "r"), "--parallel", "fsdp",
              "--sharding", "HYBRID_SHARD", "--replicate-degree", "4")  # fmt: skip
     assert p.returncode == 2, p.stderr
     (line,) = error_lines(p.stderr)
@@ -139,7 +139,7 @@ def test_stale_requeue_marker_does_not_fake_a_save(tmp_path: Path) -> None:
 
 def start_preemptible(run: Path, steps: int) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        [PY, "-m", "tools.launch", "submit", "local", "--config", PLAIN_JOB,
+        [PY, "-m", "ddpkit.tools.launch", "submit", "local", "--config", PLAIN_JOB,
          "--set", "script=examples/plain_torchrun/preemptible.py", "--set", f"train.run_dir={run}",
          "--set", "train.shutdown_timeout_s=20",
          "--", "--steps", str(steps), "--step-s", "0.05", "--out", str(run / "result.json")],
@@ -168,7 +168,7 @@ def test_preempt_helper_requeue_then_resume(tmp_path: Path) -> None:
     assert "Traceback" not in out + err
     # Run again: it resumes from its checkpoint and finishes.
     again = subprocess.run(
-        [PY, "-m", "tools.launch", "submit", "local", "--config", PLAIN_JOB,
+        [PY, "-m", "ddpkit.tools.launch", "submit", "local", "--config", PLAIN_JOB,
          "--set", "script=examples/plain_torchrun/preemptible.py", "--set", f"train.run_dir={run}",
          "--", "--steps", str(marker["step"] + 5), "--out", str(run / "result.json")],
         cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=120,
@@ -184,7 +184,7 @@ def test_script_that_ignores_the_signal_ends_cleanly(tmp_path: Path) -> None:
         "import time\nprint('started', flush=True)\ntime.sleep(120)\n",
     )
     proc = subprocess.Popen(
-        [PY, "-m", "train.node", "--standalone", "--nproc-per-node=2", "--run-dir",
+        [PY, "-m", "ddpkit.train.node", "--standalone", "--nproc-per-node=2", "--run-dir",
          str(tmp_path), "--", str(script)],
         cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -202,7 +202,7 @@ def test_script_that_ignores_the_signal_ends_cleanly(tmp_path: Path) -> None:
 
 
 def test_fresh_requeue_marker_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from train.contract import fresh_requeue_marker, write_requeue_marker
+    from ddpkit.train.contract import fresh_requeue_marker, write_requeue_marker
 
     monkeypatch.setenv("DDPKIT_LAUNCH_ID", "launch-a")
     write_requeue_marker(tmp_path, step=3)
@@ -223,8 +223,8 @@ def test_a_signal_in_the_last_steps_ends_in_a_finished_run_exit_0(tmp_path: Path
     run = tmp_path / "run"
     env = clean_env(DDPKIT_FAULT="signal@12:0:SIGTERM")  # rank 0 signals its agent
     p = subprocess.run(
-        [PY, "-m", "train.node", "--standalone", "--nproc-per-node=2", "--run-dir", str(run),
-         "--", "-m", "train", "--run-dir", str(run), "--steps", "12", "--progress", "plain",
+        [PY, "-m", "ddpkit.train.node", "--standalone", "--nproc-per-node=2", "--run-dir", str(run),
+         "--", "-m", "ddpkit.train", "--run-dir", str(run), "--steps", "12", "--progress", "plain",
          "--no-eval", "--synthetic-samples", "1024", "--batch-size", "16"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
     )  # fmt: skip

@@ -192,7 +192,7 @@ def test_a_missing_backend_package_is_one_line_before_anything_is_written(
     ],
 )
 def test_bad_output_flags(args, message, tmp_path):
-    from train.config import ConfigError, parse_config
+    from ddpkit.train.config import ConfigError, parse_config
 
     with pytest.raises(ConfigError) as e:
         parse_config([*args, "--run-dir", str(tmp_path / "r")])

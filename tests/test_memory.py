@@ -11,15 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from ddpkit.tools.memory import make_plan, parse_count, shard_rows
 
 from tests.trainrun import run_module
-from tools.memory import make_plan, parse_count, shard_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return run_module("tools.memory", *args)
+    return run_module("ddpkit.tools.memory", *args)
 
 
 def by_name(plan):
@@ -112,7 +112,7 @@ def test_cli_bad_input(args, needle):
 def test_model_path_counts_and_activation_estimate():
     import argparse
 
-    from tools.memory_model import describe_model, saved_activation_bytes
+    from ddpkit.tools.memory_model import describe_model, saved_activation_bytes
 
     ns = argparse.Namespace(model="mlp", config=None, batch_size=64)
     desc = describe_model(ns)
@@ -156,11 +156,11 @@ def test_planner_matches_measured_state_bytes(tmp_path, world, flags, strategy, 
         pytest.skip("train/ is not runnable yet")
     import argparse
 
-    from tools.memory_model import describe_model
+    from ddpkit.tools.memory_model import describe_model
 
     run_dir = tmp_path / "run"
     cmd = [shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"]
-    cmd += ["--standalone", "--nproc-per-node", str(world), "-m", "train"]
+    cmd += ["--standalone", "--nproc-per-node", str(world), "-m", "ddpkit.train"]
     cmd += ["--model", "mlp", "--dataset", "synthetic", "--synthetic-samples", "512"]
     cmd += ["--batch-size", "16", "--steps", "2", "--log-interval", "1", "--no-eval"]
     cmd += ["--no-ckpt-final", "--run-dir", str(run_dir), *flags]
@@ -181,7 +181,7 @@ def test_planner_matches_measured_state_bytes(tmp_path, world, flags, strategy, 
             expect = want.as_dict()[key]
             assert got[key] == pytest.approx(expect, rel=0.05), (rank, key, got, want)
     if world == 2:  # the charts `make train` draws, from a real metrics.jsonl
-        cmd = [sys.executable, "-m", "tools.plot", str(run_dir)]
+        cmd = [sys.executable, "-m", "ddpkit.tools.plot", str(run_dir)]
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr
         assert (run_dir / "loss.png").is_file() and (run_dir / "memory.png").is_file()

@@ -14,10 +14,9 @@ import argparse
 import pytest
 import torch
 import torch.nn.functional as F
-
-from tools.memory_model import describe_model, in_shape, saved_activation_bytes
-from train.config import TrainConfig
-from train.models import build_model
+from ddpkit.tools.memory_model import describe_model, in_shape, saved_activation_bytes
+from ddpkit.train.config import TrainConfig
+from ddpkit.train.models import build_model
 
 
 def forward_bytes(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:

@@ -1,4 +1,4 @@
-"""tools.plot on metrics.jsonl files in the trainer's record format."""
+"""ddpkit.tools.plot on metrics.jsonl files in the trainer's record format."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from ddpkit.tools.plot import load_run
 
 from tests.trainrun import run_module
-from tools.plot import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ def write_run(path: Path, records: list[dict], tail: str = "", summary: dict | N
 
 
 def plot(*args: str) -> subprocess.CompletedProcess[str]:
-    return run_module("tools.plot", *args)
+    return run_module("ddpkit.tools.plot", *args)
 
 
 def is_png(path: Path) -> bool:
@@ -113,7 +113,7 @@ def _axes(fig):
 
 
 def test_tokens_and_samples_never_share_an_axis(tmp_path):
-    from tools.plot import figures
+    from ddpkit.tools.plot import figures
 
     gpt = write_run(
         tmp_path / "gpt",
@@ -129,7 +129,7 @@ def test_tokens_and_samples_never_share_an_axis(tmp_path):
 
 
 def test_log_scale_when_values_span_decades(tmp_path):
-    from tools.plot import figures
+    from ddpkit.tools.plot import figures
 
     recs = [record(s, 10.0 / s**1.5, grad_norm=5.0) for s in range(1, 101)]  # loss 10 -> 0.01
     figs = figures([load_run(write_run(tmp_path / "r", recs))], "step")
@@ -140,7 +140,7 @@ def test_log_scale_when_values_span_decades(tmp_path):
 
 
 def test_a_small_memory_change_is_not_a_cliff(tmp_path):
-    from tools.plot import figures
+    from ddpkit.tools.plot import figures
 
     recs = [record(s, 1.0, mem_bytes=(700 + (7 if s > 10 else 0)) * 2**20) for s in range(1, 21)]
     ax = _axes(figures([load_run(write_run(tmp_path / "r", recs))], "step")["memory"])[0]
@@ -151,7 +151,7 @@ def test_a_small_memory_change_is_not_a_cliff(tmp_path):
 
 
 def test_eval_records_are_a_curve_on_the_loss_chart(tmp_path):
-    from tools.plot import figures
+    from ddpkit.tools.plot import figures
 
     recs = [record(s, 2.0 / s) for s in range(1, 9)]
     recs += [{"step": 4, "eval_loss": 0.9, "eval_accuracy": 0.5, "time_s": 0.04}]

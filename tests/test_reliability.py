@@ -1,4 +1,4 @@
-"""Issue 11: never keep a bad state. Real `python -m train` processes (torchrun + gloo where
+"""Issue 11: never keep a bad state. Real `python -m ddpkit.train` processes (torchrun + gloo where
 the item needs ranks; a single process where it does not, which is much cheaper)."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from ddpkit.train.contract import EXIT_DIVERGED
 
 from tests.trainrun import PY, ROOT, clean_env, full_params, torchrun_cmd, train
-from train.contract import EXIT_DIVERGED
 
 pytestmark = pytest.mark.slow
 
@@ -207,7 +207,7 @@ def test_a_signal_during_start_up_saves_and_asks_for_a_requeue(tmp_path):
     rd = tmp_path / "run"
     rd.mkdir()
     (rd / "requeue.json").write_text(json.dumps({"launch_id": "old", "step": 9}))  # stale
-    cmd = [PY, "-m", "train", "--run-dir", str(rd), "--progress", "plain", *SMALL]
+    cmd = [PY, "-m", "ddpkit.train", "--run-dir", str(rd), "--progress", "plain", *SMALL]
     env = clean_env(DDPKIT_LAUNCH_ID="new")
     p = subprocess.Popen(
         cmd + ["--steps", "50"],

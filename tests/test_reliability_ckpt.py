@@ -92,7 +92,7 @@ def test_resume_path_of_a_broken_checkpoint_is_one_line_and_writes_nothing(base,
     [line] = run.out.splitlines()
     assert line.startswith(f"error: --resume {bad}: unusable checkpoint (__0_0.distcp fails")
     assert not (tmp_path / "new").exists()
-    info = json.loads(run_module("tools.ckpt", "inspect", str(bad), "--json").stdout)
+    info = json.loads(run_module("ddpkit.tools.ckpt", "inspect", str(bad), "--json").stdout)
     assert info["checksums"].startswith("__0_0.distcp fails its checksum (crc32 ")
 
 
@@ -127,8 +127,7 @@ def test_two_ranks_agree_on_a_load_that_fails_on_one_shard(tmp_path):
 def test_a_part_missing_from_an_older_checkpoint_keeps_its_fresh_value(tmp_path):
     """In-process (world size 1, gloo): save without a part, load with it: one warning."""
     import torch.distributed as dist
-
-    from train.checkpoint import Checkpointer, ModelState, Values
+    from ddpkit.train.checkpoint import Checkpointer, ModelState, Values
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:

@@ -50,7 +50,7 @@ def _one_line(p: subprocess.CompletedProcess, pattern: str) -> None:
 
 def _train(*args: str, cwd=ROOT, env=None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [PY, "-m", "train", *args],
+        [PY, "-m", "ddpkit.train", *args],
         cwd=cwd,
         env=env or clean_env(PYTHONPATH=str(ROOT)),
         capture_output=True,

@@ -13,11 +13,10 @@ import signal
 from collections import defaultdict
 
 import torch
+from ddpkit.train.data import GlobalBatchSampler, iterate_batches
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import TensorDataset
-
-from train.data import GlobalBatchSampler, iterate_batches
 
 
 def _ranks(n: int, batch: int, world: int, state: dict | None):

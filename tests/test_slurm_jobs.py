@@ -21,7 +21,7 @@ def fake(bin_dir: Path, name: str, stdout: str, rc: int = 0) -> None:
 
 def launch(bin_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = clean_env(PATH=f"{bin_dir}:/usr/bin:/bin", USER="alice")
-    return subprocess.run([sys.executable, "-m", "tools.launch", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "ddpkit.tools.launch", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
 
 
@@ -67,8 +67,8 @@ def test_logs_prefix_every_node(tmp_path: Path) -> None:
 
 
 def test_secrets_pass_by_name_only(tmp_path: Path) -> None:
-    from tools.backends import slurm
-    from tools.spec import load_spec
+    from ddpkit.tools.backends import slurm
+    from ddpkit.tools.spec import load_spec
 
     spec = load_spec(None, ["slurm.secret_env=['WANDB_API_KEY']"], 2, 1)
     text = slurm.render(spec)

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
-from tools import sweep
-from tools.backends import k8s
-from tools.spec import SpecError, load_spec
+from ddpkit.tools import sweep
+from ddpkit.tools.backends import k8s
+from ddpkit.tools.spec import SpecError, load_spec
 
 
 def _load(sets: list[str]):

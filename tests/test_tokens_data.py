@@ -8,10 +8,10 @@ import sys
 import numpy as np
 import pytest
 import torch
+from ddpkit.train.config import ConfigError, TrainConfig
+from ddpkit.train.data import TokenChunks, TokenFile, token_file
 
 from tests.trainrun import ROOT, clean_env
-from train.config import ConfigError, TrainConfig
-from train.data import TokenChunks, TokenFile, token_file
 
 
 def _cfg(path, **kw) -> TrainConfig:
@@ -53,7 +53,7 @@ def test_a_token_file_dataset_pickles_as_its_path(tmp_path):
 
 
 def test_synthetic_tokens_keep_working_without_a_file():
-    from train.data import synthetic_tokens
+    from ddpkit.train.data import synthetic_tokens
 
     data = synthetic_tokens(TrainConfig(model="gpt", synthetic_samples=64, seq_len=16))
     assert isinstance(data.train, TokenChunks) and data.train.batch([0, 1])[0].shape == (2, 16)
@@ -90,7 +90,7 @@ def test_bad_token_files_are_one_line_and_exit_2(tmp_path, case, message):
         token_file(_cfg(d, vocab_size=512))
     assert str(e.value) == message.format(d=d)
     p = subprocess.run(  # and what the user sees
-        [sys.executable, "-m", "train", "--model", "gpt", "--dataset", "tokens"]
+        [sys.executable, "-m", "ddpkit.train", "--model", "gpt", "--dataset", "tokens"]
         + ["--data-dir", str(d), "--seq-len", "8", "--run-dir", str(tmp_path / "r")],
         cwd=ROOT,
         env=clean_env(),

@@ -1,4 +1,4 @@
-"""Bad input to `python -m train`: one clear line naming the problem and the fix, exit 2."""
+"""Bad input to `python -m ddpkit.train`: one clear line naming the problem and the fix, exit 2."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ CASES = [
 @pytest.mark.parametrize("args,env,pattern", CASES)
 def test_bad_input_exits_2_with_one_line(args, env, pattern, tmp_path):
     p = subprocess.run(
-        [PY, "-m", "train", "--run-dir", str(tmp_path / "r"), *args],
+        [PY, "-m", "ddpkit.train", "--run-dir", str(tmp_path / "r"), *args],
         cwd=ROOT,
         env=clean_env(**env),
         capture_output=True,
@@ -56,7 +56,7 @@ def test_tokens_file_shorter_than_one_sequence(tmp_path):
         [
             PY,
             "-m",
-            "train",
+            "ddpkit.train",
             "--model",
             "gpt",
             "--dataset",

@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from train.config import ConfigError, parse_config
-from train.data import GlobalBatchSampler
-from train.schedule import lr_multiplier, scaled_lr
+from ddpkit.train.config import ConfigError, parse_config
+from ddpkit.train.data import GlobalBatchSampler
+from ddpkit.train.schedule import lr_multiplier, scaled_lr
 
 
 def epoch_of(n, batch, world, seed=0, epoch=0):

@@ -79,7 +79,7 @@ def test_bad_paths_and_factories_exit_2_with_one_line(args, pattern, tmp_path):
     (tmp_path / "badpkg.py").write_text(BAD_PKG)
     run_dir = tmp_path / "run"
     p = subprocess.run(
-        [PY, "-m", "train", "--run-dir", str(run_dir), "--steps", "2", *args],
+        [PY, "-m", "ddpkit.train", "--run-dir", str(run_dir), "--steps", "2", *args],
         cwd=ROOT,
         env=clean_env(PYTHONPATH=str(tmp_path)),
         capture_output=True,
@@ -194,8 +194,8 @@ def test_fit_is_import_light_and_rejects_unknown_settings(tmp_path):
 
 
 def test_a_job_file_carries_model_args_to_the_nodes_as_json():
-    from tools.spec import load_spec
-    from train.config import parse_config
+    from ddpkit.tools.spec import load_spec
+    from ddpkit.train.config import parse_config
 
     spec = load_spec(JOB)
     argv = spec.train_argv()
@@ -210,7 +210,7 @@ STATE_SCRIPT = """
 import sys
 import torch
 sys.path.insert(0, sys.argv.pop(1))
-from train import fit
+from ddpkit.train import fit
 
 class Counter:  # the user's own state: forward passes seen
     def __init__(self):

@@ -1,4 +1,4 @@
-"""Run `python -m train` for real: one process, or torchrun with gloo ranks."""
+"""Run `python -m ddpkit.train` for real: one process, or torchrun with gloo ranks."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def torchrun_cmd(nproc: int, *extra: str) -> list[str]:
         ALL_SIGNALS,
         *extra,
         "-m",
-        "train",
+        "ddpkit.train",
     ]
 
 
@@ -99,8 +99,8 @@ def train(
     timeout: float = 300,
     check: bool = True,
 ) -> Run:
-    """nproc=0: a plain `python -m train` process (world size 1, no torchrun)."""
-    cmd = torchrun_cmd(nproc, *torchrun_args) if nproc else [PY, "-m", "train"]
+    """nproc=0: a plain `python -m ddpkit.train` process (world size 1, no torchrun)."""
+    cmd = torchrun_cmd(nproc, *torchrun_args) if nproc else [PY, "-m", "ddpkit.train"]
     cmd += ["--run-dir", str(run_dir), "--progress", "plain", *args]
     p = subprocess.run(
         cmd, cwd=ROOT, env=clean_env(**(env or {})), capture_output=True, text=True, timeout=timeout
@@ -112,9 +112,9 @@ def train(
 
 
 def full_params(ckpt: Path, part: str = "model") -> dict:
-    """Full tensors of a DCP checkpoint's part, loaded the way `tools.ckpt export` does."""
+    """Full tensors of a DCP checkpoint's part, loaded the way `ddpkit.tools.ckpt export` does."""
     sys.path.insert(0, str(ROOT))
-    from tools.ckpt import load_full_model
+    from ddpkit.tools.ckpt import load_full_model
 
     return load_full_model(ckpt, part)
 

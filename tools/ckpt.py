@@ -1,8 +1,8 @@
 """Inspect a ddpkit checkpoint, or export its model to one file for inference.
 
-    python -m tools.ckpt inspect runs/default [--json]   # or .../checkpoints[/step-300]
-    python -m tools.ckpt export  runs/default/checkpoints/step-300 model.pt
-    python -m tools.ckpt export  runs/hf-run OUT_DIR --format hf      # an hf:DIR model
+    python -m ddpkit.tools.ckpt inspect runs/default [--json]   # or .../checkpoints[/step-300]
+    python -m ddpkit.tools.ckpt export  runs/default/checkpoints/step-300 model.pt
+    python -m ddpkit.tools.ckpt export  runs/hf-run OUT_DIR --format hf      # an hf:DIR model
 
 The export holds {"model": {name: tensor}, "meta": {...}} with full (unsharded) tensors and
 loads with `torch.load(path, weights_only=True)`. `--format hf` (for a model trained as
@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from train.contract import CKPT_MARKER as MARKER
-from train.contract import CKPT_STEP_PREFIX
-from train.errors import CliParser, UserError, run_cli
+from ddpkit.train.contract import CKPT_MARKER as MARKER
+from ddpkit.train.contract import CKPT_STEP_PREFIX
+from ddpkit.train.errors import CliParser, UserError, run_cli
 
 
 def _step_dirs(d: Path) -> list[tuple[int, Path]]:
@@ -90,7 +90,7 @@ def inspect(path: Path) -> dict[str, Any]:
             )
         else:
             entries.append({"key": key, "shape": None, "dtype": "object", "bytes": None})
-    from train.ckpt_files import verify_files
+    from ddpkit.train.ckpt_files import verify_files
 
     return {
         "path": str(path),
@@ -166,7 +166,7 @@ def export_hf(path: Path, out: Path, model_dir: str | None) -> dict[str, Any]:
             f"--model-dir {model_dir}: no config.json there; pass the hf: directory the run "
             "was trained with"
         )
-    from train import hf
+    from ddpkit.train import hf
 
     r = hf.export(load_full_model(path), Path(model_dir), out)
     return {**r, "model": model}
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     ap = CliParser(
-        prog="python -m tools.ckpt",
+        prog="python -m ddpkit.tools.ckpt",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

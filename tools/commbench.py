@@ -1,6 +1,6 @@
 """Collective benchmark: time, algorithm and bus bandwidth, and a correctness check per size.
 
-    torchrun --nproc-per-node 8 -m tools.commbench [--ops all_reduce,all_gather]
+    torchrun --nproc-per-node 8 -m ddpkit.tools.commbench [--ops all_reduce,all_gather]
              [--sizes 1K,1M,64M | --min-bytes 1K --max-bytes 256M --factor 4]
              [--iters 20] [--warmup 5] [--backend auto|nccl|gloo] [--json] [--out DIR]
 
@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from train.contract import EXIT_BAD_INPUT
-from train.errors import CliParser, UserError, run_cli
+from ddpkit.train.contract import EXIT_BAD_INPUT
+from ddpkit.train.errors import CliParser, UserError, run_cli
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -288,7 +288,7 @@ def write_outputs(out: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -
 
 def build_parser() -> argparse.ArgumentParser:
     p = CliParser(
-        prog="torchrun ... -m tools.commbench",
+        prog="torchrun ... -m ddpkit.tools.commbench",
         description="Benchmark and check collectives (nccl-tests' algbw/busbw).",
     )
     p.add_argument("--ops", default=",".join(OPS), help=f"comma list from {', '.join(OPS)}")

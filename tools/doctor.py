@@ -1,8 +1,8 @@
 """Check that this node (or, under torchrun/srun, every node) can run a distributed job.
 
-    python -m tools.doctor [--rdzv-endpoint HOST:PORT] [--ckpt-dir DIR] [--config FILE] [--json]
-    torchrun --nnodes 2 --nproc-per-node 8 ... -m tools.doctor      # every rank, one report
-    srun --ntasks-per-node 1 python -m tools.doctor --rdzv-endpoint head:29500
+    python -m ddpkit.tools.doctor [--rdzv-endpoint HOST:PORT] [--ckpt-dir DIR] [--config FILE] [--json]
+    torchrun --nnodes 2 --nproc-per-node 8 ... -m ddpkit.tools.doctor      # every rank, one report
+    srun --ntasks-per-node 1 python -m ddpkit.tools.doctor --rdzv-endpoint head:29500
 
 Checks: torch/CUDA/NCCL versions, GPUs and CUDA_VISIBLE_DEVICES, /dev/shm size, memlock
 and open-files limits, NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME against the interfaces that
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tools.doctor_checks import (
+from ddpkit.tools.doctor_checks import (
     Finding,
     check_disk,
     check_gpus,
@@ -36,7 +36,7 @@ from tools.doctor_checks import (
     limits_findings,
     skew_finding,
 )
-from tools.doctor_net import (
+from ddpkit.tools.doctor_net import (
     hostname_finding,
     ib_findings,
     ifname_findings,
@@ -44,7 +44,7 @@ from tools.doctor_net import (
     parse_endpoint,
     rendezvous_findings,
 )
-from train.errors import CliParser, UserError, run_cli
+from ddpkit.train.errors import CliParser, UserError, run_cli
 
 EXIT_FATAL = 1
 DEFAULT_PORT = 29500
@@ -119,7 +119,7 @@ def ckpt_settings(args: argparse.Namespace) -> tuple[str, int | None]:
     """(checkpoint dir, bytes the kept checkpoints need or None)."""
     ckpt, need = args.ckpt_dir, None
     if args.config:
-        from train.config import ConfigError, TrainConfig, load_toml
+        from ddpkit.train.config import ConfigError, TrainConfig, load_toml
 
         try:
             values = load_toml(args.config)
@@ -129,7 +129,7 @@ def ckpt_settings(args: argparse.Namespace) -> tuple[str, int | None]:
         run_dir = cfg.run_dir or str(Path("runs") / cfg.name)
         ckpt = ckpt or cfg.ckpt_dir or str(Path(run_dir) / "checkpoints")
         if args.params is None:
-            from tools.memory_model import describe_model
+            from ddpkit.tools.memory_model import describe_model
 
             ns = argparse.Namespace(model=None, config=args.config)
             try:
@@ -240,7 +240,7 @@ def cross_rank(reports: list[dict[str, Any]], times: dict[str, float]) -> list[F
 
 def build_parser() -> argparse.ArgumentParser:
     p = CliParser(
-        prog="python -m tools.doctor",
+        prog="python -m ddpkit.tools.doctor",
         description="Find what will break a distributed job on this node (or every node).",
     )
     p.add_argument(

@@ -1,10 +1,12 @@
 """One CLI for every backend:
 
-    python -m tools.launch {render,submit,status,logs,cancel,list} {local,slurm,k8s,docker} [JOB]
+    python -m ddpkit.tools.launch {render,submit,status,logs,cancel,list} {local,slurm,k8s,docker} [JOB]
         [--config FILE] [--set key=value ...] [--nodes N] [--gpus N] [--write] [--wait]
         [--print-spec] [-- extra flags for the entry point]
 
-render prints exactly what submit sends; --write also saves it under out/<backend>/.
+The job file defaults to ./ddpkit.toml, else the kit's built-in default job; its directory
+is the workspace, where the job runs and its records live (.ddpkit/, runs/).
+render prints exactly what submit sends; --write also saves it under .ddpkit/rendered/.
 The job's training flags are checked by the trainer's own validation before anything is
 rendered or queued. Bad input: one line on stderr, exit status 2.
 """
@@ -12,16 +14,23 @@ rendered or queued. Bad input: one line on stderr, exit status 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
-from tools.spec import JobSpec, SpecError
-from train.errors import CliParser
+from ddpkit.tools.spec import JobSpec, SpecError, default_job_file
+from ddpkit.train.errors import CliParser
 
 ACTIONS = ("render", "submit", "status", "logs", "cancel", "list")
-BACKEND_NAMES = ("local", "slurm", "k8s", "docker")  # tools.backends.BACKENDS (kept import-free)
+BACKEND_NAMES = (
+    "local",
+    "slurm",
+    "k8s",
+    "docker",
+)  # ddpkit.tools.backends.BACKENDS (kept import-free)
 
 
 class _Parser(CliParser):
@@ -29,11 +38,13 @@ class _Parser(CliParser):
 
 
 def build_parser(backend: object | None = None) -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m tools.launch", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="python -m ddpkit.tools.launch", description=__doc__.split("\n\n")[0])
     p.add_argument("action", choices=ACTIONS)
     p.add_argument("backend", choices=BACKEND_NAMES)
     p.add_argument("job", nargs="?", help="status/logs/cancel: job id (default: the last one)")
-    p.add_argument("--config", help="job file (TOML), e.g. configs/default.toml")
+    p.add_argument(
+        "--config", help="job file (TOML); default ./ddpkit.toml, else the built-in default job"
+    )
     p.add_argument(
         "--set",
         dest="sets",
@@ -56,6 +67,12 @@ def build_parser(backend: object | None = None) -> argparse.ArgumentParser:
     p.add_argument("--write", action="store_true", help="render: also write out/<backend>/")
     p.add_argument("--wait", action="store_true", help="submit: follow the job to its end")
     p.add_argument("--print-spec", action="store_true", help="print the resolved spec, exit")
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="render: do not print the text (--write, --build)",
+    )
     if backend is not None:
         backend.add_arguments(p)  # type: ignore[attr-defined]
     return p
@@ -82,7 +99,7 @@ def make_argv(argv: list[str], env: dict[str, str]) -> list[str]:
     if get["JOB"] and action in ("status", "logs", "cancel"):
         out.append(get["JOB"])
     if action in ("render", "submit"):
-        out += ["--config", get["CONFIG"] or "configs/default.toml"]
+        out += ["--config", get["CONFIG"] or default_job_file()]
     if get["NODES"]:
         out += ["--nodes", get["NODES"]]
     gpus = get["NPROC"] if backend == "local" and get["NPROC"] else get["GPUS"]
@@ -113,13 +130,13 @@ def run(argv: list[str]) -> int:
     # The first pass reads the common flags (backend flags stay unknown); the spec is checked
     # before submitit or the kubernetes client is imported (backends import them on use).
     first, _ = build_parser().parse_known_args(argv)
-    from tools.backends import load_backend
-    from tools.spec import load_spec
+    from ddpkit.tools.backends import load_backend
+    from ddpkit.tools.spec import load_spec
 
     backend = load_backend(first.backend)  # light: engines' clients are imported on use
 
     def load(sets: list[str]) -> JobSpec:
-        config = first.config or "configs/default.toml"
+        config = first.config or default_job_file()
         return load_spec(
             config, sets, first.nodes, first.gpus, entry_args, backend.shares_filesystem
         )
@@ -128,7 +145,7 @@ def run(argv: list[str]) -> int:
     if first.sweeps and first.action not in ("render", "submit"):
         raise SpecError("--sweep goes with render or submit")
     if first.sweeps:
-        from tools.sweep import member_specs
+        from ddpkit.tools.sweep import member_specs
 
         members = member_specs(load, first.sets, first.sweeps)
         spec = members[0]
@@ -141,13 +158,23 @@ def run(argv: list[str]) -> int:
         return 0
     opts = build_parser(backend).parse_args(argv)
     opts.spec = spec
+    if spec is None:
+        return _act(backend, opts, spec, members)
+    # Every backend acts from the workspace: the job's relative paths, its run dir and the
+    # job records (.ddpkit/) all resolve there, whatever directory we started in.
+    with contextlib.chdir(spec.workspace):
+        return _act(backend, opts, spec, members)
+
+
+def _act(backend: Any, opts: argparse.Namespace, spec: JobSpec | None, members: list) -> int:
     if opts.action == "render":
         rc = 0
         for member in members or [spec]:
             text = backend.render(member)
             if members:
                 print(f"==> sweep member {member.name} <==", file=sys.stderr)
-            print(text, end="")
+            if not opts.quiet:
+                print(text, end="")
             if opts.write:
                 path = write_rendered(backend.name, member.name, backend.file_ext, text)
                 print(f"wrote {path}", file=sys.stderr)
@@ -160,10 +187,16 @@ def run(argv: list[str]) -> int:
     return getattr(backend, opts.action)(opts.job, opts)
 
 
-def write_rendered(backend: str, name: str, ext: str, text: str) -> Path:
-    from tools.backends import OUT_DIR
+def run_here(argv: list[str]) -> int:
+    """`ddpkit run`: the job on this machine (submit local), with PNG charts of its metrics
+    at the end when matplotlib is installed (the [plot] extra)."""
+    return run(["submit", "local", "--plot", *argv])
 
-    path = OUT_DIR / backend / f"{name}.{ext}"
+
+def write_rendered(backend: str, name: str, ext: str, text: str) -> Path:
+    from ddpkit.tools.backends import state_dir
+
+    path = state_dir() / "rendered" / backend / f"{name}.{ext}"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
@@ -172,7 +205,7 @@ def write_rendered(backend: str, name: str, ext: str, text: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from train.errors import run_cli
+    from ddpkit.train.errors import run_cli
 
     return run_cli(lambda: run(sys.argv[1:] if argv is None else argv))
 

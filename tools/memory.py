@@ -1,9 +1,9 @@
 """Per-GPU memory plan for DDP and each FSDP sharding strategy (ZeRO accounting).
 
-    python -m tools.memory --params 7e9 --gpus 8 [--nodes 1] [--dtype fp32|bf16|fp16]
+    python -m ddpkit.tools.memory --params 7e9 --gpus 8 [--nodes 1] [--dtype fp32|bf16|fp16]
                            [--optimizer adamw|adam|sgd] [--gpu-mem 80] [--json]
-    python -m tools.memory --model gpt --n-layer 12 --d-model 768 --gpus 8 [--batch-size 16]
-    python -m tools.memory --config configs/gpt.toml --gpus 8
+    python -m ddpkit.tools.memory --model gpt --n-layer 12 --d-model 768 --gpus 8 [--batch-size 16]
+    python -m ddpkit.tools.memory --config configs/gpt.toml --gpus 8
 
 State bytes follow the ZeRO paper's table (the article's section 3.1): with Psi parameters and
 N GPUs in a shard group, DDP keeps 16*Psi bytes on every GPU and FULL_SHARD 16*Psi/N. The
@@ -12,7 +12,7 @@ N GPUs in a shard group, DDP keeps 16*Psi bytes on every GPU and FULL_SHARD 16*P
 fp32 (FSDP2 MixedPrecisionPolicy, autocast under DDP); only the unsharded half-precision copies
 are new, and they are transient. The ZeRO paper's own 2+2+12 split gives the same 16 bytes.
 
-"state" is what stays allocated between steps: it is what `python -m train` measures as
+"state" is what stays allocated between steps: it is what `python -m ddpkit.train` measures as
 `state_bytes_per_rank` in summary.json. Buffers that live only during a step and activations
 are estimates and printed as such.
 """
@@ -27,7 +27,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from train.errors import CliParser, UserError, run_cli
+from ddpkit.train.errors import CliParser, UserError, run_cli
 
 GB = 1e9  # the article quotes decimal GB (7e9 * 16 B = 112 GB)
 STRATEGIES = ("DDP", "NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")
@@ -302,9 +302,9 @@ def to_json(plan: Plan) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = CliParser(
-        prog="python -m tools.memory",
+        prog="python -m ddpkit.tools.memory",
         description="Per-GPU memory under DDP, SHARD_GRAD_OP, FULL_SHARD and HYBRID_SHARD.",
-        epilog="Example: python -m tools.memory --params 7e9 --gpus 8 --gpu-mem 80",
+        epilog="Example: python -m ddpkit.tools.memory --params 7e9 --gpus 8 --gpu-mem 80",
     )
     src = p.add_argument_group("what to plan (one of)")
     src.add_argument("--params", help="parameter count: 7e9, 7B, 125M")
@@ -318,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", action="append", choices=STRATEGIES, help="only these")
     p.add_argument("--gpu-mem", type=float, help="GPU memory in GB: say which plans fit")
     p.add_argument("--json", action="store_true", help="print JSON")
-    m = p.add_argument_group("model flags (with --model or --config; as in python -m train)")
+    m = p.add_argument_group("model flags (with --model or --config; as in python -m ddpkit.train)")
     for flag in ("batch-size", "seq-len", "vocab-size", "n-layer", "n-head", "d-model"):
         m.add_argument(f"--{flag}", type=int)
     m.add_argument("--dataset", help="shapes the input (mnist, cifar10, imagefolder, ...)")
@@ -339,7 +339,7 @@ def _main(argv: list[str] | None) -> int:
     if args.params is not None:
         kwargs["num_params"] = parse_count(args.params)
     else:
-        from tools.memory_model import describe_model
+        from ddpkit.tools.memory_model import describe_model
 
         desc = describe_model(args)
         dtype = args.dtype or desc.dtype

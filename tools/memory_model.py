@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from tools.memory import PlanError
+from ddpkit.tools.memory import PlanError
 
 # Input shape and classes per dataset, as train/data.py builds them.
 DATASET_SHAPES: dict[str, tuple[tuple[int, ...], int | None]] = {
@@ -51,7 +51,7 @@ class ModelDesc:
 
 
 def load_cfg(args: argparse.Namespace) -> Any:
-    from train.config import ConfigError, TrainConfig, load_toml
+    from ddpkit.train.config import ConfigError, TrainConfig, load_toml
 
     values: dict[str, Any] = {}
     try:
@@ -69,7 +69,7 @@ def load_cfg(args: argparse.Namespace) -> Any:
         cfg = TrainConfig(**values)
     except TypeError as e:
         raise PlanError(f"bad model settings: {e}") from None
-    from train import registry
+    from ddpkit.train import registry
 
     try:
         registry.check_model(cfg)  # the model's own rules (gpt: heads divide the width)
@@ -88,7 +88,7 @@ def load_cfg(args: argparse.Namespace) -> Any:
 
 def _kind(cfg: Any) -> str:
     """The model's data kind from the registry (the planner builds models through it too)."""
-    from train import registry
+    from ddpkit.train import registry
 
     try:
         return registry.model_spec(cfg).data_kind
@@ -105,8 +105,7 @@ def in_shape(cfg: Any) -> tuple[tuple[int, ...], int]:
 
 def build_meta(cfg: Any, dtype: str = "fp32") -> Any:
     import torch
-
-    from train.models import build_model
+    from ddpkit.train.models import build_model
 
     shape, classes = in_shape(cfg)
     with torch.device("meta"):
@@ -206,7 +205,7 @@ def describe_model(args: argparse.Namespace) -> ModelDesc:
     cfg = load_cfg(args)
     model = build_meta(cfg)
     shapes = [tuple(p.shape) for p in model.parameters()]
-    from train.registry import find_blocks
+    from ddpkit.train.registry import find_blocks
 
     in_blocks = {id(p) for b in find_blocks(model) for p in b.parameters()}
     units = [sum(p.numel() for p in b.parameters()) for b in find_blocks(model)]

@@ -1,8 +1,8 @@
 """Charts from a run's metrics.jsonl: loss, learning rate, throughput, memory, grad norm.
 
-    python -m tools.plot RUN_DIR                 # PNGs next to the metrics, in RUN_DIR
-    python -m tools.plot RUN_A RUN_B [--out DIR]  # the runs side by side on each chart
-    python -m tools.plot RUN_DIR --x time         # wall-clock seconds on the x axis
+    python -m ddpkit.tools.plot RUN_DIR                 # PNGs next to the metrics, in RUN_DIR
+    python -m ddpkit.tools.plot RUN_A RUN_B [--out DIR]  # the runs side by side on each chart
+    python -m ddpkit.tools.plot RUN_DIR --x time         # wall-clock seconds on the x axis
 
 A run that was preempted and resumed logs the steps since its last checkpoint twice (the
 file is appended to); the newest record of each step wins. A half-written last line (a run
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from train.errors import CliParser, UserError, run_cli
+from ddpkit.train.errors import CliParser, UserError, run_cli
 
 # chart file -> (title, y label, metric keys to draw, scale applied to the values)
 CHARTS: dict[str, tuple[str, str, tuple[str, ...], float]] = {
@@ -63,7 +63,7 @@ def load_run(path: Path) -> Run:
     metrics = path / "metrics.jsonl"
     if not metrics.is_file():
         raise PlotError(
-            f"{metrics} not found; pass a run directory written by python -m train (its --run-dir)"
+            f"{metrics} not found; pass a run directory written by python -m ddpkit.train (its --run-dir)"
         )
     by_step: dict[int, dict[str, Any]] = {}
     evals: dict[int, dict[str, Any]] = {}
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     p = CliParser(
-        prog="python -m tools.plot",
+        prog="python -m ddpkit.tools.plot",
         description="PNG charts (loss, lr, throughput, memory, grad norm) from metrics.jsonl.",
     )
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
@@ -209,7 +209,7 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--x", choices=["step", "time"], default="step", help="x axis")
     args = p.parse_args(argv)
     dirs = [Path(d) for d in args.run_dirs]
-    if len(dirs) > 1:  # `tools.plot runs/*` also matches runs/compare (charts, no metrics)
+    if len(dirs) > 1:  # `ddpkit.tools.plot runs/*` also matches runs/compare (charts, no metrics)
         for d in [d for d in dirs if not (d / "metrics.jsonl").is_file()]:
             print(f"skipped {d}: no metrics.jsonl (not a run dir)", file=sys.stderr)
         dirs = [d for d in dirs if (d / "metrics.jsonl").is_file()] or dirs[:1]

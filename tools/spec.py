@@ -2,7 +2,7 @@
 
 Precedence, stated once: dataclass defaults < the TOML file < `--set key=value` (dotted keys
 of the file, e.g. `slurm.partition=gpu`, `train.lr=3e-4`) < `--nodes` / `--gpus`.
-`[train]` holds the training flags (train.config.TrainConfig's fields); the backend
+`[train]` holds the training flags (ddpkit.train.config.TrainConfig's fields); the backend
 sections `[slurm]`, `[k8s]`, `[docker]` hold what only that backend has.
 
 Bad input raises SpecError with the problem and the fix; the CLI prints it on one line and
@@ -11,21 +11,25 @@ exits 2. Rendering reads nothing but a JobSpec, so everything a backend needs is
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
+import os
 import posixpath
 import re
+import sys
 import tomllib
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from train.config import TRAIN_KEYS, ConfigError, TrainConfig, parse_config, read_toml
-from train.config import convert_value as _convert_train_value
-from train.contract import DEFAULT_SHUTDOWN_TIMEOUT_S, shutdown_budget_s
-from train.errors import UserError
+from ddpkit.train.config import TRAIN_KEYS, ConfigError, TrainConfig, parse_config, read_toml
+from ddpkit.train.config import convert_value as _convert_train_value
+from ddpkit.train.contract import DEFAULT_SHUTDOWN_TIMEOUT_S, shutdown_budget_s
+from ddpkit.train.errors import UserError
 
 DebugPreset = Literal["off", "warn", "info", "trace"]
 
@@ -59,7 +63,10 @@ class SlurmSpec:
     grace_s: int = 120  # send `signal` this long before the time limit; the save must fit
     requeue_limit: int = 3  # requeues after "saved, please requeue"; 0 = never requeue
     log_dir: str | None = None  # default <run_dir>/slurm: batch and per-node logs
-    venv: str | None = ".venv"  # virtualenv activated on the nodes (container "none"); "" = none
+    # The Python on the nodes (container "none"): default the interpreter that ran `ddpkit
+    # submit` (its venv included), found at the same path on the shared filesystem.
+    python: str | None = None
+    venv: str | None = None  # a virtualenv to activate first on the nodes; unset = none
     setup: list[str] = field(default_factory=list)  # shell lines run first, e.g. "module load cuda"
     extra_sbatch: list[str] = field(default_factory=list)  # extra "#SBATCH" option lines
     rdzv_port: int | None = None  # fixed rendezvous port; unset = 20000 + job id % 20000
@@ -127,6 +134,11 @@ class DockerSpec:
 @dataclass
 class JobSpec:
     name: str = "default"  # job name: lowercase letters, digits, '-'
+    # The project's root: every relative path of the job (script, run and checkpoint dirs,
+    # data, docker.user_dir, ...) is relative to it, and every backend runs the job there.
+    # Default: the job file's directory (the current one for the built-in default job); a
+    # relative value is relative to the job file's directory. --print-spec shows it resolved.
+    workspace: str | None = None
     image: str = "ddpkit:latest"  # container image (docker, k8s, slurm pyxis/apptainer)
     nodes: int = 1
     nproc_per_node: int = 1  # processes per node (one per GPU; gloo processes on CPU); --gpus
@@ -142,9 +154,9 @@ class JobSpec:
     rdzv_port: int = 29500  # c10d rendezvous port on the head node
     max_restarts: int = 0  # torchrun --max-restarts (whole-group restarts on a failure)
     ckpt_dir: str | None = None  # checkpoint location; default <run_dir>/checkpoints
-    # The entry point every node runs under torchrun: `python -m train` with the [train] table
-    # (the default), or the user's own `module` (python -m) or `script` (a .py path relative
-    # to the submit directory) with `args`. Flags after `--` on the CLI go to whichever runs.
+    # The entry point every node runs under torchrun: `python -m ddpkit.train` with the [train]
+    # table (the default), or the user's own `module` (python -m) or `script` (a .py path
+    # relative to the workspace) with `args`. Flags after `--` on the CLI go to whichever runs.
     module: str | None = None  # e.g. "mypkg.train"
     script: str | None = None  # e.g. "examples/plain_torchrun/ddp_fit.py"
     args: list[str] = field(default_factory=list)  # the user entry point's arguments
@@ -167,7 +179,7 @@ class JobSpec:
         return parse_time_minutes(self.time)
 
     def train_argv(self) -> list[str]:
-        """`python -m train` flags: the [train] table, name, ckpt_dir, then train_args."""
+        """`python -m ddpkit.train` flags: the [train] table, name, ckpt_dir, then train_args."""
         args = ["--name", self.name]
         for key, value in self.train.items():
             if key == "name":
@@ -185,7 +197,7 @@ class JobSpec:
 
     @property
     def default_entry(self) -> bool:
-        """True when the nodes run the kit's trainer (`python -m train`)."""
+        """True when the nodes run the kit's trainer (`python -m ddpkit.train`)."""
         return self.module is None and self.script is None
 
     @property
@@ -200,18 +212,18 @@ class JobSpec:
         return shutdown_budget_s(self.shutdown_timeout_s)
 
     def entry_argv(self) -> list[str]:
-        """What torchrun starts on every node: `-m train FLAGS`, `-m MODULE ARGS` or `SCRIPT ARGS`."""
+        """What torchrun starts on every node: `-m ddpkit.train FLAGS`, `-m MODULE ARGS` or `SCRIPT ARGS`."""
         if self.module is not None:
             return ["-m", self.module, *self.args, *self.train_args]
         if self.script is not None:
             return [self.script, *self.args, *self.train_args]
-        return ["-m", "train", *self.train_argv()]
+        return ["-m", "ddpkit.train", *self.train_argv()]
 
     def node_argv(self, rendezvous: list[str], python: str = "python") -> list[str]:
         """The node launcher's command line (train/node.py) with the backend's rendezvous
         flags; every backend runs this, so the contract's flags are written once."""
         return [
-            python, "-m", "train.node",
+            python, "-m", "ddpkit.train.node",
             "--run-dir", self.run_dir,
             "--shutdown-timeout", str(self.shutdown_budget_s),
             *rendezvous,
@@ -576,7 +588,7 @@ def _validate_entry(spec: JobSpec) -> None:
     ):
         raise SpecError(
             f"script {spec.script!r} is not a script path; use a .py path relative to the "
-            'submit directory, e.g. "examples/plain_torchrun/ddp_fit.py"'
+            'workspace (the job file\'s directory), e.g. "train.py"'
         )
     if spec.default_entry and spec.args:
         raise SpecError(
@@ -666,6 +678,55 @@ def validate_containers(spec: JobSpec) -> None:
             )
 
 
+BUILTIN_JOB = "builtin:default"  # the kit's own default job (configs/default.toml in the kit)
+JOB_FILE = "ddpkit.toml"  # the project's job file, as `ddpkit init` writes it
+
+
+def default_job_file() -> str:
+    """./ddpkit.toml when the current directory has one, else the kit's built-in job."""
+    return JOB_FILE if Path(JOB_FILE).is_file() else BUILTIN_JOB
+
+
+def builtin_job_path() -> Path:
+    from ddpkit.tools.templating import KIT_DIR
+
+    return KIT_DIR / "configs" / "default.toml"
+
+
+def resolve_workspace(path: str | Path | None, data: dict[str, Any]) -> Path:
+    """The workspace rule, stated once: the job file's directory, or its `workspace` key
+    (relative to that directory); the current directory for the built-in job."""
+    if path is None or str(path) == BUILTIN_JOB:
+        return Path.cwd()
+    base = Path(path).resolve().parent
+    value = data.get("workspace")
+    if value is None:
+        return base
+    if not isinstance(value, str) or not value.strip() or value.startswith("-"):
+        raise SpecError(f'workspace {value!r} is not a directory path; use e.g. ".."')
+    ws = (base / value).resolve()
+    if not ws.is_dir():
+        raise SpecError(
+            f"workspace {value!r} ({ws}) is not a directory; fix the path (it is relative to "
+            f"the job file's directory {base})"
+        )
+    return ws
+
+
+@contextlib.contextmanager
+def in_workspace(workspace: str | Path) -> Iterator[None]:
+    """Run a block as the nodes will: in the workspace, with it first on sys.path (import
+    paths such as mypkg.models:build resolve from it). Restores both afterwards."""
+    old_cwd, old_path = os.getcwd(), list(sys.path)
+    os.chdir(workspace)
+    sys.path.insert(0, str(workspace))
+    try:
+        yield
+    finally:
+        os.chdir(old_cwd)
+        sys.path[:] = old_path
+
+
 def load_spec(
     path: str | Path | None,
     sets: list[str] | None = None,
@@ -674,15 +735,23 @@ def load_spec(
     train_args: list[str] | None = None,
     local_paths: bool = True,
 ) -> JobSpec:
-    """Load, override, type-check and validate a job file. Raises SpecError."""
+    """Load, override, type-check and validate a job file (BUILTIN_JOB: the kit's default
+    job). Relative paths are checked against the workspace. Raises SpecError."""
     data: dict[str, Any] = {}
     if path is not None:
+        source = builtin_job_path() if str(path) == BUILTIN_JOB else path
         try:
-            data = read_toml(path)
+            data = read_toml(source)
         except ConfigError as e:
             raise SpecError(str(e)) from None
     for assignment in sets or []:
         apply_override(data, assignment)
+    workspace = resolve_workspace(path, data)
+    data["workspace"] = str(workspace)
+    slurm = data.setdefault("slurm", {})
+    if isinstance(slurm, dict) and slurm.get("python") is None:
+        # The nodes' Python defaults to this one (the shared filesystem has it at this path).
+        slurm["python"] = sys.executable
     if nodes is not None:
         data["nodes"] = nodes
     if gpus is not None:
@@ -690,7 +759,8 @@ def load_spec(
     if train_args:
         data["train_args"] = list(data.get("train_args", [])) + list(train_args)
     spec = _build(JobSpec, data, "")
-    return validate(spec, local_paths)
+    with in_workspace(workspace):
+        return validate(spec, local_paths)
 
 
 __all__ = [

@@ -15,7 +15,9 @@ from typing import Any
 
 import jinja2
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+# The folder that holds slurm/, k8s/ and docker/: the checkout's root in a development
+# install, site-packages/ddpkit in a wheel's (package-dir maps both the same way).
+KIT_DIR = Path(__file__).resolve().parent.parent
 
 
 def shell_quote(value: Any) -> str:
@@ -43,7 +45,7 @@ def yaml_str(value: Any) -> str:
 @cache
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(REPO_ROOT)),
+        loader=jinja2.FileSystemLoader(str(KIT_DIR)),
         undefined=jinja2.StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,
@@ -57,7 +59,7 @@ def environment() -> jinja2.Environment:
 
 
 def render_template(template: str, **context: Any) -> str:
-    """Render a template by its path from the repository root, e.g. "slurm/sbatch.sh.j2"."""
+    """Render a template by its path from the kit's folder, e.g. "slurm/sbatch.sh.j2"."""
     return environment().get_template(template).render(**context)
 
 

@@ -1,6 +1,6 @@
 """ddpkit's training module as a library. Import-light: torch loads when fit() runs.
 
-    from train import fit
+    from ddpkit.train import fit
 
     def build_model(cfg, width=64): ...          # (cfg, **model_args) -> nn.Module
     def build_dataset(cfg): ...                  # -> (train, val[, info]) of (x, y) pairs
@@ -8,7 +8,7 @@
     if __name__ == "__main__":
         raise SystemExit(fit(build_model, build_dataset, steps=100, batch_size=32))
 
-Run the script as you would `python -m train` (alone or under torchrun): it takes the same
+Run the script as you would `python -m ddpkit.train` (alone or under torchrun): it takes the same
 flags (`--parallel fsdp`, `--config job.toml`, ...), which win over the keywords given to
 fit(). The contracts for the callables are in train/registry.py and the README.
 """
@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from train.config import TrainConfig
-from train.errors import UserError
+from ddpkit.train.config import TrainConfig
+from ddpkit.train.errors import UserError
 
 __all__ = ["TrainConfig", "UserError", "fit"]
 
@@ -33,7 +33,7 @@ def fit(
     argv: Sequence[str] | None = None,
     **config: Any,
 ) -> int:
-    """Train with everything `python -m train` has; returns its exit status (0 done, 2 bad
+    """Train with everything `python -m ddpkit.train` has; returns its exit status (0 done, 2 bad
     input, 75 preempted: requeue). model/dataset/loss: a callable (the contracts in
     train/registry.py) or a name/import path as the flags take. `config`: TrainConfig fields
     as keywords (e.g. steps=100, model_args={"width": 64}); command-line flags override
@@ -43,8 +43,8 @@ def fit(
     object keeps its value)."""
     import sys
 
-    from train import registry
-    from train.__main__ import main
+    from ddpkit.train import registry
+    from ddpkit.train.__main__ import main
 
     for key, part in (("model", model), ("dataset", dataset), ("loss", loss)):
         if part is not None:

@@ -1,4 +1,4 @@
-"""`python -m train`: parse, validate, set up the process group, train, exit with a status.
+"""`python -m ddpkit.train`: parse, validate, set up the process group, train, exit with a status.
 
 Exit status: 0 done; 2 bad input (one line on stderr, no traceback); 75 a preemption signal
 was received and a checkpoint saved: requeue and run the same command again (see README).
@@ -10,8 +10,8 @@ import os
 import sys
 from typing import Any
 
-from train import early
-from train.config import EXIT_BAD_INPUT, ConfigError, dump, parse_config
+from ddpkit.train import early
+from ddpkit.train.config import EXIT_BAD_INPUT, ConfigError, dump, parse_config
 
 
 def main(
@@ -30,8 +30,8 @@ def main(
         print(dump(cfg))
         return 0
     try:  # imports the user's model/dataset/loss: a bad path exits 2 before any process group
-        from train.config import check_paths
-        from train.registry import precheck
+        from ddpkit.train.config import check_paths
+        from ddpkit.train.registry import precheck
 
         precheck(cfg)
         check_paths(cfg)
@@ -44,10 +44,9 @@ def main(
         os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
     # Heavy imports after the config is known good: --help and bad flags stay fast.
     import torch.distributed as dist
-
-    from train import distributed
-    from train.distributed import set_threads_from_env
-    from train.trainer import CollectiveFailure, Trainer
+    from ddpkit.train import distributed
+    from ddpkit.train.distributed import set_threads_from_env
+    from ddpkit.train.trainer import CollectiveFailure, Trainer
 
     set_threads_from_env()
     world = None
@@ -68,7 +67,7 @@ def main(
     except OSError as e:  # a full run dir (metrics, summary, config): one line, not a traceback
         from pathlib import Path
 
-        from train.ckpt_files import is_no_space, no_space_message
+        from ddpkit.train.ckpt_files import is_no_space, no_space_message
 
         if not is_no_space(e):
             raise
@@ -97,7 +96,7 @@ def _before_group(e: ConfigError) -> int:
 def _claim_user_error() -> bool:
     """True for the first rank of this attempt that reports a user error (the store's
     counter); with no store (one process) always True."""
-    from train.fault import _store
+    from ddpkit.train.fault import _store
 
     store = _store()
     if store is None:
@@ -110,7 +109,7 @@ def _claim_user_error() -> bool:
 
 def _user_error_seen() -> bool:
     """A peer reported a user error: this rank's collective failed because that peer left."""
-    from train.fault import _store
+    from ddpkit.train.fault import _store
 
     store = _store()
     try:

@@ -6,12 +6,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from train.registry import DatasetSpec, ModelSpec, register_dataset, register_loss, register_model
+from ddpkit.train.registry import (
+    DatasetSpec,
+    ModelSpec,
+    register_dataset,
+    register_loss,
+    register_model,
+)
 
 
 def _mlp(hidden: list[int]):
     def build(cfg: Any, data: Any) -> Any:
-        from train.models import MLP
+        from ddpkit.train.models import MLP
 
         return MLP(math.prod(data.in_shape), hidden, data.num_classes)
 
@@ -19,20 +25,20 @@ def _mlp(hidden: list[int]):
 
 
 def _resnet18(cfg: Any, data: Any) -> Any:
-    from train.models import ResNet
+    from ddpkit.train.models import ResNet
 
     shape = data.in_shape
     return ResNet(data.num_classes, shape[0] if len(shape) == 3 else 1)
 
 
 def _gpt(cfg: Any, data: Any) -> Any:
-    from train.models import GPT
+    from ddpkit.train.models import GPT
 
     return GPT(cfg)
 
 
 def _gpt_flops(cfg: Any, model: Any) -> float:
-    from train.models import gpt_flops_per_token
+    from ddpkit.train.models import gpt_flops_per_token
 
     return gpt_flops_per_token(cfg, sum(p.numel() for p in model.parameters()))
 
@@ -43,7 +49,7 @@ register_model(ModelSpec("resnet18", _resnet18))
 
 
 def _gpt_check(cfg: Any) -> None:
-    from train.config import ConfigError
+    from ddpkit.train.config import ConfigError
 
     if cfg.d_model % cfg.n_head:
         raise ConfigError(
@@ -56,25 +62,25 @@ register_model(ModelSpec("gpt", _gpt, "tokens", "cross_entropy", _gpt_flops, _gp
 
 
 def _synthetic(cfg: Any, rank0_download: bool, kind: str) -> Any:
-    from train import data
+    from ddpkit.train import data
 
     return data.synthetic_tokens(cfg) if kind == "tokens" else data.synthetic_classification(cfg)
 
 
 def _tokens(cfg: Any, rank0_download: bool, kind: str) -> Any:
-    from train import data
+    from ddpkit.train import data
 
     return data.token_file(cfg)
 
 
 def _mnist(cfg: Any, rank0_download: bool, kind: str) -> Any:
-    from train import data
+    from ddpkit.train import data
 
     return data.mnist(cfg, rank0_download)
 
 
 def _torchvision(cfg: Any, rank0_download: bool, kind: str) -> Any:
-    from train import data
+    from ddpkit.train import data
 
     return data.torchvision_dataset(cfg, rank0_download)
 

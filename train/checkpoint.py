@@ -27,11 +27,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from train.ckpt_files import checksum_files, is_no_space, no_space_message, verify_files
+from ddpkit.train.ckpt_files import checksum_files, is_no_space, no_space_message, verify_files
 
 # The parts, re-exported: the trainer and the bench import them from here.
-from train.ckpt_states import (  # noqa: F401
+from ddpkit.train.ckpt_states import (  # noqa: F401
     ModelState,
     OptimizerState,
     RngState,
@@ -40,9 +39,9 @@ from train.ckpt_states import (  # noqa: F401
     rng_state,
     set_rng_state,
 )
-from train.config import ConfigError
-from train.contract import CKPT_MARKER as MARKER
-from train.contract import CKPT_STEP_PREFIX
+from ddpkit.train.config import ConfigError
+from ddpkit.train.contract import CKPT_MARKER as MARKER
+from ddpkit.train.contract import CKPT_STEP_PREFIX
 
 
 def _errors() -> tuple[type[BaseException], ...]:

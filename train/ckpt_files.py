@@ -16,7 +16,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from train.contract import CKPT_MARKER
+from ddpkit.train.contract import CKPT_MARKER
 
 ALGORITHM = "crc32"
 _CHUNK = 8 << 20

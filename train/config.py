@@ -2,7 +2,7 @@
 
 Every field is one flag (`--batch-size` for `batch_size`) and one TOML key (a file may put
 them at the top level or under a `[train]` table, so a launcher job file can carry them).
-Validation raises ConfigError with the problem and the fix; `python -m train` turns that
+Validation raises ConfigError with the problem and the fix; `python -m ddpkit.train` turns that
 into one line on stderr and exit status 2.
 """
 
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from train import registry
-from train.contract import EXIT_BAD_INPUT, EXIT_REQUEUE
-from train.errors import CliParser, UserError
+from ddpkit.train import registry
+from ddpkit.train.contract import EXIT_BAD_INPUT, EXIT_REQUEUE
+from ddpkit.train.errors import CliParser, UserError
 
 
 class ConfigError(UserError):
@@ -111,7 +111,7 @@ class TrainConfig:
 
 
 # --log-to name -> the package it needs: checked on the node before the run writes anything
-# (train.metrics imports it on rank 0 only, and only when chosen).
+# (ddpkit.train.metrics imports it on rank 0 only, and only when chosen).
 LOG_BACKENDS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 
 # Keys a TOML file or a job file's [train] table may set (one per flag).
@@ -230,7 +230,7 @@ class _Parser(CliParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
-        prog="python -m train",
+        prog="python -m ddpkit.train",
         description="ddpkit training: DDP or FSDP2 under torchrun (or a single process).",
     )
     p.add_argument("--config", help="TOML file with the same keys (top level or [train])")
@@ -315,8 +315,8 @@ def parse_config(
     Returns (config, print_only).
 
     `world` = (world size, nodes) the run will have; default: torchrun's environment. The
-    launchers (train.node, tools.launch) pass it to check a launch before it starts.
-    installed=False skips the checks of what is installed (tools.launch renders for nodes
+    launchers (ddpkit.train.node, ddpkit.tools.launch) pass it to check a launch before it starts.
+    installed=False skips the checks of what is installed (ddpkit.tools.launch renders for nodes
     whose packages it cannot see); local_paths=False also skips whether input paths
     (--data-dir, --resume, hf:PATH) exist here (a container's paths exist only in its
     image or volumes)."""
@@ -391,7 +391,7 @@ def check_numbers(cfg: TrainConfig) -> None:
 
 
 def validate(cfg: TrainConfig, local_paths: bool = True) -> None:
-    """Checks that need no process group. World-size checks live in train.parallel.
+    """Checks that need no process group. World-size checks live in ddpkit.train.parallel.
     local_paths=False: input paths are not looked up on this machine (see parse_config)."""
     check_numbers(cfg)
 

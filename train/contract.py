@@ -1,6 +1,6 @@
 """The launch contract, in one torch-free place.
 
-Every party to a launch reads its values from here: the trainer (`python -m train`), the
+Every party to a launch reads its values from here: the trainer (`python -m ddpkit.train`), the
 launcher's backends (tools/backends), the node scripts they render, the Docker entrypoint
 (through docker/launch_plan.py) and the tools. Importing this module must stay cheap (no
 torch, no third-party imports): the node side imports it before anything heavy.
@@ -50,12 +50,12 @@ def shutdown_budget_s(seconds: float) -> int:
 # --- the requeue marker --------------------------------------------------------------------------
 # The node launcher sets DDPKIT_LAUNCH_ID (unique per torchrun launch) and DDPKIT_RUN_DIR for
 # every worker. Whoever saves after a stop signal (the trainer, or a user script through
-# train.preempt) writes <run dir>/requeue.json carrying that id; the launcher counts a marker
+# ddpkit.train.preempt) writes <run dir>/requeue.json carrying that id; the launcher counts a marker
 # only when the id is its own, so a marker left by an earlier attempt never fakes a save.
 LAUNCH_ID_ENV = "DDPKIT_LAUNCH_ID"
 RUN_DIR_ENV = "DDPKIT_RUN_DIR"
 # Whole seconds a worker has after a stop signal before torchrun kills it (the node
-# launcher's --shutdown-timeout); train.preempt.seconds_left() counts down from it.
+# launcher's --shutdown-timeout); ddpkit.train.preempt.seconds_left() counts down from it.
 SHUTDOWN_ENV = "DDPKIT_SHUTDOWN_TIMEOUT_S"
 
 

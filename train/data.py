@@ -23,9 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from ddpkit.train.config import ConfigError, TrainConfig
 from torch.utils.data import DataLoader, Dataset, TensorDataset
-
-from train.config import ConfigError, TrainConfig
 
 
 @dataclass
@@ -383,7 +382,7 @@ def _image_loader(path: str):
 
 
 def build_data(cfg: TrainConfig, rank0_download: bool = True) -> DataBundle:
-    from train import registry
+    from ddpkit.train import registry
 
     kind = registry.model_spec(cfg).data_kind
     return registry.dataset_spec(cfg).build(cfg, rank0_download, kind)

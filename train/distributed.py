@@ -8,8 +8,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-
-from train.config import TrainConfig, check_world, world_from_env
+from ddpkit.train.config import TrainConfig, check_world, world_from_env
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""What `python -m train` does before anything heavy: stop-signal handlers and parent death.
+"""What `python -m ddpkit.train` does before anything heavy: stop-signal handlers and parent death.
 
 Imported and installed first thing (torch-free, a few ms), so a stop signal that arrives
 while torch imports, the process group forms or the data loads is recorded rather than
@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 
-from train.contract import STOP_SIGNALS
+from ddpkit.train.contract import STOP_SIGNALS
 
 _received: list[tuple[int, float]] = []
 _PR_SET_PDEATHSIG = 1

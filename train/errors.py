@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from train.contract import EXIT_BAD_INPUT, EXIT_FAILED
+from ddpkit.train.contract import EXIT_BAD_INPUT, EXIT_FAILED
 
 
 class UserError(ValueError):

@@ -29,9 +29,9 @@ class StopRequest:
         self._work: dist.Work | None = None
         for s in STOP_SIGNALS:
             signal.signal(s, self._handle)
-        from train import early
+        from ddpkit.train import early
 
-        got = early.received()  # a signal during start-up (train.early recorded it)
+        got = early.received()  # a signal during start-up (ddpkit.train.early recorded it)
         if got is not None and not self.signum:
             self._handle(got[0], None)
             self.received_at = got[1]
@@ -193,7 +193,7 @@ class Fault:
         elif self.kind == "hang":
             time.sleep(float(self.arg or 3600))
         elif self.kind == "usererror":  # a user error that only this rank sees
-            from train.config import ConfigError
+            from ddpkit.train.config import ConfigError
 
             raise ConfigError(f"injected user error on rank {rank} at step {step}")
         elif self.kind == "signal":

@@ -27,7 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-from train.registry import HF_PREFIX, DatasetSpec, ModelSpec, RegistryError  # noqa: E402
+from ddpkit.train.registry import HF_PREFIX, DatasetSpec, ModelSpec, RegistryError  # noqa: E402
 
 WEIGHT_FILES = (
     "model.safetensors",
@@ -175,7 +175,7 @@ def load_tokens(cfg: Any, path: Path) -> tuple[Any, int]:
 
 
 def build_dataset(cfg: Any, path: Path) -> Any:
-    from train.data import DataBundle, TokenChunks
+    from ddpkit.train.data import DataBundle, TokenChunks
 
     toks, vocab = load_tokens(cfg, path)
     if cfg.model.startswith(HF_PREFIX):

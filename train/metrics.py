@@ -120,7 +120,7 @@ class _MLflow:
         self.mlflow.end_run()
 
 
-# One class per name in train.config.LOG_BACKENDS; imported on rank 0 only, when chosen.
+# One class per name in ddpkit.train.config.LOG_BACKENDS; imported on rank 0 only, when chosen.
 _BACKEND_CLASSES = {"tensorboard": _TensorBoard, "wandb": _WandB, "mlflow": _MLflow}
 
 

@@ -11,9 +11,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+from ddpkit.train.config import TrainConfig
 from torch import nn
-
-from train.config import TrainConfig
 
 
 class MLP(nn.Module):
@@ -122,7 +121,7 @@ def gpt_flops_per_token(cfg: TrainConfig, num_params: int) -> float:
 def build_model(cfg: TrainConfig, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Build through the registry on the CPU from the current RNG state (the caller seeds it
     identically on all ranks); in_shape/num_classes are what the data gives."""
-    from train import registry
-    from train.data import DataBundle
+    from ddpkit.train import registry
+    from ddpkit.train.data import DataBundle
 
     return registry.model_spec(cfg).build(cfg, DataBundle(None, None, in_shape, num_classes))

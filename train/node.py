@@ -1,15 +1,15 @@
 """The one node launcher every backend runs: torchrun in process, one exit status out.
 
-    python -m train.node [ddpkit flags] [torchrun flags] -- <entry point argv>
+    python -m ddpkit.train.node [ddpkit flags] [torchrun flags] -- <entry point argv>
 
-    entry point argv:  -m train [train flags]      (the default: the kit's trainer)
+    entry point argv:  -m ddpkit.train [train flags]      (the default: the kit's trainer)
                        -m pkg.module [args]         (the user's module)
                        path/script.py [args]        (the user's script, unchanged)
 
 `make train`, `submit local`, the SLURM node step, the Kubernetes container command and the
 Docker entrypoint all call this; each backend only sets the rendezvous (torchrun's flags or
 its PET_* environment variables, e.g. PET_NNODES, PET_RDZV_ENDPOINT). What it adds, from
-train.contract, so no backend retypes it:
+ddpkit.train.contract, so no backend retypes it:
   - torchrun's --signals-to-handle (TORCHRUN_SIGNALS: USR1/USR2 reach the workers) and
     --shutdown-timeout (shutdown_budget_s of train.shutdown_timeout_s, or --shutdown-timeout);
   - DDPKIT_LAUNCH_ID (one id per launch, the same on every node of it), DDPKIT_RUN_DIR and
@@ -34,7 +34,7 @@ import time
 import uuid
 from pathlib import Path
 
-from train.contract import (
+from ddpkit.train.contract import (
     DEFAULT_SHUTDOWN_TIMEOUT_S,
     EXIT_BAD_INPUT,
     EXIT_DIVERGED,
@@ -49,7 +49,7 @@ from train.contract import (
     fresh_requeue_marker,
     shutdown_budget_s,
 )
-from train.errors import CliParser, UserError, run_cli
+from ddpkit.train.errors import CliParser, UserError, run_cli
 
 PREFIX = "ddpkit node"
 MARKER_WAIT_S = 5.0  # how long a node waits for the marker of a rank 0 elsewhere
@@ -65,7 +65,7 @@ class _Parser(CliParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
-        prog="python -m train.node",
+        prog="python -m ddpkit.train.node",
         description=__doc__.split("\n\n")[0],
         epilog="Every other flag before `--` is passed to torchrun (e.g. --nnodes 2 "
         "--nproc-per-node 4 --rdzv-endpoint head:29500 --rdzv-id job1, or --standalone).",
@@ -93,8 +93,8 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     """(launcher flags, entry point argv) around the first `--`."""
     if "--" not in argv:
         raise NodeError(
-            "no entry point: put it after `--`, e.g. python -m train.node --standalone "
-            "--nproc-per-node 2 -- -m train --steps 10"
+            "no entry point: put it after `--`, e.g. python -m ddpkit.train.node --standalone "
+            "--nproc-per-node 2 -- -m ddpkit.train --steps 10"
         )
     i = argv.index("--")
     entry = argv[i + 1 :]
@@ -104,7 +104,7 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def is_default_entry(entry: list[str]) -> bool:
-    return entry[:2] == ["-m", "train"]
+    return entry[:2] == ["-m", "ddpkit.train"]
 
 
 def _world(nnodes: str, nproc: str) -> tuple[int, int]:
@@ -121,7 +121,7 @@ def _world(nnodes: str, nproc: str) -> tuple[int, int]:
 
 def precheck_train(train_argv: list[str], world_size: int, nnodes: int) -> object:
     """The trainer's own parse + validate, for the world size this launch will have."""
-    from train.config import parse_config
+    from ddpkit.train.config import parse_config
 
     cfg, _ = parse_config(train_argv, world=(world_size, nnodes))
     return cfg
@@ -174,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed import run as torchrun  # after the cheap checks above
 
     if any(f.split("=")[0] in ("--signals-to-handle", "--signals_to_handle") for f in flags):
-        raise NodeError("--signals-to-handle is set by the launcher (train.contract); drop it")
+        raise NodeError(
+            "--signals-to-handle is set by the launcher (ddpkit.train.contract); drop it"
+        )
     try:
         args = torchrun.parse_args([*torchrun_flags, *entry])
     except SystemExit:

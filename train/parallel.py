@@ -12,11 +12,10 @@ The FSDP1 strategy names map onto FSDP2 (`fully_shard`) like this:
 from __future__ import annotations
 
 import torch
+from ddpkit.train.config import TrainConfig
+from ddpkit.train.distributed import World
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
-from train.config import TrainConfig
-from train.distributed import World
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -79,7 +78,7 @@ def apply_ddp(model: nn.Module, world: World) -> nn.Module:
 
 def parallelize(model: nn.Module, cfg: TrainConfig, world: World) -> tuple[nn.Module, nn.Module]:
     """Returns (the module to train, the unwrapped model whose parameter names are canonical)."""
-    from train.registry import find_blocks
+    from ddpkit.train.registry import find_blocks
 
     blocks = find_blocks(model)
     if cfg.activation_checkpointing:

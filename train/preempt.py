@@ -1,6 +1,6 @@
 """Preemption for your own training script, in a few lines (import-light: no torch).
 
-    from train import preempt
+    from ddpkit.train import preempt
 
     preempt.install()                       # once, early (main thread)
     for step in range(start, steps):
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from train.contract import (
+from ddpkit.train.contract import (
     DEFAULT_SHUTDOWN_TIMEOUT_S,
     RUN_DIR_ENV,
     SHUTDOWN_ENV,

@@ -15,7 +15,7 @@ The contracts (README "Your own model" says the same):
 - Model factory: `factory(cfg, **model_args) -> torch.nn.Module`. `cfg` is the resolved
   TrainConfig, `model_args` the `[train.model_args]` table (`--model-args '{"k": 1}'`). It is
   called once under `torch.device("meta")` before any process group starts (to check it and
-  for `tools.memory`), then once per rank on the CPU after `torch.manual_seed(cfg.seed)`, so
+  for `ddpkit.tools.memory`), then once per rank on the CPU after `torch.manual_seed(cfg.seed)`, so
   every rank starts from the same weights. It must not move the model to a device.
   Blocks (one FSDP2 unit, activation-checkpoint and compile region each): `model.blocks()`
   if it exists, else the attribute `model.fsdp_blocks` (a list), else the children of the
@@ -44,13 +44,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from train.errors import UserError
+from ddpkit.train.errors import UserError
 
 if TYPE_CHECKING:
+    from ddpkit.train.config import TrainConfig
+    from ddpkit.train.data import DataBundle
     from torch import nn
-
-    from train.config import TrainConfig
-    from train.data import DataBundle
 
 DataKind = Literal["classes", "tokens", "any"]
 IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -58,8 +57,8 @@ HF_PREFIX = "hf:"
 
 
 def RegistryError(msg: str) -> UserError:  # noqa: N802  (reads like the class it returns)
-    """A ConfigError (one line, exit 2); imported late because train.config imports us."""
-    from train.config import ConfigError
+    """A ConfigError (one line, exit 2); imported late because ddpkit.train.config imports us."""
+    from ddpkit.train.config import ConfigError
 
     return ConfigError(msg)
 
@@ -248,7 +247,7 @@ def model_spec(cfg: TrainConfig) -> ModelSpec:
     if cfg.model in MODELS:
         return MODELS[cfg.model]
     if cfg.model.startswith(HF_PREFIX):
-        from train import hf
+        from ddpkit.train import hf
 
         return hf.model_spec(cfg.model[len(HF_PREFIX) :])
     check_names(cfg)
@@ -274,14 +273,14 @@ def dataset_spec(cfg: TrainConfig) -> DatasetSpec:
     if cfg.dataset in DATASETS:
         return DATASETS[cfg.dataset]
     if cfg.dataset.startswith(HF_PREFIX):
-        from train import hf
+        from ddpkit.train import hf
 
         return hf.dataset_spec(cfg.dataset[len(HF_PREFIX) :])
     fn = load_object(cfg.dataset, "--dataset", DATASET_CONTRACT)
     path = cfg.dataset
 
     def build(cfg: TrainConfig, rank0_download: bool, kind: DataKind) -> DataBundle:
-        from train.data import bundle_from_user
+        from ddpkit.train.data import bundle_from_user
 
         out = call_factory(fn, cfg, cfg.dataset_args, "--dataset", path)
         return bundle_from_user(out, path, DATASET_CONTRACT)
@@ -344,4 +343,4 @@ def _inner(m: Any) -> Any:
 def _builtins() -> None:
     if MODELS:
         return
-    from train import builtins  # noqa: F401  (registers on import; torch-free)
+    from ddpkit.train import builtins  # noqa: F401  (registers on import; torch-free)

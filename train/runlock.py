@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from train.config import ConfigError
-from train.contract import LAUNCH_ID_ENV
+from ddpkit.train.config import ConfigError
+from ddpkit.train.contract import LAUNCH_ID_ENV
 
 LOCK_FILE = ".lock"
 LOCK_HEARTBEAT_S = 5.0

@@ -13,9 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-
-from train import registry
-from train.checkpoint import (
+from ddpkit.train import registry
+from ddpkit.train.checkpoint import (
     Checkpointer,
     ModelState,
     OptimizerState,
@@ -24,12 +23,19 @@ from train.checkpoint import (
     Values,
     check_resume_path,
 )
-from train.ckpt_files import is_no_space, no_space_message
-from train.config import EXIT_REQUEUE, ConfigError, TrainConfig, dump, log_backends, profile_range
-from train.contract import EXIT_DIVERGED, LAUNCH_ID_ENV, SUMMARY_FILE, write_requeue_marker
-from train.data import DataBundle, GlobalBatchSampler, iterate_batches
-from train.distributed import World
-from train.fault import (
+from ddpkit.train.ckpt_files import is_no_space, no_space_message
+from ddpkit.train.config import (
+    EXIT_REQUEUE,
+    ConfigError,
+    TrainConfig,
+    dump,
+    log_backends,
+    profile_range,
+)
+from ddpkit.train.contract import EXIT_DIVERGED, LAUNCH_ID_ENV, SUMMARY_FILE, write_requeue_marker
+from ddpkit.train.data import DataBundle, GlobalBatchSampler, iterate_batches
+from ddpkit.train.distributed import World
+from ddpkit.train.fault import (
     Diverged,
     Fault,
     Health,
@@ -38,7 +44,7 @@ from train.fault import (
     is_collective_error,
     stop_check_every,
 )
-from train.metrics import (
+from ddpkit.train.metrics import (
     Reporter,
     cuda_memory,
     gather_objects,
@@ -47,10 +53,10 @@ from train.metrics import (
     peak_flops,
     state_bytes,
 )
-from train.parallel import DTYPES, parallelize, set_grad_sync
-from train.profiling import StepProfiler
-from train.runlock import RunLock
-from train.schedule import lr_multiplier, scaled_lr
+from ddpkit.train.parallel import DTYPES, parallelize, set_grad_sync
+from ddpkit.train.profiling import StepProfiler
+from ddpkit.train.runlock import RunLock
+from ddpkit.train.schedule import lr_multiplier, scaled_lr
 
 
 class CollectiveFailure(RuntimeError):
@@ -482,7 +488,7 @@ class Trainer:
 
     def diverged(self, e: Diverged) -> int:
         """Stop on a non-finite state: nothing saved from it; name the checkpoint to use."""
-        from train.checkpoint import list_checkpoints
+        from ddpkit.train.checkpoint import list_checkpoints
 
         self.stop.drain()
         self.ckpt.close()  # a save in flight was started from a checked, finite state

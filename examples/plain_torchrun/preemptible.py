@@ -1,7 +1,7 @@
 """The plain script plus the ddpkit preemption contract (train/preempt.py): on a stop
 signal it saves, asks for a requeue and exits; run again, it resumes from its checkpoint.
 
-    python -m tools.launch submit local --config examples/plain_torchrun/job.toml \
+    python -m ddpkit.tools.launch submit local --config examples/plain_torchrun/job.toml \
         --set script=examples/plain_torchrun/preemptible.py
 """
 
@@ -12,8 +12,7 @@ import time
 
 import torch
 import torch.distributed as dist
-
-from train import preempt  # import-light: no torch, nothing else of ddpkit
+from ddpkit.train import preempt  # import-light: no torch, nothing else of ddpkit
 
 
 def main() -> None:

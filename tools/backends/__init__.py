@@ -17,10 +17,10 @@ imported only when used (submitit and the kubernetes client stay out of other ba
 `status` has a default (print `poll`'s answer; exit 0, or 1 when the job failed) and `wait`
 is ONE loop for every backend: poll until JobState is terminal, then the job's exit status.
 `opts` is the CLI's Namespace (opts.spec is the JobSpec when --config was given, else None).
-Bad input raises tools.spec.SpecError (exit 2). record_job / last_job keep "the last job
-submitted from this checkout" per backend.
+Bad input raises ddpkit.tools.spec.SpecError (exit 2). record_job / last_job keep "the last job
+submitted from this workspace" per backend.
 
-Every backend runs the same node launcher (`python -m train.node ... -- <entry point>`,
+Every backend runs the same node launcher (`python -m ddpkit.train.node ... -- <entry point>`,
 see train/node.py): a backend only sets the rendezvous (torchrun flags or PET_* variables).
 This package never imports a backend module, so backend modules may import from it freely
 (no cycles: k8s_api imports k8s and this package, never the other way round).
@@ -40,16 +40,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tools.spec import JobSpec, SpecError
-from tools.templating import REPO_ROOT
+from ddpkit.tools.spec import JobSpec, SpecError
 
 BACKENDS = {
-    "local": "tools.backends.local:LocalBackend",
-    "slurm": "tools.backends.slurm:SlurmBackend",
-    "k8s": "tools.backends.k8s:K8sBackend",
-    "docker": "tools.backends.docker:DockerBackend",
+    "local": "ddpkit.tools.backends.local:LocalBackend",
+    "slurm": "ddpkit.tools.backends.slurm:SlurmBackend",
+    "k8s": "ddpkit.tools.backends.k8s:K8sBackend",
+    "docker": "ddpkit.tools.backends.docker:DockerBackend",
 }
-OUT_DIR = REPO_ROOT / "out"
+STATE_DIR = ".ddpkit"  # in the workspace: job records (jobs/), rendered files, build contexts
+
+
+def state_dir() -> Path:
+    """The workspace's .ddpkit/ (the launcher runs in the workspace: see launch.run)."""
+    return Path.cwd() / STATE_DIR
 
 
 class JobState(enum.Enum):
@@ -105,7 +109,7 @@ class Backend(abc.ABC):
         """Send the job; with opts.wait follow it to its end. Returns an exit status."""
 
     def submit_sweep(self, specs: list[JobSpec], opts: argparse.Namespace) -> int:
-        """Sweep members (tools.sweep): N named jobs, one after the other by default; the
+        """Sweep members (ddpkit.tools.sweep): N named jobs, one after the other by default; the
         last non-zero exit status, else 0. A backend may override (SLURM: a job array)."""
         rc = 0
         for spec in specs:
@@ -172,11 +176,11 @@ def load_backend(name: str) -> Backend:
 
 
 def _last_path(backend: str) -> Path:
-    return OUT_DIR / backend / "last_job.json"
+    return state_dir() / "jobs" / backend / "last_job.json"
 
 
 def record_job(backend: str, job: str, **info: Any) -> Path:
-    """Remember the job submitted last from this checkout (out/<backend>/last_job.json)."""
+    """Remember the job submitted last from this workspace (.ddpkit/jobs/<backend>/)."""
     path = _last_path(backend)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -190,7 +194,7 @@ def last_job(backend: str) -> dict[str, Any]:
     path = _last_path(backend)
     if not path.is_file():
         raise SpecError(
-            f"no {backend} job submitted from this checkout yet ({path} missing); "
-            f"pass a job id, e.g. python -m tools.launch status {backend} JOB"
+            f"no {backend} job submitted from this workspace yet ({path} missing); "
+            f"pass a job id (ddpkit status {backend} JOB) or run from the project's directory"
         )
     return json.loads(path.read_text())

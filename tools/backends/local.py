@@ -1,6 +1,6 @@
 """Local backend: the job on this machine, through the same node launcher as every cluster.
 
-    render   the command (a bash script): `python -m train.node --standalone ... -- <entry>`
+    render   the command (a bash script): `python -m ddpkit.train.node --standalone ... -- <entry>`
     submit   runs it in the foreground, its output also in <run dir>/local/node-0.log;
              the exit status is the node launcher's (0, 2 bad input, 3 diverged, 75 requeue)
     status / logs / cancel   of the last local job; cancel sends SIGTERM (the stop signal a
@@ -18,10 +18,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tools.backends import Backend, JobState, JobStatus, last_job, record_job
-from tools.spec import JobSpec, SpecError
-from tools.templating import shell_join, shell_quote
-from train.contract import EXIT_REQUEUE
+from ddpkit.tools.backends import Backend, JobState, JobStatus, last_job, record_job
+from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.templating import shell_join, shell_quote
+from ddpkit.train.contract import EXIT_REQUEUE
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -38,6 +38,17 @@ def node_argv(spec: JobSpec) -> list[str]:
     )
 
 
+def plot_run(run_dir: Path) -> None:
+    try:
+        import matplotlib  # noqa: F401  (the [plot] extra)
+    except ImportError:
+        print("(plots skipped: pip install 'ddpkit[plot]' for them)", file=sys.stderr)
+        return
+    from ddpkit.tools import plot
+
+    plot.main([str(run_dir)])
+
+
 def log_path(spec: JobSpec) -> Path:
     return Path(spec.run_dir) / "local" / "node-0.log"
 
@@ -45,6 +56,11 @@ def log_path(spec: JobSpec) -> Path:
 class LocalBackend(Backend):
     name = "local"
     file_ext = "sh"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--plot", action="store_true", help="submit: PNG charts of the metrics at the end"
+        )
 
     def render(self, spec: JobSpec) -> str:
         lines = [
@@ -77,6 +93,11 @@ class LocalBackend(Backend):
                 for s, handler in previous.items():
                     signal.signal(s, handler)
         record_job(self.name, str(proc.pid), run_dir=spec.run_dir, log=str(log), exit_code=rc)
+        run_dir = Path(spec.run_dir)
+        if rc == 0 and getattr(opts, "plot", False) and (run_dir / "metrics.jsonl").is_file():
+            plot_run(run_dir)
+        if run_dir.is_dir():
+            print(f"outputs: {run_dir}/ in {Path.cwd()}", file=sys.stderr)
         return rc
 
     def poll(self, job: str) -> JobStatus:

@@ -2,7 +2,7 @@
 
 The job is three pieces of shell, rendered from slurm/*.j2 by pure functions:
   setup     batch shell, before the step: log dir, head address, port, image, user setup
-  node      what each node runs (one task per node): the node launcher, `python -m train.node`
+  node      what each node runs (one task per node): the node launcher, `python -m ddpkit.train.node`
             (torchrun in process, signals, shutdown budget, exit 75 on a requeue request)
   teardown  batch shell, after the step: requeue when the step exited 75 (or a node was
             stopped by srun after this attempt's requeue marker was written)
@@ -22,10 +22,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.backends import Backend, JobState, JobStatus, last_job, record_job
-from tools.spec import JobSpec, SpecError
-from tools.templating import render_template, shell_quote
-from train.contract import EXIT_REQUEUE
+from ddpkit.tools.backends import Backend, JobState, JobStatus, last_job, record_job
+from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.templating import render_template, shell_quote
+from ddpkit.train.contract import EXIT_REQUEUE
 
 # Values that land on `#SBATCH` lines, which sbatch (not a shell) parses: no quoting there,
 # so only plain tokens are allowed.
@@ -99,6 +99,8 @@ def sbatch_params(spec: JobSpec) -> dict[str, str | int | bool]:
     if s.exclusive:
         params["exclusive"] = True
     params["open_mode"] = "append"  # a requeued job appends to its logs
+    if spec.workspace:
+        params["chdir"] = spec.workspace  # the job runs in the workspace, as on every backend
     params["signal"] = f"{s.signal}@{s.grace_s}"  # no "B:": the job step's processes get it
     params["requeue" if s.requeue_limit > 0 else "no_requeue"] = True
     params["comment"] = COMMENT
@@ -213,7 +215,15 @@ def node_command(spec: JobSpec) -> list[str]:
             f"--nproc-per-node={spec.nproc_per_node}",
             "--rdzv-backend=c10d",
         ]
-    return spec.node_argv(rdzv, python="python")
+    return spec.node_argv(rdzv, python=node_python(spec))
+
+
+def node_python(spec: JobSpec) -> str:
+    """The nodes' interpreter: slurm.python (load_spec fills in the submitting one), or the
+    image's `python` inside a container."""
+    if spec.slurm.container != "none":
+        return "python"
+    return spec.slurm.python or "python"
 
 
 def node_script(spec: JobSpec) -> str:
@@ -230,9 +240,10 @@ def node_script(spec: JobSpec) -> str:
     ).rstrip("\n")
 
 
-# Run by the batch shell with the system python3: train/contract.py is stdlib only.
+# Run by the batch shell (on the host, outside any container) with the submitting Python:
+# ddpkit.train.contract is stdlib only.
 MARKER_CHECK = (
-    "import sys; from train.contract import fresh_requeue_marker as f; "
+    "import sys; from ddpkit.train.contract import fresh_requeue_marker as f; "
     "sys.exit(0 if f(sys.argv[1], sys.argv[2], 0.0) else 1)"
 )
 
@@ -248,6 +259,7 @@ def teardown_script(spec: JobSpec, array_prefix: str | None = None) -> str:
         requeue_limit=spec.slurm.requeue_limit,
         exit_requeue=EXIT_REQUEUE,
         marker_check=MARKER_CHECK,
+        python=spec.slurm.python or "python3",
         run_dir_shell=run_dir,
     ).rstrip("\n")
 
@@ -396,7 +408,7 @@ class SlurmBackend(Backend):
         record_job(self.name, job_id, name=spec.name, log_dir=str(logs), run_dir=spec.run_dir)
         print(f"submitted job {job_id} ({spec.name}: {spec.nodes} node(s) x {spec.nproc_per_node})")
         print(f"logs: {logs}/{job_id}_<node>_log.out (.err); run dir: {spec.run_dir}")
-        print(f"follow: python -m tools.launch logs slurm {job_id} --follow")
+        print(f"follow: python -m ddpkit.tools.launch logs slurm {job_id} --follow")
         if opts.wait:
             follower = LogFollower(logs, job_id)
             return self.wait(job_id, opts.poll_s, on_poll=lambda _st: follower.emit())
@@ -438,7 +450,9 @@ class SlurmBackend(Backend):
         print(f"submitted job array {ids[0].split('_')[0]} ({len(ids)} members of {base}):")
         for job_id, spec in zip(ids, specs, strict=True):
             print(f"  {job_id}: {spec.name}, run dir {spec.run_dir}")
-        print(f"logs: {logs}/<job>_<node>_log.out; status: python -m tools.launch status slurm ID")
+        print(
+            f"logs: {logs}/<job>_<node>_log.out; status: python -m ddpkit.tools.launch status slurm ID"
+        )
         if not opts.wait:
             return 0
         codes = [self.wait(job_id, opts.poll_s) for job_id in ids]

@@ -7,10 +7,9 @@
     render --build [--base-image IMG]   also builds the image (make docker-build)
 
 Inside the container the entrypoint (docker/entrypoint.sh) runs the node launcher every
-backend runs (python -m train.node) with the flags and the entry point rendered here, the
+backend runs (python -m ddpkit.train.node) with the flags and the entry point rendered here, the
 process count (PET_NPROC_PER_NODE, or one per visible GPU) and --standalone. Relative host
-paths (docker.out_dir, docker.data_dir) are relative to the repository root, where the
-Makefile runs.
+paths (docker.out_dir, docker.data_dir) are relative to the workspace, like every path.
 """
 
 from __future__ import annotations
@@ -22,15 +21,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import tomllib
 from pathlib import Path, PurePosixPath
 
-from tools.backends import Backend, JobState, JobStatus, last_job, record_job
-from tools.backends.docker import user as docker_user
-from tools.spec import JobSpec, SpecError
-from tools.templating import REPO_ROOT, shell_quote
-from train.config import TrainConfig
-from train.contract import DEFAULT_SHUTDOWN_TIMEOUT_S, EXIT_REQUEUE, shutdown_budget_s
+from ddpkit.tools.backends import Backend, JobState, JobStatus, last_job, record_job
+from ddpkit.tools.backends.docker import user as docker_user
+from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.templating import KIT_DIR, shell_quote
+from ddpkit.train.config import TrainConfig
+from ddpkit.train.contract import DEFAULT_SHUTDOWN_TIMEOUT_S, EXIT_REQUEUE, shutdown_budget_s
 
 FILE_EXT = "sh"
 DOCKERFILE = "docker/Dockerfile"
@@ -46,7 +44,7 @@ DEFAULT_UID = 1000  # the image's user when built by root (never build a root-us
 
 def _host_path(path: str) -> Path:
     p = Path(path)
-    return p if p.is_absolute() else REPO_ROOT / p
+    return p if p.is_absolute() else Path.cwd() / p  # the workspace (launch.run)
 
 
 def _under_runs(spec: JobSpec, key: str, value: str) -> None:
@@ -153,7 +151,7 @@ def run_argv(spec: JobSpec, engine: str = "docker") -> list[str]:
 def node_args(spec: JobSpec) -> list[str]:
     """After the image: the node launcher's flags and the entry point (the entrypoint adds
     the process count and --standalone, which depend on the container)."""
-    return spec.node_argv([])[3:]  # without `python -m train.node`
+    return spec.node_argv([])[3:]  # without `python -m ddpkit.train.node`
 
 
 def render(spec: JobSpec) -> str:
@@ -200,7 +198,7 @@ def find_engine(preferred: str | None = None) -> str:
 
 
 def _git(*args: str) -> str:
-    r = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True)
+    r = subprocess.run(["git", *args], cwd=KIT_DIR, capture_output=True, text=True)
     return r.stdout.strip() if r.returncode == 0 else ""
 
 
@@ -213,8 +211,9 @@ def build_argv(
     uid: int,
     gid: int,
     version: str = "",
+    context: Path = Path("."),
 ) -> list[str]:
-    """`docker build` for the ddpkit image (the context is the checkout, see .dockerignore)."""
+    """`docker build` for the ddpkit image from a staged context (stage_kit_context)."""
     args = {"REVISION": revision or "unknown", "SOURCE": source or "unknown"}
     if version:
         args["VERSION"] = version
@@ -224,34 +223,74 @@ def build_argv(
     # both; a root builder gets the non-root default instead.
     if uid != 0:
         args.update(UID=str(uid), GID=str(gid))
-    argv = [engine, "build", "-f", str(REPO_ROOT / DOCKERFILE), "-t", image]
+    argv = [engine, "build", "-f", str(context / DOCKERFILE), "-t", image]
     for key, value in args.items():
         argv += ["--build-arg", f"{key}={value}"]
-    return argv + [str(REPO_ROOT)]
+    return argv + [str(context)]
+
+
+def kit_wheel(dest: Path) -> Path:
+    """The ddpkit wheel the image installs: built from the checkout (a development install),
+    else the installed distribution's own files packed again (a wheel's RECORD lists them)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if (KIT_DIR / "pyproject.toml").is_file():
+        cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+        r = subprocess.run([*cmd, "-w", str(dest), str(KIT_DIR)], capture_output=True, text=True)
+        if r.returncode:
+            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["?"]
+            raise SpecError(f"building the ddpkit wheel failed: {tail[0]}")
+        return next(dest.glob("ddpkit-*.whl"))
+    import importlib.metadata
+    import zipfile
+
+    dist = importlib.metadata.distribution("ddpkit")
+    tag = "py3-none-any"
+    wheel = dest / f"ddpkit-{dist.version}-{tag}.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+        for f in dist.files or []:
+            if f.suffix == ".pyc" or str(f).startswith(".."):
+                continue  # caches, and the console script installed outside site-packages
+            zf.write(f.locate(), str(f))
+    return wheel
+
+
+def stage_kit_context(ctx: Path) -> None:
+    """The ddpkit image's build context: its Dockerfile and entrypoint, the example job
+    files, and the ddpkit wheel (nothing else of the checkout or the workspace)."""
+    (ctx / "docker").mkdir(parents=True)
+    for name in ("Dockerfile", "entrypoint.sh"):
+        shutil.copyfile(KIT_DIR / "docker" / name, ctx / "docker" / name)
+    shutil.copytree(KIT_DIR / "configs", ctx / "configs", ignore=shutil.ignore_patterns("*.py*"))
+    kit_wheel(ctx / "wheels")
 
 
 def build(spec: JobSpec, opts: argparse.Namespace) -> int:
-    """Build the ddpkit image; with docker.user_dir/requirements, then the user's image
-    FROM it (docker_user.py)."""
+    """Build the ddpkit image; when the job has code of its own (docker_user.wanted), then
+    the workspace's image FROM it (docker_user.py)."""
     user = docker_user.wanted(spec)
     if user:
         docker_user.check_files(spec)  # before minutes of building
     engine = find_engine(getattr(opts, "engine", None))
     revision = _git("rev-parse", "HEAD")
-    if revision and _git("status", "--porcelain", "--", "train", "configs", "docker"):
+    if revision and _git("status", "--porcelain", "--", "train", "tools", "configs", "docker"):
         revision += "-dirty"
-    argv = build_argv(
-        engine,
-        spec.docker.kit_image if user else spec.image,
-        getattr(opts, "base_image", None),
-        revision,
-        _git("remote", "get-url", "origin"),
-        os.getuid(),
-        os.getgid(),
-        tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"],
-    )
-    print("+ " + " ".join(shell_quote(a) for a in argv), file=sys.stderr)
-    rc = subprocess.run(argv).returncode
+    from ddpkit import __version__
+
+    with tempfile.TemporaryDirectory(prefix="ddpkit-kit-") as kit_ctx:
+        stage_kit_context(Path(kit_ctx))
+        argv = build_argv(
+            engine,
+            spec.docker.kit_image if user else spec.image,
+            getattr(opts, "base_image", None),
+            revision,
+            _git("remote", "get-url", "origin"),
+            os.getuid(),
+            os.getgid(),
+            __version__,
+            context=Path(kit_ctx),
+        )
+        print("+ " + " ".join(shell_quote(a) for a in argv), file=sys.stderr)
+        rc = subprocess.run(argv).returncode
     if rc or not user:
         return rc
     with tempfile.TemporaryDirectory(prefix="ddpkit-user-") as ctx:

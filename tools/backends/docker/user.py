@@ -17,8 +17,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path, PurePosixPath
 
-from tools.spec import JobSpec, SpecError
-from tools.templating import REPO_ROOT
+from ddpkit.tools.spec import JobSpec, SpecError
 
 WORKDIR = PurePosixPath("/workspace")
 USER_REQUIREMENTS = "/opt/ddpkit/user-requirements.txt"
@@ -32,7 +31,7 @@ def wanted(spec: JobSpec) -> bool:
 
 def _host(path: str) -> Path:
     p = Path(path)
-    return p if p.is_absolute() else REPO_ROOT / p
+    return p if p.is_absolute() else Path.cwd() / p  # the workspace (launch.run)
 
 
 def dest(user_dir: str) -> PurePosixPath:
@@ -40,7 +39,8 @@ def dest(user_dir: str) -> PurePosixPath:
     (an absolute path outside the checkout lands as /workspace/<its name>)."""
     p = Path(user_dir)
     if p.is_absolute():
-        rel = p.relative_to(REPO_ROOT) if p.is_relative_to(REPO_ROOT) else Path(p.name)
+        ws = Path.cwd()
+        rel = p.relative_to(ws) if p.is_relative_to(ws) else Path(p.name)
     else:
         rel = p
     return WORKDIR / PurePosixPath(rel.as_posix())

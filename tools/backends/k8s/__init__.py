@@ -3,7 +3,7 @@
 Manifests are built as dicts by small pure functions and dumped with yaml.safe_dump, so
 every user string comes out as the literal string (no splicing into YAML). Every pod runs
 k8s/launch.sh (embedded as `bash -c`): wait for a TCP connection to the rendezvous
-endpoint, then `exec torchrun ... -m train ...` with the rendezvous taken from the PET_*
+endpoint, then `exec torchrun ... -m ddpkit.train ...` with the rendezvous taken from the PET_*
 variables the controller injects (facts/kubeflow.md). submit/status/logs/cancel use the
 `kubernetes` client (imported when used).
 
@@ -22,15 +22,14 @@ import posixpath
 from typing import Any
 
 import yaml
-
-from tools.backends import Backend, JobStatus
-from tools.backends.k8s import crds as k8s_crds
-from tools.backends.k8s.checks import check
-from tools.backends.k8s.crds import PYTORCH_CONTAINER as CONTAINER
-from tools.backends.k8s.crds import PYTORCHJOB, TRAINJOB
-from tools.backends.k8s.crds import RUNTIME as TRAINER_RUNTIME
-from tools.spec import JobSpec
-from tools.templating import REPO_ROOT
+from ddpkit.tools.backends import Backend, JobStatus
+from ddpkit.tools.backends.k8s import crds as k8s_crds
+from ddpkit.tools.backends.k8s.checks import check
+from ddpkit.tools.backends.k8s.crds import PYTORCH_CONTAINER as CONTAINER
+from ddpkit.tools.backends.k8s.crds import PYTORCHJOB, TRAINJOB
+from ddpkit.tools.backends.k8s.crds import RUNTIME as TRAINER_RUNTIME
+from ddpkit.tools.spec import JobSpec
+from ddpkit.tools.templating import KIT_DIR
 
 FILE_EXT = "yaml"
 PORT_NAME = "pytorchjob-port"
@@ -39,7 +38,7 @@ RUN_AS = 1000  # the image's non-root user (docker/Dockerfile UID/GID)
 RDZV_WAIT_S = 600  # how long a pod waits for the rendezvous endpoint to accept connections
 GRACE_MARGIN_S = 30  # on top of the shutdown budget: the agent's teardown and the exit
 ELASTIC_DEFAULT_RESTARTS = 3  # an elastic job restarts its group on every membership change
-LAUNCH_SCRIPT = REPO_ROOT / "k8s" / "launch.sh"
+LAUNCH_SCRIPT = KIT_DIR / "k8s" / "launch.sh"
 
 
 # --- pieces -----------------------------------------------------------------------------------
@@ -122,7 +121,7 @@ def host_pod(spec: JobSpec) -> str:
 
 def node_args(spec: JobSpec) -> list[str]:
     """The node launcher's flags and the entry point (spec.node_argv without `python -m
-    train.node`); the rendezvous comes from the controller's PET_* variables."""
+    ddpkit.train.node`); the rendezvous comes from the controller's PET_* variables."""
     argv = spec.node_argv([])[3:]
     # An elastic job restarts its group on every membership change: its own default.
     return [
@@ -406,7 +405,7 @@ class K8sBackend(Backend):
         return render(spec)
 
     def submit(self, spec: JobSpec, opts: argparse.Namespace) -> int:
-        from tools.backends.k8s import api
+        from ddpkit.tools.backends.k8s import api
 
         rc = api.submit(spec, manifests(spec), opts)
         if rc or not getattr(opts, "wait", False):
@@ -415,27 +414,27 @@ class K8sBackend(Backend):
         return self.wait(spec.name, poll_s=5.0)
 
     def poll(self, job: str) -> JobStatus:
-        from tools.backends.k8s import api
+        from ddpkit.tools.backends.k8s import api
 
         ns, kind = getattr(self, "_where", None) or api.where(job)
         return api.poll(job, ns, kind)
 
     def status(self, job: str | None, opts: argparse.Namespace) -> int:
-        from tools.backends.k8s import api
+        from ddpkit.tools.backends.k8s import api
 
         return api.status(job, opts)
 
     def logs(self, job: str | None, opts: argparse.Namespace) -> int:
-        from tools.backends.k8s import api
+        from ddpkit.tools.backends.k8s import api
 
         return api.logs(job, opts)
 
     def cancel(self, job: str | None, opts: argparse.Namespace) -> int:
-        from tools.backends.k8s import api
+        from ddpkit.tools.backends.k8s import api
 
         return api.cancel(job, opts)
 
     def list_jobs(self, opts: argparse.Namespace) -> int:
-        from tools.backends.k8s import api
+        from ddpkit.tools.backends.k8s import api
 
         return api.list_jobs(opts)

@@ -16,11 +16,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from tools.backends import JobState, JobStatus, last_job, record_job
-from tools.backends.k8s import crds as k8s_crds
-from tools.backends.k8s.crds import NODE as TRAINJOB_CONTAINER
-from tools.backends.k8s.crds import PYTORCH_CONTAINER, PYTORCHJOB, TRAINJOB
-from tools.spec import JobSpec, SpecError
+from ddpkit.tools.backends import JobState, JobStatus, last_job, record_job
+from ddpkit.tools.backends.k8s import crds as k8s_crds
+from ddpkit.tools.backends.k8s.crds import NODE as TRAINJOB_CONTAINER
+from ddpkit.tools.backends.k8s.crds import PYTORCH_CONTAINER, PYTORCHJOB, TRAINJOB
+from ddpkit.tools.spec import JobSpec, SpecError
 
 JOB_LABEL = "app.kubernetes.io/instance"  # k8s.labels(): on the job and on every pod template
 
@@ -81,7 +81,7 @@ def _call(fn: Callable[..., Any], what: str, api: str, namespace: str, *args: An
             name = details.get("name") or "NAME"
             raise SpecError(
                 f"{what}: already exists in namespace {namespace!r}; delete it first "
-                f"(python -m tools.launch cancel k8s {name} -n {namespace}, or make k8s-delete) "
+                f"(python -m ddpkit.tools.launch cancel k8s {name} -n {namespace}, or make k8s-delete) "
                 "or rename the job (--set name=NEW)"
             ) from None
         if e.status == 404 and details.get("kind") == "namespaces":

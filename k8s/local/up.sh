@@ -1,0 +1,350 @@
+#!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
+# Start a real local Kubernetes control plane with the Kubeflow controllers:
+#   etcd, kube-apiserver, kube-controller-manager (Jobs -> Pods),
+#   the CRDs of PyTorchJob (training operator v1.9), JobSet and Trainer v2.3,
+#   the three controllers with their admission webhooks served on 127.0.0.1
+#   (self-signed certificates), and Trainer's `torch-distributed`
+#   ClusterTrainingRuntime.
+# There is no kubelet: pods stay Pending until a node agent binds them.
+#
+# Everything runs from $DDPKIT_K8S_STATE (default /tmp/ddpkit-k8s):
+#   kubeconfig   admin kubeconfig (client certificate in group system:masters)
+#   logs/*.log   one log per daemon
+#   run/*.pid    one pid file per daemon (down.sh stops exactly these)
+# Each start is a fresh cluster: etcd data and certificates are made anew.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.sh
+. "$HERE/versions.sh"
+
+S="$DDPKIT_K8S_STATE"
+ETCD_PORT="${DDPKIT_K8S_ETCD_PORT:-2379}"
+ETCD_PEER_PORT="${DDPKIT_K8S_ETCD_PEER_PORT:-2380}"
+API_PORT="${DDPKIT_K8S_API_PORT:-6443}"
+KCM_PORT="${DDPKIT_K8S_KCM_PORT:-10257}"
+# Webhook and health ports of the controllers; all bound or called on 127.0.0.1.
+TO_WEBHOOK_PORT=9443 TO_HEALTH_PORT=18081
+JS_WEBHOOK_PORT=9444 JS_HEALTH_PORT=18082
+TR_WEBHOOK_PORT=9445 TR_HEALTH_PORT=18083
+# Services get addresses from this range; nothing routes to it and nothing
+# here sends traffic to it (the controllers and kubectl use 127.0.0.1).
+SERVICE_CIDR="${DDPKIT_K8S_SERVICE_CIDR:-10.96.0.0/16}"
+SERVICE_APISERVER_IP="${DDPKIT_K8S_SERVICE_APISERVER_IP:-10.96.0.1}"
+KUBECONFIG_FILE="$S/kubeconfig"
+T0=$SECONDS
+# wait_for silences the command it polls; alive() reports on this copy of stderr.
+exec 3>&2
+
+log() { echo "up.sh [$((SECONDS - T0))s]: $*"; }
+die() {
+    echo "up.sh: $*" >&2
+    exit 1
+}
+kc() { kubectl --kubeconfig "$KUBECONFIG_FILE" "$@"; }
+
+# wait_for SECONDS WHAT CMD...: poll CMD until it succeeds; on time-out name
+# the daemon log to read, since that is where the reason is.
+wait_for() {
+    local limit="$1" what="$2"
+    shift 2
+    local end=$((SECONDS + limit))
+    until "$@" >/dev/null 2>&1; do
+        if ((SECONDS >= end)); then
+            die "$what not ready after ${limit}s; see $S/logs/"
+        fi
+        sleep 0.3
+    done
+}
+
+# start NAME BIN ARGS...: run a daemon in its own session (so a terminal's
+# Ctrl-C does not reach it), log to logs/NAME.log, remember its pid.
+start() {
+    local name="$1"
+    shift
+    setsid "$@" >"$S/logs/$name.log" 2>&1 </dev/null &
+    echo "$!" >"$S/run/$name.pid"
+    log "started $name (pid $!)"
+}
+
+# A daemon that exits during start-up is reported with its log tail instead of
+# a time-out later.
+alive() { # NAME
+    local pid
+    pid="$(cat "$S/run/$1.pid")"
+    if ! kill -0 "$pid" 2>/dev/null; then
+        echo "up.sh: $1 exited; last lines of $S/logs/$1.log:" >&3
+        tail -n 20 "$S/logs/$1.log" >&3
+        exit 1
+    fi
+}
+healthy() { # NAME URL...: the daemon is alive and the URL answers 2xx
+    alive "$1"
+    shift
+    curl -fsS -o /dev/null --max-time 2 "$@"
+}
+
+# --- binaries ----------------------------------------------------------------
+"$HERE/build.sh"
+command -v kubectl >/dev/null || die "kubectl is not installed"
+command -v openssl >/dev/null || die "openssl is not installed"
+PY=python3
+if [[ -x "$HERE/../../.venv/bin/python" ]]; then
+    PY="$HERE/../../.venv/bin/python"
+fi
+
+# --- a clean state directory ---------------------------------------------------
+# A previous cluster (or a half-started one) is stopped first, so every up is
+# a fresh cluster on fresh ports.
+"$HERE/down.sh" >/dev/null
+rm -rf "$S"
+mkdir -p "$S/pki" "$S/logs" "$S/run" "$S/etcd" "$S/config" "$S/tmp/jobset" "$S/tmp/trainer"
+chmod 700 "$S/pki"
+
+# --- certificates ----------------------------------------------------------------
+# One CA signs the API server's serving certificate, the admin client
+# certificate and the webhook serving certificate. The CA also carries the DNS
+# name `training-operator-ca`: the training operator's certificate rotator
+# keeps a Secret's CA only if it verifies under that name, and otherwise
+# would make its own certificates (for a Service name, not 127.0.0.1).
+log "making certificates"
+P="$S/pki"
+openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -keyout "$P/ca.key" -out "$P/ca.crt" \
+    -subj "/CN=ddpkit-local-ca" \
+    -addext "subjectAltName=DNS:training-operator-ca" \
+    -addext "basicConstraints=critical,CA:TRUE" \
+    -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature,keyEncipherment" 2>/dev/null
+# sign NAME SUBJECT EXTENSIONS: a key and a certificate signed by the CA,
+# valid for 10 years (the rotator refreshes anything expiring within 90 days).
+sign() {
+    openssl req -new -newkey rsa:2048 -nodes -keyout "$P/$1.key" -out "$P/$1.csr" -subj "$2" 2>/dev/null
+    printf '%s\n' "$3" >"$P/$1.ext"
+    openssl x509 -req -in "$P/$1.csr" -CA "$P/ca.crt" -CAkey "$P/ca.key" -CAcreateserial \
+        -days 3650 -extfile "$P/$1.ext" -out "$P/$1.crt" 2>/dev/null
+    rm -f "$P/$1.csr" "$P/$1.ext"
+}
+sign apiserver "/CN=kube-apiserver" "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1,IP:$SERVICE_APISERVER_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+sign admin "/O=system:masters/CN=ddpkit-admin" "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=clientAuth"
+# The training operator's rotator checks the serving certificate against the
+# Service name it would have had (training-operator.kubeflow.svc); the API
+# server calls 127.0.0.1. The certificate names both.
+sign webhook "/CN=ddpkit-local-webhooks" "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:training-operator.kubeflow.svc"
+# Service-account tokens are signed with this key pair.
+openssl genrsa -out "$P/sa.key" 2048 2>/dev/null
+openssl rsa -in "$P/sa.key" -pubout -out "$P/sa.pub" 2>/dev/null
+# Trainer and JobSet read the serving certificate from
+# $TMPDIR/k8s-webhook-server/serving-certs (controller-runtime's default);
+# each gets its own TMPDIR so no two controllers share a directory.
+for c in jobset trainer; do
+    mkdir -p "$S/tmp/$c/k8s-webhook-server/serving-certs"
+    cp "$P/webhook.crt" "$S/tmp/$c/k8s-webhook-server/serving-certs/tls.crt"
+    cp "$P/webhook.key" "$S/tmp/$c/k8s-webhook-server/serving-certs/tls.key"
+done
+
+# kubeconfig with embedded data so it can be copied elsewhere.
+kubectl config --kubeconfig "$KUBECONFIG_FILE" set-cluster ddpkit-local \
+    --server "https://127.0.0.1:$API_PORT" --certificate-authority "$P/ca.crt" --embed-certs >/dev/null
+kubectl config --kubeconfig "$KUBECONFIG_FILE" set-credentials ddpkit-admin \
+    --client-certificate "$P/admin.crt" --client-key "$P/admin.key" --embed-certs >/dev/null
+kubectl config --kubeconfig "$KUBECONFIG_FILE" set-context ddpkit-local \
+    --cluster ddpkit-local --user ddpkit-admin --namespace default >/dev/null
+kubectl config --kubeconfig "$KUBECONFIG_FILE" use-context ddpkit-local >/dev/null
+chmod 600 "$KUBECONFIG_FILE"
+
+# --- etcd --------------------------------------------------------------------------
+# A single member on loopback. --unsafe-no-fsync: a throw-away test cluster
+# does not need durability, and fsync latency on shared disks slows writes.
+start etcd "$ETCD_BIN" --name ddpkit --data-dir "$S/etcd" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-cluster "ddpkit=http://127.0.0.1:$ETCD_PEER_PORT" \
+    --listen-metrics-urls "" --unsafe-no-fsync
+wait_for 30 etcd healthy etcd "http://127.0.0.1:$ETCD_PORT/health"
+
+# --- kube-apiserver ------------------------------------------------------------------
+# --endpoint-reconciler-type=none: the `kubernetes` Service would get the
+# advertise address as its endpoint, and a loopback endpoint is invalid.
+start kube-apiserver "$APISERVER_BIN" \
+    --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
+    --tls-cert-file "$P/apiserver.crt" --tls-private-key-file "$P/apiserver.key" \
+    --client-ca-file "$P/ca.crt" \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$P/sa.pub" --service-account-signing-key-file "$P/sa.key" \
+    --service-cluster-ip-range "$SERVICE_CIDR" \
+    --authorization-mode RBAC --allow-privileged=true \
+    --endpoint-reconciler-type none --profiling=false
+wait_for 60 kube-apiserver alive kube-apiserver
+wait_for 60 kube-apiserver kc get --raw /readyz
+log "kube-apiserver ready ($(kc version -o json 2>/dev/null | sed -n 's/.*"gitVersion": "\(v[^"]*\)".*/\1/p' | tail -n 1))"
+
+# --- kube-controller-manager ------------------------------------------------------------
+# The built-in controllers (Job -> Pods, garbage collector, service accounts,
+# ...). The admin kubeconfig is enough on a local test cluster.
+start kube-controller-manager "$KCM_BIN" \
+    --kubeconfig "$KUBECONFIG_FILE" \
+    --authentication-kubeconfig "$KUBECONFIG_FILE" --authorization-kubeconfig "$KUBECONFIG_FILE" \
+    --bind-address 127.0.0.1 --secure-port "$KCM_PORT" --leader-elect=false \
+    --service-account-private-key-file "$P/sa.key" --root-ca-file "$P/ca.crt" \
+    --cluster-signing-cert-file "$P/ca.crt" --cluster-signing-key-file "$P/ca.key" \
+    --use-service-account-credentials=false --profiling=false
+
+# --- CRDs, namespaces, webhook configurations ----------------------------------------------
+# Source trees of the controllers in the module cache (read-only).
+MODS="$S/config/modules.env"
+(
+    cd "$HERE/gomod/kubeflow"
+    echo "TO_DIR=$(k8s_mod_dir github.com/kubeflow/training-operator "$TRAINING_OPERATOR_VERSION")"
+    echo "JS_DIR=$(k8s_mod_dir sigs.k8s.io/jobset "$JOBSET_VERSION")"
+    echo "TR_DIR=$(k8s_mod_dir github.com/kubeflow/trainer/v2 "$TRAINER_VERSION")"
+) >"$MODS"
+# shellcheck source=/dev/null
+. "$MODS"
+[[ -d "$TO_DIR" && -d "$JS_DIR" && -d "$TR_DIR" ]] || die "module sources missing: $(cat "$MODS")"
+
+log "installing CRDs"
+# Server-side apply: these CRDs are too large for client-side apply's
+# last-applied annotation.
+kc apply --server-side --force-conflicts \
+    -f "$TO_DIR/manifests/base/crds/kubeflow.org_pytorchjobs.yaml" \
+    -f "$JS_DIR/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml" \
+    -f "$TR_DIR/manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml" \
+    -f "$TR_DIR/manifests/base/crds/trainer.kubeflow.org_trainingruntimes.yaml" \
+    -f "$TR_DIR/manifests/base/crds/trainer.kubeflow.org_clustertrainingruntimes.yaml" >/dev/null
+# The namespaces the releases deploy into: the training operator keeps its
+# certificate Secret in its own namespace (MY_POD_NAMESPACE, default kubeflow).
+for ns in kubeflow kubeflow-system jobset-system; do
+    kc create namespace "$ns" --dry-run=client -o yaml | kc apply -f - >/dev/null
+done
+kc -n kubeflow create secret generic training-operator-webhook-cert \
+    --from-file=ca.crt="$P/ca.crt" --from-file=ca.key="$P/ca.key" \
+    --from-file=tls.crt="$P/webhook.crt" --from-file=tls.key="$P/webhook.key" >/dev/null
+
+# Webhook configurations as each release ships them (kustomize of its
+# manifests), re-pointed at 127.0.0.1. The training operator serves only
+# PyTorchJob here, so only that webhook is kept (the others would refuse
+# kinds that have no CRD anyway).
+kubectl kustomize "$TO_DIR/manifests/base/webhook" |
+    "$PY" "$HERE/webhooks.py" "$TO_WEBHOOK_PORT" "$P/ca.crt" --only pytorchjobs >"$S/config/webhooks-training-operator.json"
+kubectl kustomize "$JS_DIR/config/components/webhook" |
+    "$PY" "$HERE/webhooks.py" "$JS_WEBHOOK_PORT" "$P/ca.crt" --prefix jobset- >"$S/config/webhooks-jobset.json"
+kubectl kustomize "$TR_DIR/manifests/base/webhook" |
+    "$PY" "$HERE/webhooks.py" "$TR_WEBHOOK_PORT" "$P/ca.crt" >"$S/config/webhooks-trainer.json"
+kc wait --for condition=Established --timeout=60s \
+    crd/pytorchjobs.kubeflow.org crd/jobsets.jobset.x-k8s.io crd/trainjobs.trainer.kubeflow.org \
+    crd/trainingruntimes.trainer.kubeflow.org crd/clustertrainingruntimes.trainer.kubeflow.org >/dev/null
+
+# Registered before the controllers start: the training operator's rotator
+# looks its configuration up by name.
+kc apply -f "$S/config/webhooks-training-operator.json" -f "$S/config/webhooks-jobset.json" \
+    -f "$S/config/webhooks-trainer.json" >/dev/null
+
+# --- controllers -------------------------------------------------------------------------
+# Leader election off (one replica); metrics off ("0") so no port is taken.
+# Training operator v1.9: flags only; its cert rotator reads the Secret above,
+# writes the files to /tmp/k8s-webhook-server/serving-certs (a fixed path in
+# its source) and keeps the caBundle of validator.training-operator.kubeflow.org.
+NODES="${DDPKIT_K8S_NODES:-0}"
+to_args=()
+if ((NODES > 0)); then
+    # Worker pods get an init container that waits for the master's name with
+    # nslookup, which asks a DNS server; the node agent has none (names go to
+    # a hosts file), so locally the same loop uses getent, which reads it.
+    # Only the init container's command differs from the operator's default.
+    cat >"$S/config/pytorch-init-container.yaml" <<'EOF'
+- name: init-pytorch
+  image: {{.InitContainerImage}}
+  imagePullPolicy: IfNotPresent
+  resources:
+    limits:
+      cpu: 100m
+      memory: 20Mi
+    requests:
+      cpu: 50m
+      memory: 10Mi
+  command: ['sh', '-c', 'err=1;for i in $(seq {{.MaxTries}}); do if getent hosts {{.MasterAddr}}; then err=0 && break; fi;echo waiting for master; sleep 2; done; exit $err']
+EOF
+    to_args=(--pytorch-init-container-template-file "$S/config/pytorch-init-container.yaml")
+fi
+start training-operator env KUBECONFIG="$KUBECONFIG_FILE" MY_POD_NAMESPACE=kubeflow \
+    "$TRAINING_OPERATOR_BIN" --enable-scheme=pytorchjob \
+    --webhook-server-port "$TO_WEBHOOK_PORT" \
+    --metrics-bind-address 0 --health-probe-bind-address "127.0.0.1:$TO_HEALTH_PORT" \
+    "${to_args[@]}"
+
+cat >"$S/config/jobset.yaml" <<EOF
+apiVersion: config.jobset.x-k8s.io/v1alpha1
+kind: Configuration
+leaderElection:
+  leaderElect: false
+webhook:
+  port: $JS_WEBHOOK_PORT
+  certDir: $S/tmp/jobset/k8s-webhook-server/serving-certs
+internalCertManagement:
+  enable: false
+EOF
+start jobset-controller env KUBECONFIG="$KUBECONFIG_FILE" TMPDIR="$S/tmp/jobset" \
+    "$JOBSET_BIN" --config "$S/config/jobset.yaml" \
+    --metrics-bind-address 0 --health-probe-bind-address "127.0.0.1:$JS_HEALTH_PORT"
+
+cat >"$S/config/trainer.yaml" <<EOF
+apiVersion: config.trainer.kubeflow.org/v1alpha1
+kind: Configuration
+health:
+  healthProbeBindAddress: 127.0.0.1:$TR_HEALTH_PORT
+  readinessEndpointName: readyz
+  livenessEndpointName: healthz
+metrics:
+  bindAddress: "0"
+webhook:
+  port: $TR_WEBHOOK_PORT
+leaderElection:
+  leaderElect: false
+certManagement:
+  enable: false
+EOF
+start trainer-controller-manager env KUBECONFIG="$KUBECONFIG_FILE" TMPDIR="$S/tmp/trainer" \
+    "$TRAINER_BIN" --config "$S/config/trainer.yaml"
+
+# readyz of each controller turns true once its webhook server listens.
+wait_for 60 training-operator healthy training-operator "http://127.0.0.1:$TO_HEALTH_PORT/readyz"
+wait_for 60 jobset-controller healthy jobset-controller "http://127.0.0.1:$JS_HEALTH_PORT/readyz"
+wait_for 60 trainer-controller-manager healthy trainer-controller-manager "http://127.0.0.1:$TR_HEALTH_PORT/readyz"
+alive kube-controller-manager
+log "controllers ready"
+
+# --- runtimes ----------------------------------------------------------------------------
+# Trainer's own torch-distributed ClusterTrainingRuntime, admitted through its
+# webhook (retried: the webhook may answer a moment after readyz).
+wait_for 30 "torch-distributed ClusterTrainingRuntime" \
+    kc apply --server-side -f "$TR_DIR/manifests/base/runtimes/torch_distributed.yaml"
+
+# --- node agent (optional) ---------------------------------------------------------------
+# DDPKIT_K8S_NODES=N registers N nodes served by node_agent.py (pods run as
+# local processes); 0 (the default) leaves pods Pending, as without kubelets.
+if ((NODES > 0)); then
+    "$PY" -c "import kubernetes" 2>/dev/null || die "node agent needs the kubernetes package (make setup)"
+    # --hosts-file only when asked: it edits that file (e.g. /etc/hosts).
+    hosts_args=()
+    if [[ -n "${DDPKIT_K8S_HOSTS_FILE:-}" ]]; then
+        hosts_args=(--hosts-file "$DDPKIT_K8S_HOSTS_FILE")
+    fi
+    start node-agent "$PY" "$HERE/node_agent.py" --kubeconfig "$KUBECONFIG_FILE" \
+        --state "$S/node" --nodes "$NODES" --tls-cert "$P/webhook.crt" --tls-key "$P/webhook.key" \
+        "${hosts_args[@]}"
+    wait_for 30 "node agent" kc wait --for condition=Ready --timeout=1s node --all
+    log "$NODES node(s) Ready"
+fi
+
+log "up: export KUBECONFIG=$KUBECONFIG_FILE (logs in $S/logs)"
