@@ -20,7 +20,10 @@ ddpkit.train.contract, so no backend retypes it:
 Exit status (one, whatever torchrun's): a worker's 2 (bad input) -> 2, 3 (diverged) -> 3; a
 requeue marker of this launch -> 75; a stop signal without one -> 128 + signal, unless the
 run finished in this launch anyway (summary.json with its id) -> 0; other worker failures
--> 1; success -> 0. torch's ChildFailedError dump is replaced by one short line.
+-> 1, naming the first rank that failed of its own accord (not one torchrun stopped after
+it); success -> 0. One failure is forgiven: the kit trainer wrote this launch's summary.json
+and a worker then died by SIGABRT in interpreter teardown -> 0 with one line. torch's
+ChildFailedError dump is replaced by one short line.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import signal
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from ddpkit.train.contract import (
@@ -127,9 +131,33 @@ def precheck_train(train_argv: list[str], world_size: int, nnodes: int) -> objec
     return cfg
 
 
-def outcome(failures: dict[int, int], marker_fresh: bool) -> tuple[int, str | None]:
-    """One exit status (and at most one line to print) from the workers' exit codes."""
-    codes = list(failures.values())
+# A rank the agent stopped because another one failed dies by SIGTERM (SIGKILL after the
+# shutdown budget): it is collateral, never the cause, when another rank failed otherwise.
+COLLATERAL = (-signal.SIGTERM, -signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One worker's end as torchrun reports it: its exit code (-N: killed by signal N)
+    and when it ended (seconds since the epoch; 0 when unknown)."""
+
+    code: int
+    when: float = 0.0
+
+
+def culprit(failures: dict[int, Failure]) -> tuple[int, Failure]:
+    """The rank to blame: the first to fail for a reason of its own, not one the agent
+    stopped afterwards (torchrun SIGTERMs the rest as soon as one rank fails)."""
+    own = {r: f for r, f in failures.items() if f.code not in COLLATERAL} or failures
+    return min(own.items(), key=lambda item: (item[1].when or float("inf"), item[0]))
+
+
+def outcome(
+    failures: dict[int, Failure], marker_fresh: bool, finished: bool = False
+) -> tuple[int, str | None]:
+    """One exit status (and at most one line to print) from the workers' ends. `finished`:
+    the kit trainer's summary.json of THIS launch exists (the run completed)."""
+    codes = [f.code for f in failures.values()]
     if EXIT_BAD_INPUT in codes:
         return EXIT_BAD_INPUT, None  # the worker already printed its one line
     if EXIT_DIVERGED in codes:
@@ -138,9 +166,23 @@ def outcome(failures: dict[int, int], marker_fresh: bool) -> tuple[int, str | No
         return EXIT_REQUEUE, f"{PREFIX}: a checkpoint was saved on a stop signal; exit 75 (requeue)"
     if not codes:
         return EXIT_OK, None
-    rank, code = min(failures.items())
-    how = f"exit code {code}" if code >= 0 else f"signal {_signame(-code)}"
+    rank, failure = culprit(failures)
+    how = _how(failure.code)
+    if finished and all(c in (-signal.SIGABRT, *COLLATERAL) for c in codes):
+        # The one forgiven case: the run wrote its summary (every step, the last checkpoint
+        # and the metrics are on disk), then a worker aborted in interpreter teardown (a
+        # C++ `terminate` in a library's exit path). Reporting it would make SLURM mark a
+        # finished job FAILED and a PyTorchJob restart it. A crash before the summary, or
+        # any exit code, is still a failure.
+        return EXIT_OK, (
+            f"{PREFIX}: rank {rank} ended by {how} after the run finished (summary.json of "
+            "this launch is written); exit 0"
+        )
     return EXIT_FAILED, f"{PREFIX}: rank {rank} failed ({how}); see its output above"
+
+
+def _how(code: int) -> str:
+    return f"exit code {code}" if code >= 0 else f"signal {_signame(-code)}"
 
 
 def _signame(num: int) -> str:
@@ -215,13 +257,16 @@ def main(argv: list[str] | None = None) -> int:
 
     _quiet_torch_logs()
 
-    failures: dict[int, int] = {}
+    failures: dict[int, Failure] = {}
     stopped_by: int | None = None
     started = time.time()
     try:
         torchrun.run(args)
     except ChildFailedError as e:
-        failures = {int(rank): int(f.exitcode) for rank, f in e.failures.items()}
+        failures = {
+            int(rank): Failure(int(f.exitcode), float(getattr(f, "timestamp", 0) or 0))
+            for rank, f in e.failures.items()
+        }
     except SignalException as e:
         stopped_by = int(e.sigval)
     except Exception as e:  # rendezvous timeouts, a closed store: one line, not a dump
@@ -235,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         while not fresh and time.monotonic() < deadline:
             time.sleep(0.2)
             fresh = fresh_requeue_marker(run_dir, launch_id, started)
-    code, line = outcome(failures, fresh)
+    finished = is_default_entry(entry) and finished_in_launch(run_dir, launch_id, started)
+    code, line = outcome(failures, fresh, finished)
     if (
         stopped_by is not None
         and code == EXIT_OK
