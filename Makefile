@@ -3,7 +3,10 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 PYTHON    ?= python3
-VENV      := .venv
+# The kit's checkout, wherever make runs from: `make -f ~/ddpkit/Makefile train` in a project
+# runs the project's job (the workspace is the current directory) with the kit's venv.
+KIT       := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
+VENV      := $(KIT)/.venv
 PY        := $(VENV)/bin/python
 STAMP     := $(VENV)/.installed
 
@@ -36,10 +39,10 @@ help: ## List targets and variables
 	@echo
 	@echo "Variables: CONFIG (default ./ddpkit.toml, else the built-in job) NODES GPUS NPROC IMAGE BASE_IMAGE PARTITION NAMESPACE WAIT=1 ARGS='extra flags for the entry point' JOB"
 
-$(STAMP): pyproject.toml
+$(STAMP): $(KIT)/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '$(KIT)[dev]'
 	touch $(STAMP)
 
 setup: $(STAMP) ## Create .venv with every dependency (idempotent)
@@ -74,10 +77,10 @@ docker-run: $(STAMP) ## Run the image here: GPUS=N processes and GPUs, else one 
 	$(LAUNCH) submit docker --make $(if $(GPUS),,--set docker.gpus=all)
 
 slurm-up: $(STAMP) ## Start a real local SLURM cluster (NODES, default 2)
-	bash slurm/local/up.sh "$${NODES:-2}"
+	bash $(KIT)/slurm/local/up.sh "$${NODES:-2}"
 
 slurm-down: ## Stop the local SLURM cluster
-	bash slurm/local/down.sh
+	bash $(KIT)/slurm/local/down.sh
 
 slurm-render: $(STAMP) ## Print the sbatch script and write .ddpkit/rendered/slurm/<name>.sbatch
 	$(LAUNCH) render slurm --make --write

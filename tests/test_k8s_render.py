@@ -331,12 +331,13 @@ def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, monkeypatch,
     assert not list(tmp_path.rglob("*.yaml"))
 
 
-def test_make_k8s_render_prints_and_writes(tmp_path: Path) -> None:
+def test_make_k8s_render_prints_and_writes_into_the_workspace(tmp_path: Path) -> None:
     p = subprocess.run(
-        ["make", "-s", "k8s-render", "NODES=2"], cwd=REPO, capture_output=True, text=True
-    )
+        ["make", "-s", "-f", str(REPO / "Makefile"), "k8s-render", "NODES=2"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
     assert p.returncode == 0, p.stderr
-    written = REPO / "out" / "k8s" / "default.yaml"
+    written = tmp_path / ".ddpkit" / "rendered" / "k8s" / "default.yaml"
     assert written.read_text() == p.stdout
     job = job_of(list(yaml.safe_load_all(p.stdout)))
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1

@@ -112,7 +112,7 @@ def test_sbatch_lines_follow_the_spec() -> None:
     assert lines == slurm.sbatch_options(spec)
     for expected in ("--nodes=4", "--ntasks-per-node=1", "--gpus-per-node=8", "--cpus-per-task=32",
                      "--partition=gpu", "--account=ml", "--qos=high", "--constraint=a100|h100",
-                     "--exclusive", "--mem=0", "--time=1440", "--requeue", "--signal=USR1@120",
+                     "--exclusive", "--mem=0", "--time=1440", "--requeue", "--signal=USR1@90",
                      "--mail-type=END"):  # fmt: skip
         assert expected in lines
     cpu = spec_for("fsdp-apptainer-cpu")
@@ -161,6 +161,7 @@ def fake_bin(tmp_path: Path, name: str, rc: int = 0) -> Path:
 def run_node_script(spec: JobSpec, tmp_path: Path, node_id: str = "0") -> tuple[int, dict]:
     """Run the rendered node script with a fake `python` (the node launcher) that records."""
     bin_dir = fake_bin(tmp_path, "python")
+    spec.slurm.python = "python"  # the fake on PATH stands for the submitting interpreter
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_NODEID": node_id, "SLURM_JOB_ID": "42",
            "DDPKIT_HEAD_ADDR": "10.1.2.3", "DDPKIT_RDZV_PORT": "20042", "HOME": str(tmp_path),
            "DDPKIT_LAUNCH_ID": "ddpkit-42-0"}  # fmt: skip
@@ -313,14 +314,12 @@ def test_sbatch_line_values_must_be_plain() -> None:
             slurm.render(load_spec(None, [bad]))
 
 
-def test_render_cli_writes_file() -> None:
+def test_render_cli_writes_file_into_the_workspace(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "ddpkit.tools.launch", "render", "slurm", "--write", "--nodes", "2",
+        [sys.executable, "-m", "ddpkit", "render", "slurm", "--write", "--nodes", "2",
          "--set", "name=render-cli-test"],
-        cwd=REPO, capture_output=True, text=True, check=True,
+        cwd=tmp_path, capture_output=True, text=True, check=True,
     )  # fmt: skip
-    path = REPO / "out" / "slurm" / "render-cli-test.sbatch"
-    try:
-        assert path.read_text() == out.stdout and "out/slurm/render-cli-test.sbatch" in out.stderr
-    finally:
-        path.unlink(missing_ok=True)
+    path = tmp_path / ".ddpkit" / "rendered" / "slurm" / "render-cli-test.sbatch"
+    assert path.read_text() == out.stdout
+    assert ".ddpkit/rendered/slurm/render-cli-test.sbatch" in out.stderr

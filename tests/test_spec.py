@@ -77,7 +77,6 @@ BAD = [
     (["debug=loud"], "is not one of off, warn, info, trace"),
     (["env.1X=a"], "is not a variable name"),
     (["rdzv_port=70000"], "is not a port"),
-    (["slurm.extra_sbatch=['--a\nb']"], "one sbatch option per entry"),
     (["k8s.elastic.min=3", "k8s.elastic.max=2"], "1 <= min <= max"),
     (["noequals"], "expected key=value"),
     (
@@ -102,15 +101,11 @@ BAD = [
     (["train.shutdown_timeout_s=inf"], "train.shutdown_timeout_s = inf must be a number"),
     (["train.shutdown_timeout_s=nan"], "train.shutdown_timeout_s = nan must be a number"),
     (["train.shutdown_timeout_s=1e400"], "train.shutdown_timeout_s = inf must be a number"),
-    (["slurm.grace_s=70000"], "slurm.grace_s = 70000 must cover the shutdown budget (30 s"),
-    (["train.shutdown_timeout_s=200"], "slurm.grace_s = 120 must cover the shutdown budget (200 s"),
     (
         ["image=--privileged"],
         "image '--privileged' is not an image reference (it must not start with '-'",
     ),
     (["train.run_dir=-rf"], "train.run_dir '-rf' starts with '-'"),
-    (["slurm.log_dir=-x"], "slurm.log_dir '-x' starts with '-'"),
-    (["slurm.rdzv_port=0"], "slurm.rdzv_port 0 is not a port"),
     # the entry point
     (["module=a.b", "script=c.py"], "set one entry point, not both"),
     (["module=a-b"], "is not a Python module path"),
@@ -128,6 +123,53 @@ def test_validation_errors(sets: list[str], message: str) -> None:
     with pytest.raises(SpecError) as e:
         load_spec(None, sets)
     assert message in str(e.value)
+
+
+SLURM_BAD = [
+    (["slurm.extra_sbatch=['--a\nb']"], "one sbatch option per entry"),
+    (["slurm.grace_s=70000"], "slurm.grace_s = 70000 must cover the shutdown budget (30 s"),
+    (
+        ["train.shutdown_timeout_s=200", "slurm.grace_s=120"],
+        "slurm.grace_s = 120 must cover the shutdown budget (200 s",
+    ),
+    (["slurm.log_dir=-x"], "slurm.log_dir '-x' starts with '-'"),
+    (["slurm.rdzv_port=0"], "slurm.rdzv_port 0 is not a port"),
+]
+
+
+@pytest.mark.parametrize(("sets", "message"), SLURM_BAD)
+def test_slurm_rules_refuse_slurm_jobs_only(sets: list[str], message: str) -> None:
+    from ddpkit.tools.backends import load_backend
+
+    spec = load_spec(None, sets)  # a valid job for any backend ...
+    for name in ("k8s", "docker", "local"):
+        load_backend(name).validate(spec)
+    with pytest.raises(SpecError) as e:  # ... but not for SLURM
+        load_backend("slurm").validate(spec)
+    assert message in str(e.value)
+
+
+def test_the_slurm_grace_follows_the_shutdown_budget_unless_set() -> None:
+    from ddpkit.tools.backends import slurm
+
+    spec = load_spec(None, ["train.shutdown_timeout_s=300"])
+    assert slurm.grace_s(spec) == 300 + slurm.GRACE_MARGIN_S
+    assert "--signal=USR1@360" in slurm.sbatch_options(spec)
+    slurm.validate(spec)  # a longer save needs no second setting
+    assert slurm.grace_s(load_spec(None, ["slurm.grace_s=500"])) == 500
+
+
+def test_a_kubernetes_render_with_a_long_shutdown_is_not_refused_by_slurm(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "ddpkit", "render", "k8s", "--set",
+         "train.shutdown_timeout_s=300", "--set", "slurm.grace_s=120"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "terminationGracePeriodSeconds" in r.stdout
 
 
 def test_unknown_key_in_file_and_bad_toml(tmp_path: Path) -> None:

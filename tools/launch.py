@@ -137,9 +137,11 @@ def run(argv: list[str]) -> int:
 
     def load(sets: list[str]) -> JobSpec:
         config = first.config or default_job_file()
-        return load_spec(
+        spec = load_spec(
             config, sets, first.nodes, first.gpus, entry_args, backend.shares_filesystem
         )
+        backend.validate(spec)
+        return spec
 
     spec, members = None, []
     if first.sweeps and first.action not in ("render", "submit"):

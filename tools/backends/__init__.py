@@ -97,6 +97,10 @@ class Backend(abc.ABC):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:  # noqa: B027 (a hook)
         """Backend-only CLI flags (none by default)."""
 
+    def validate(self, spec: JobSpec) -> None:  # noqa: B027 (a hook)
+        """This backend's own rules on a loaded spec (SpecError); the launcher applies them
+        to this backend's jobs only, so one backend's rule never refuses another's job."""
+
     @abc.abstractmethod
     def render(self, spec: JobSpec) -> str:
         """What submit sends, as text. Pure: reads nothing but the spec."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddpkit.tools.backends import Backend, JobState, JobStatus, last_job, record_job
-from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.spec import ENV_NAME_RE, JobSpec, SpecError
 from ddpkit.tools.templating import render_template, shell_quote
 from ddpkit.train.contract import EXIT_REQUEUE
 
@@ -77,6 +77,49 @@ def cpus_per_task(spec: JobSpec) -> int:
     return spec.nproc_per_node * spec.cpus_per_proc
 
 
+MAX_SLURM_GRACE_S = 65535  # sbatch --signal=SIG@SECONDS takes at most 0xffff seconds
+GRACE_MARGIN_S = 60  # slurm.grace_s beyond the shutdown budget: the step's own teardown
+
+
+def grace_s(spec: JobSpec) -> int:
+    """Seconds before the time limit that SLURM sends the stop signal: slurm.grace_s, else
+    the shutdown budget + a margin, so a longer save (train.shutdown_timeout_s) never needs
+    a second setting to fit."""
+    s = spec.slurm.grace_s
+    return spec.shutdown_budget_s + GRACE_MARGIN_S if s is None else s
+
+
+def validate(spec: JobSpec) -> None:
+    """The SLURM backend's own rules (launch applies them to SLURM jobs only)."""
+    s = spec.slurm
+    if s.requeue_limit < 0:
+        raise SpecError(f"slurm.requeue_limit must be >= 0, got {s.requeue_limit}")
+    grace = grace_s(spec)
+    if not spec.shutdown_budget_s <= grace <= MAX_SLURM_GRACE_S:
+        raise SpecError(
+            f"slurm.grace_s = {grace} must cover the shutdown budget "
+            f"({spec.shutdown_budget_s} s, train.shutdown_timeout_s rounded up) and be at most "
+            f"{MAX_SLURM_GRACE_S} (sbatch --signal's limit); use e.g. "
+            f"{spec.shutdown_budget_s + GRACE_MARGIN_S}, or unset it"
+        )
+    for name in s.secret_env:
+        if not ENV_NAME_RE.match(name) or name in spec.env:
+            raise SpecError(
+                f"slurm.secret_env {name!r}: give variable names only, not in env (a value in "
+                'env is written into the script), e.g. secret_env = ["WANDB_API_KEY"]'
+            )
+    if s.rdzv_port is not None and not 1 <= s.rdzv_port <= 65535:
+        raise SpecError(f"slurm.rdzv_port {s.rdzv_port} is not a port; use 1-65535, or unset")
+    if s.log_dir is not None and (s.log_dir.startswith("-") or not s.log_dir.strip()):
+        raise SpecError(f"slurm.log_dir {s.log_dir!r} starts with '-'; use a plain path")
+    for line in s.extra_sbatch:
+        if "\n" in line or not line.startswith("--"):
+            raise SpecError(
+                f"slurm.extra_sbatch entry {line!r}: give one sbatch option per entry, "
+                'starting with --, e.g. "--mail-type=END"'
+            )
+
+
 def sbatch_params(spec: JobSpec) -> dict[str, str | int | bool]:
     """The job's sbatch options, ONE set for both routes: the rendered `#SBATCH` lines and
     submitit's parameters. Keys are sbatch's long options with '_' for '-'; True = a flag."""
@@ -101,7 +144,7 @@ def sbatch_params(spec: JobSpec) -> dict[str, str | int | bool]:
     params["open_mode"] = "append"  # a requeued job appends to its logs
     if spec.workspace:
         params["chdir"] = spec.workspace  # the job runs in the workspace, as on every backend
-    params["signal"] = f"{s.signal}@{s.grace_s}"  # no "B:": the job step's processes get it
+    params["signal"] = f"{s.signal}@{grace_s(spec)}"  # no "B:": the job step's processes get it
     params["requeue" if s.requeue_limit > 0 else "no_requeue"] = True
     params["comment"] = COMMENT
     for line in s.extra_sbatch:
@@ -381,6 +424,9 @@ class SlurmBackend(Backend):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--poll-s", type=float, default=2.0, help="seconds between polls")
         parser.add_argument("--follow", action="store_true", help="logs: keep following")
+
+    def validate(self, spec: JobSpec) -> None:
+        validate(spec)
 
     def render(self, spec: JobSpec) -> str:
         return render(spec)
