@@ -6,7 +6,6 @@ from __future__ import annotations
 import signal
 
 import pytest
-
 from ddpkit.train.contract import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_REQUEUE
 from ddpkit.train.node import Failure, culprit, outcome
 
