@@ -724,7 +724,7 @@ def load_spec(
     workspace = resolve_workspace(path, data)
     data["workspace"] = str(workspace)
     slurm = data.setdefault("slurm", {})
-    if isinstance(slurm, dict) and slurm.get("python") is None:
+    if isinstance(slurm, dict) and slurm.get("python") is None and not slurm.get("venv"):
         # The nodes' Python defaults to this one (the shared filesystem has it at this path).
         slurm["python"] = sys.executable
     if nodes is not None:

@@ -33,6 +33,9 @@ import argparse
 import enum
 import importlib
 import json
+import os
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -161,6 +164,68 @@ class Backend(abc.ABC):
                     return 0
                 return st.exit_code or 1
             time.sleep(poll_s)
+
+
+# Run by the nodes' Python: import each "module[:attribute]" given, stop at the first that
+# fails and print it as JSON. Only modules are imported, never a script (that would run it).
+_IMPORT_CHECK = """
+import importlib, json, sys
+for name in json.loads(sys.argv[1]):
+    mod, _, attr = name.partition(":")
+    try:
+        m = importlib.import_module(mod)
+        if attr:
+            getattr(m, attr)
+    except BaseException as e:
+        print(json.dumps([name, f"{type(e).__name__}: {e}".splitlines()[0]]))
+        sys.exit(1)
+"""
+
+
+def node_imports(spec: JobSpec) -> list[tuple[str, str]]:
+    """(what, module[:attribute]) the nodes must import: torch, the kit's node launcher, the
+    entry module and the [train] import paths (model, dataset, loss)."""
+    wanted = [("torch", "torch"), ("ddpkit", "ddpkit.train.node")]
+    if spec.module:
+        wanted.append(("module", spec.module))
+    for key in ("model", "dataset", "loss"):
+        value = spec.train.get(key)
+        if isinstance(value, str) and ":" in value and not value.startswith("hf:"):
+            wanted.append((f"train.{key}", value))
+    return wanted
+
+
+def check_node_env(spec: JobSpec, python: str, key: str) -> None:
+    """Before anything is queued: the nodes' Python exists, and torch, ddpkit, the entry point
+    and every import path import with it, in the workspace, with the job's environment (what
+    the nodes will have on a shared filesystem). One line each (SpecError)."""
+    exe = shutil.which(python) if "/" not in python else python
+    if not exe or not os.access(exe, os.X_OK) or os.path.isdir(exe):
+        raise SpecError(
+            f"{key} {python!r} is not an executable Python on this machine (the nodes run the "
+            f"job with it); set {key} to the interpreter that has torch and ddpkit"
+        )
+    if spec.script and not Path(spec.script).is_file():
+        raise SpecError(f"script {spec.script!r} is not a file in the workspace {Path.cwd()}")
+    wanted = node_imports(spec)
+    paths = [str(Path.cwd()), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, **spec.launch_env(), "PYTHONPATH": os.pathsep.join(paths)}
+    r = subprocess.run(
+        [exe, "-c", _IMPORT_CHECK, json.dumps([name for _, name in wanted])],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if r.returncode == 0:
+        return
+    try:
+        name, error = json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = (r.stderr.strip().splitlines() or ["?"])[-1]
+        raise SpecError(f"{key} {python} does not start: {tail}") from None
+    what = dict((n, w) for w, n in wanted)[name]
+    raise SpecError(
+        f"{what} {name!r} does not import with {exe} in {Path.cwd()} ({error}); install it "
+        f"for that Python, fix the path, or point {key} at the nodes' interpreter"
+    )
 
 
 def load_backend(name: str) -> Backend:

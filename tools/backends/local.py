@@ -18,7 +18,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddpkit.tools.backends import Backend, JobState, JobStatus, last_job, record_job
+from ddpkit.tools.backends import (
+    Backend,
+    JobState,
+    JobStatus,
+    check_node_env,
+    last_job,
+    node_imports,
+    record_job,
+)
 from ddpkit.tools.spec import JobSpec, SpecError
 from ddpkit.tools.templating import shell_join, shell_quote
 from ddpkit.train.contract import EXIT_REQUEUE
@@ -74,6 +82,8 @@ class LocalBackend(Backend):
 
     def submit(self, spec: JobSpec, opts: argparse.Namespace) -> int:
         argv = node_argv(spec)
+        if spec.script or len(node_imports(spec)) > 2:  # the user's code: check it imports
+            check_node_env(spec, sys.executable, "python")
         env = {**os.environ, **spec.launch_env()}
         log = log_path(spec)
         log.parent.mkdir(parents=True, exist_ok=True)

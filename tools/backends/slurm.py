@@ -22,7 +22,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddpkit.tools.backends import Backend, JobState, JobStatus, last_job, record_job
+from ddpkit.tools.backends import (
+    Backend,
+    JobState,
+    JobStatus,
+    check_node_env,
+    last_job,
+    record_job,
+)
 from ddpkit.tools.spec import ENV_NAME_RE, JobSpec, SpecError
 from ddpkit.tools.templating import render_template, shell_quote
 from ddpkit.train.contract import EXIT_REQUEUE
@@ -266,7 +273,9 @@ def node_python(spec: JobSpec) -> str:
     image's `python` inside a container."""
     if spec.slurm.container != "none":
         return "python"
-    return spec.slurm.python or "python"
+    if spec.slurm.python:
+        return spec.slurm.python
+    return f"{spec.slurm.venv}/bin/python" if spec.slurm.venv else "python"
 
 
 def node_script(spec: JobSpec) -> str:
@@ -442,6 +451,8 @@ class SlurmBackend(Backend):
                 "use `make slurm-render` and `sbatch out/slurm/<name>.sbatch`"
             )
         check_secrets(spec)
+        if spec.slurm.container == "none":
+            check_node_env(spec, node_python(spec), "slurm.python")
         logs.mkdir(parents=True, exist_ok=True)
         executor = submitit.SlurmExecutor(folder=str(logs))
         executor.update_parameters(**params)

@@ -1,0 +1,216 @@
+"""ddpkit as users run it: a project of their own in a temporary directory OUTSIDE the kit,
+with its own train.py, a tools/ package, a utils.py its script imports and a model package,
+driven by the installed `ddpkit` command from that directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DDPKIT = Path(sys.executable).with_name("ddpkit")  # the console script of this install
+
+TRAIN_PY = '''\
+"""The user's own plain DDP script: it knows nothing of ddpkit."""
+import argparse, json, os
+import torch, torch.distributed as dist
+from utils import seed_everything   # the project's own module, next to this script
+from tools.helpers import out_path  # the project's own tools/ package
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=5)
+args = p.parse_args()
+dist.init_process_group("gloo")
+seed_everything(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(args.steps):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+if dist.get_rank() == 0:
+    os.makedirs(os.path.dirname(out_path()), exist_ok=True)
+    json.dump({"world_size": dist.get_world_size()}, open(out_path(), "w"))
+dist.destroy_process_group()
+'''
+UTILS_PY = "import torch\n\ndef seed_everything(s):\n    torch.manual_seed(s)\n"
+HELPERS_PY = 'def out_path():\n    return "runs/user/result.json"\n'
+NET_PY = """\
+import torch
+
+def build(cfg, width=16):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(),
+                               torch.nn.Linear(width, 2))
+
+def data(cfg):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(512, 8, generator=g)
+    y = (x.sum(1) > 0).long()
+    pairs = list(zip(x, y))
+    return pairs[:448], pairs[448:]
+"""
+SCRIPT_JOB = 'name = "user"\nnproc_per_node = 2\naccelerator = "cpu"\nscript = "train.py"\nargs = ["--steps", "5"]\n'
+KIT_JOB = """\
+name = "kit"
+nproc_per_node = 2
+accelerator = "cpu"
+max_restarts = 1
+[train]
+model = "mymodels.net:build"
+dataset = "mymodels.net:data"
+parallel = "fsdp"
+sharding = "FULL_SHARD"
+batch_size = 16
+steps = 12
+ckpt_interval = 3
+log_interval = 3
+eval = false
+"""
+
+
+def make_project(root: Path) -> Path:
+    (root / "tools").mkdir(parents=True)
+    (root / "mymodels").mkdir()
+    (root / "train.py").write_text(TRAIN_PY)
+    (root / "utils.py").write_text(UTILS_PY)
+    (root / "tools" / "__init__.py").write_text("")
+    (root / "tools" / "helpers.py").write_text(HELPERS_PY)
+    (root / "mymodels" / "__init__.py").write_text("")
+    (root / "mymodels" / "net.py").write_text(NET_PY)
+    (root / "ddpkit.toml").write_text(SCRIPT_JOB)
+    (root / "kit.toml").write_text(KIT_JOB)
+    return root
+
+
+def ddpkit(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600):
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing set by hand
+    return subprocess.run(
+        [str(DDPKIT), *args], cwd=cwd, env={**base, **(env or {})},
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def kit_files_written_since(t0: float) -> list[str]:
+    skip = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", "ddpkit.egg-info"}
+    out = []
+    for p in REPO.rglob("*"):
+        if skip & set(p.relative_to(REPO).parts) or not p.is_file():
+            continue
+        if p.stat().st_mtime > t0 and p.relative_to(REPO).parts[0] in ("runs", ".ddpkit"):
+            out.append(str(p.relative_to(REPO)))
+    return out
+
+
+@pytest.mark.slow
+def test_the_users_own_train_py_runs_unchanged_from_its_project(tmp_path):
+    t0 = time.time()
+    proj = make_project(tmp_path / "proj")
+    r = ddpkit("run", cwd=proj)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads((proj / "runs/user/result.json").read_text()) == {"world_size": 2}
+    record = json.loads((proj / ".ddpkit/jobs/local/last_job.json").read_text())
+    assert Path(proj / record["run_dir"]).resolve() == (proj / "runs/user").resolve()
+    assert (proj / "runs/user/local/node-0.log").is_file()
+    st = ddpkit("status", "local", cwd=proj)  # the record is the workspace's
+    assert st.returncode == 0 and "succeeded" in st.stdout, st.stdout + st.stderr
+    assert kit_files_written_since(t0) == []
+
+
+@pytest.mark.slow
+def test_the_users_model_by_import_path_resumes_bitwise_after_a_sigkill(tmp_path):
+    proj = make_project(tmp_path / "proj")
+    ref = ddpkit("run", "--config", "kit.toml", "--set", "train.run_dir=runs/ref", cwd=proj)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    run = ddpkit(
+        "run", "--config", "kit.toml", cwd=proj, env={"DDPKIT_FAULT": "kill@8:1"}
+    )  # rank 1 SIGKILLs itself before step 8; torchrun (max_restarts 1) restarts the group
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "[fault injection] kill on rank 1 at step 8" in run.stdout + run.stderr
+    a = json.loads((proj / "runs/ref/summary.json").read_text())
+    b = json.loads((proj / "runs/kit/summary.json").read_text())
+    assert b["resumed_from"].endswith("step-6") and b["world_size"] == 2
+    assert a["param_digest"] == b["param_digest"]
+
+
+@pytest.mark.parametrize(
+    ("backend", "sets", "expect"),
+    [
+        ("local", ["train.model=mymodels.nope:build"], "train.model 'mymodels.nope:build' does not import"),
+        ("slurm", ["train.model=mymodels.nope:build"], "train.model 'mymodels.nope:build' does not import"),
+        ("slurm", ["train.dataset=mymodels.net:missing"], "train.dataset 'mymodels.net:missing' does not import"),
+        ("slurm", ["slurm.venv=no-such-venv"], "slurm.python 'no-such-venv/bin/python' is not an executable"),
+        ("local", ["script=nope.py", "train={}"], "script 'nope.py' is not a file in the workspace"),
+    ],
+)  # fmt: skip
+def test_what_would_fail_on_the_nodes_is_refused_at_submit_in_one_line(
+    tmp_path, backend, sets, expect
+):
+    proj = make_project(tmp_path / "proj")
+    config = "ddpkit.toml" if sets[0].startswith("script") else "kit.toml"
+    args = [x for s in sets for x in ("--set", s)]
+    r = ddpkit("submit", backend, "--config", config, *args, cwd=proj)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.count("\n") == 1 and expect in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (proj / "runs").exists()
+
+
+def test_init_writes_a_job_file_that_runs_the_detected_script(tmp_path):
+    proj = make_project(tmp_path / "proj")
+    (proj / "ddpkit.toml").unlink()
+    r = ddpkit("init", cwd=proj)
+    assert r.returncode == 0, r.stderr
+    text = (proj / "ddpkit.toml").read_text()
+    assert 'script = "train.py"' in text and 'name = "proj"' in text
+    spec = ddpkit("render", "local", "--print-spec", cwd=proj)
+    assert spec.returncode == 0 and f'workspace = "{proj}"' in spec.stdout, spec.stderr
+    again = ddpkit("init", cwd=proj)
+    assert again.returncode == 2 and "exists already" in again.stderr
+    assert (proj / "ddpkit.toml").read_text() == text  # nothing overwritten
+
+
+def test_the_wheel_holds_only_the_ddpkit_namespace_and_its_command_runs(tmp_path):
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "-w", str(wheels), str(REPO)],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    (wheel,) = wheels.glob("ddpkit-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"ddpkit"}
+    assert "ddpkit/slurm/sbatch.sh.j2" in names and "ddpkit/k8s/launch.sh" in names
+    assert "ddpkit/docker/Dockerfile" in names and "ddpkit/configs/default.toml" in names
+    # A fresh venv, the wheel without its dependencies beside the ones this venv has.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    here = next(p for p in sys.path if p.endswith("site-packages") and "ddpkit" not in p)
+    (site / "deps.pth").write_text(here + "\n")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), "install", "-q",
+         "--no-deps", str(wheel)],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([str(venv / "bin/ddpkit"), "--help"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0 and "init " in r.stdout and "submit " in r.stdout, r.stderr
+    proj = make_project(tmp_path / "proj")
+    r = subprocess.run(
+        [str(venv / "bin/ddpkit"), "render", "slurm", "--nodes", "2"],
+        cwd=proj, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert str(venv / "bin/python") in r.stdout and f"--chdir={proj}" in r.stdout
+    probe = "import ddpkit.train.config, sys; print(ddpkit.train.config.__file__)"
+    r = subprocess.run([str(venv / "bin/python"), "-c", probe], cwd=proj, env=env,
+                       capture_output=True, text=True)  # fmt: skip
+    assert str(site) in r.stdout, r.stdout + r.stderr
