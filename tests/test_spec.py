@@ -252,3 +252,19 @@ def test_shared_filesystem_backends_refuse_a_missing_input_path(backend: str) ->
     assert r.stderr.strip().splitlines() == [
         "error: --data-dir /data/owt-not-here does not exist; point it at your tokens data"
     ]
+
+
+@pytest.mark.parametrize(
+    ("train_args", "expect"),
+    [
+        ([], "runs/default"),
+        (["--run-dir", "runs/t2", "--steps", "30"], "runs/t2"),
+        (["--run-dir=runs/a", "--run-dir", "runs/b"], "runs/b"),  # argparse: the last wins
+        (["--name", "exp1"], "runs/exp1"),
+    ],
+)
+def test_the_run_dir_in_the_raw_flags_is_the_jobs_run_dir(train_args, expect) -> None:
+    """make train ARGS='--run-dir runs/t2': the node log, the markers and the plots follow."""
+    spec = load_spec(None, None, train_args=train_args)
+    assert spec.run_dir == expect
+    assert spec.node_argv([])[spec.node_argv([]).index("--run-dir") + 1] == expect

@@ -173,6 +173,16 @@ class JobSpec:
 
     @property
     def run_dir(self) -> str:
+        """The one run dir of this job, for the trainer and everything around it (node logs,
+        markers, plots): the last --run-dir (or --name) in the raw flags after `--`, else
+        train.run_dir, else runs/<name>."""
+        if self.default_entry:
+            given = flag_value(self.train_args, "--run-dir")
+            if given is not None:
+                return given
+            name = flag_value(self.train_args, "--name")
+            if name is not None and self.train.get("run_dir") is None:
+                return f"runs/{name}"
         return str(self.train.get("run_dir") or f"runs/{self.name}")
 
     @property
@@ -259,6 +269,18 @@ class JobSpec:
 
 
 # --- small pure helpers ------------------------------------------------------------------
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of the last `flag VALUE` or `flag=VALUE` in argv (argparse's rule: the last
+    one wins), else None."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1 :]
+    return value
 
 
 def debug_env(preset: DebugPreset) -> dict[str, str]:

@@ -12,24 +12,24 @@ import argparse
 import json
 import math
 import os
+import sys
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from ddpkit.train import registry
+from ddpkit.train import lookup
 from ddpkit.train.contract import EXIT_BAD_INPUT, EXIT_REQUEUE
-from ddpkit.train.errors import CliParser, UserError
-
-
-class ConfigError(UserError):
-    """A bad training flag, config file value or combination (one line, exit 2)."""
+from ddpkit.train.errors import CliParser, ConfigError
 
 
 @dataclass
 class TrainConfig:
     # --- what to train ---
-    name: str = "default"  # run name; the run dir defaults to runs/<name>
+    # Run name; the run dir defaults to runs/<name>. Unset: the entry point's name ("train"
+    # for python -m ddpkit.train, a fit() script's file name), so two programs never share
+    # (and resume) one run dir by default.
+    name: str = ""
     # model/dataset/loss: a built-in name, an import path pkg.module:attr or hf:PATH (the
     # contracts: train/registry.py and the README's "Your own model")
     model: str = (
@@ -381,7 +381,7 @@ def check_numbers(cfg: TrainConfig) -> None:
             raise ConfigError(
                 f"{_flag(name)} must be >= 1, got {getattr(cfg, name)}; pass a positive integer"
             )
-    for name in ("name", "run_dir", "ckpt_dir", "data_dir"):
+    for name in ("run_dir", "ckpt_dir", "data_dir"):
         v = getattr(cfg, name)
         if v is not None and not str(v).strip():
             raise ConfigError(
@@ -437,14 +437,14 @@ def validate(cfg: TrainConfig, local_paths: bool = True) -> None:
             f"--lr-scaling {cfg.lr_scaling} needs --base-batch-size (the global batch "
             "the base --lr was tuned for)"
         )
-    registry.check_names(cfg, local_paths=local_paths)
-    mkind, dkind = registry.model_kind(cfg), registry.dataset_kind(cfg)
+    lookup.check_names(cfg, local_paths=local_paths)
+    mkind, dkind = lookup.model_kind(cfg), lookup.dataset_kind(cfg)
     if mkind is not None and dkind != "any" and mkind != dkind:
         raise ConfigError(
             f"--model {cfg.model} trains on {mkind} data, --dataset {cfg.dataset} holds {dkind}; "
             f"pick a dataset of {mkind} (synthetic fits every model)"
         )
-    registry.check_model(cfg)
+    lookup.check_model(cfg)
     if local_paths and cfg.dataset in ("imagefolder", "tokens") and not Path(cfg.data_dir).exists():
         raise ConfigError(
             f"--data-dir {cfg.data_dir} does not exist; point it at your {cfg.dataset} data"
@@ -455,10 +455,21 @@ def validate(cfg: TrainConfig, local_paths: bool = True) -> None:
             "under the checkpoint dir, or auto / never"
         )
     check_outputs(cfg)
+    if not cfg.name.strip():
+        cfg.name = entry_name()
     if cfg.run_dir is None:
         cfg.run_dir = str(Path("runs") / cfg.name)
     if cfg.ckpt_dir is None:
         cfg.ckpt_dir = str(Path(cfg.run_dir) / "checkpoints")
+
+
+def entry_name(argv0: str | None = None) -> str:
+    """The run name of an unnamed run: the running program's ("train" for the kit's trainer,
+    "fit_script" for examples/fit_script.py)."""
+    path = Path(sys.argv[0] if argv0 is None else argv0)
+    if path.name == "__main__.py":  # python -m PKG: the package's name (ddpkit.train: train)
+        return path.parent.name or "train"
+    return "train" if path.stem in ("", "-c") else path.stem
 
 
 def check_paths(cfg: TrainConfig) -> None:

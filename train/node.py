@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--run-dir",
         help="where a requeue marker is looked for (DDPKIT_RUN_DIR for the workers); "
-        "default: the trainer's run dir, or runs/default for another entry point",
+        "default: the trainer's run dir, or runs/<script or module name> for another entry point",
     )
     p.add_argument(
         "--shutdown-timeout",
@@ -231,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = run_dir or cfg.run_dir
         if timeout_s is None:
             timeout_s = cfg.shutdown_timeout_s
-    run_dir = run_dir or "runs/default"
+    if not run_dir:  # another entry point, run by hand: runs/<its name>, as the trainer does
+        run_dir = f"runs/{entry[1].rsplit('.', 1)[-1] if entry[0] == '-m' else Path(entry[0]).stem}"
     if timeout_s is None:
         timeout_s = DEFAULT_SHUTDOWN_TIMEOUT_S
     args.signals_to_handle = TORCHRUN_SIGNALS
