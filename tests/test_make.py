@@ -16,7 +16,7 @@ from tests.trainrun import ROOT, clean_env
 
 def make(*args: str, cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["make", "-s", "--no-print-directory", "-o", ".venv/.installed", *args],
+        ["make", "-s", "--no-print-directory", "-o", str(ROOT / ".venv/.installed"), *args],
         cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 
@@ -71,3 +71,17 @@ def test_make_train_runs_through_the_node_launcher_named_by_the_job(tmp_path: Pa
     summary = json.loads((tmp_path / "runs" / "make-train" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 4
     assert f"outputs: {tmp_path / 'runs' / 'make-train'}" in p.stdout
+
+
+@pytest.mark.slow
+def test_a_run_dir_in_args_takes_every_output_with_it(tmp_path: Path) -> None:
+    """make train ARGS='--run-dir runs/t2 ...': the node log, the outputs line and the plots
+    follow the trainer into runs/t2 (of the workspace, the job file's directory)."""
+    cfg = tmp_path / "job.toml"
+    cfg.write_text('name = "split"\n[train]\nsteps = 4\nlog_interval = 2\nckpt_interval = 0\n')
+    p = make("train", f"CONFIG={cfg}", "NPROC=2", "ARGS=--run-dir runs/t2 --steps 3", timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    t2 = tmp_path / "runs" / "t2"
+    assert json.loads((t2 / "summary.json").read_text())["steps"] == 3
+    assert (t2 / "local" / "node-0.log").is_file() and not (tmp_path / "runs" / "split").exists()
+    assert f"outputs: {t2}" in p.stdout

@@ -60,7 +60,7 @@ def uninterrupted(slurm_cluster: int, tmp_path_factory: pytest.TempPathFactory) 
     tmp = tmp_path_factory.mktemp("slurm-e2e")
     cfg = job_file(tmp, "e2e-straight")
     out = subprocess.run(
-        ["make", "-s", "-o", ".venv/.installed", "slurm-submit", f"CONFIG={cfg}", "NODES=2",
+        ["make", "-s", "-o", str(REPO / ".venv/.installed"), "slurm-submit", f"CONFIG={cfg}", "NODES=2",
          "GPUS=2", "WAIT=1"],
         cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
@@ -129,6 +129,35 @@ def test_preempted_job_requeues_resumes_and_matches(slurm_cluster: int, tmp_path
     assert summary["param_digest"] == straight["param_digest"]
 
 
+def test_a_users_cancel_ends_the_job_without_a_requeue(slurm_cluster: int, tmp_path: Path) -> None:  # noqa: F811
+    """`ddpkit cancel slurm` (make slurm-cancel) of a running job: scancel's SIGTERM makes
+    the trainer save and exit 75, but the job stays cancelled; a second cancel says so."""
+    cfg = job_file(tmp_path, "e2e-cancel")
+    run = tmp_path / "e2e-cancel"
+    job = submit(cfg)
+    try:
+        metrics = run / "metrics.jsonl"
+        deadline = time.monotonic() + 240
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+            assert time.monotonic() < deadline, "the job never reached step 20"
+            time.sleep(0.5)
+        ddpkit = [str(REPO / ".venv/bin/ddpkit"), "cancel", "slurm", job]
+        out = subprocess.run(ddpkit, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and f"cancelled job {job}" in out.stdout, out.stdout + out.stderr
+        deadline = time.monotonic() + 120
+        while (info := scontrol(job))["JobState"] not in ("CANCELLED", "COMPLETED", "FAILED"):
+            assert time.monotonic() < deadline, info
+            assert info.get("Restarts", "0") == "0", info  # never requeued
+            time.sleep(1)
+        time.sleep(3)  # a requeue would show up as PENDING with Restarts=1 right after
+        info = scontrol(job)
+    finally:
+        subprocess.run(["scancel", job], check=False)
+    assert info["JobState"] == "CANCELLED" and info.get("Restarts", "0") == "0", info
+    again = subprocess.run(ddpkit, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "already ended (cancelled)" in again.stdout, again.stdout
+
+
 def test_plain_torchrun_script_on_two_nodes_world_size_4(
     slurm_cluster: int,  # noqa: F811
     tmp_path: Path,
@@ -136,7 +165,7 @@ def test_plain_torchrun_script_on_two_nodes_world_size_4(
     """Issue 12 part 3: the unchanged plain DDP script through `make slurm-submit NODES=2`."""
     out = tmp_path / "result.json"
     sub = subprocess.run(
-        ["make", "-s", "-o", ".venv/.installed", "slurm-submit",
+        ["make", "-s", "-o", str(REPO / ".venv/.installed"), "slurm-submit",
          "CONFIG=examples/plain_torchrun/job.toml", "NODES=2", "GPUS=2", "WAIT=1",
          f"ARGS=--out {out}"],
         cwd=REPO, capture_output=True, text=True, timeout=600, check=False,

@@ -107,7 +107,7 @@ class LocalBackend(Backend):
         if rc == 0 and getattr(opts, "plot", False) and (run_dir / "metrics.jsonl").is_file():
             plot_run(run_dir)
         if run_dir.is_dir():
-            print(f"outputs: {run_dir}/ in {Path.cwd()}", file=sys.stderr)
+            print(f"outputs: {run_dir.resolve()} (summary.json, metrics.jsonl, checkpoints/)")
         return rc
 
     def poll(self, job: str) -> JobStatus:

@@ -544,10 +544,18 @@ class SlurmBackend(Backend):
         return self.wait(job_id, opts.poll_s, on_poll=lambda _st: follower.emit())
 
     def cancel(self, job: str | None, opts: argparse.Namespace) -> int:
+        """End the job: a save on the way out is welcome, a requeue is not. The job's
+        requeue flag is cleared first, so the batch shell's teardown (which requeues on a
+        checkpoint saved at a stop signal, and scancel's SIGTERM is one) leaves it ended."""
         job_id = _check_job_id(self.job_or_last(job))
+        st = self.poll(job_id)
+        if st.state.terminal:
+            print(f"job {job_id} already ended ({st.state.value}); nothing to cancel")
+            return 0
+        _run("scontrol", "update", f"JobId={job_id}", "Requeue=0")
         rc = _run("scancel", job_id).returncode
         if rc == 0:
-            print(f"cancelled job {job_id}")
+            print(f"cancelled job {job_id} (it may save a checkpoint on the way out; no requeue)")
         return rc
 
     def list_jobs(self, opts: argparse.Namespace) -> int:
