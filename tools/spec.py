@@ -192,9 +192,11 @@ class JobSpec:
     def train_argv(self) -> list[str]:
         """`python -m ddpkit.train` flags: the [train] table, name, ckpt_dir, then train_args."""
         args = ["--name", self.name]
+        raw = self.train_args
+        epochs_only = flag_value(raw, "--epochs") is not None and flag_value(raw, "--steps") is None
         for key, value in self.train.items():
-            if key == "name":
-                continue
+            if key == "name" or (key == "steps" and epochs_only):
+                continue  # --epochs after `--` switches the file's steps off (as the trainer does)
             flag = "--" + key.replace("_", "-")
             if isinstance(value, bool):
                 args.append(flag if value else "--no-" + key.replace("_", "-"))

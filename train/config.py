@@ -67,7 +67,7 @@ class TrainConfig:
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"  # sgd uses momentum 0.9
     batch_size: int = 64  # per rank, per micro-step
     grad_accum: int = 1  # micro-steps per optimizer step
-    steps: int | None = None  # optimizer steps; wins over epochs
+    steps: int | None = None  # optimizer steps; wins over epochs (0: unset, train by epochs)
     epochs: int | None = None  # full passes over the data (used when steps is unset)
     lr: float = 1e-3  # base LR, at base_batch_size when lr_scaling is not none
     weight_decay: float = 0.0  # decoupled for adamw, L2 for adam and sgd
@@ -332,6 +332,13 @@ def parse_config(
         v = getattr(args, f.name, None)
         if v is not None:
             values[f.name] = v
+    # steps wins over epochs at the same level; a level above (the command line over the
+    # file) decides on its own: --epochs alone switches a job file's steps off, and
+    # --steps 0 means "no step count: train for the epochs".
+    if args.epochs is not None and args.steps is None:
+        values["steps"] = None
+    if values.get("steps") == 0:
+        values["steps"] = None
     cfg = TrainConfig(**values)
     validate(cfg, local_paths=local_paths)
     if installed:
