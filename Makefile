@@ -63,8 +63,8 @@ format: $(STAMP) ## Apply ruff format and safe fixes
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-train: $(STAMP) ## Train CONFIG on this machine through the node launcher (NPROC: processes; default all GPUs, or 2 on CPU)
-	@NPROC=$${NPROC:-$$($(PY) -c 'import torch; print(torch.cuda.device_count() or 2)')} \
+train: $(STAMP) ## Train CONFIG on this machine through the node launcher (NPROC or GPUS: processes; default all GPUs, or 2 on CPU)
+	@NPROC=$${NPROC:-$${GPUS:-$$($(PY) -c 'import torch; print(torch.cuda.device_count() or 2)')}} \
 	  $(DDPKIT) run --make
 
 bench: $(STAMP) ## Benchmarks: step time vs a plain loop, checkpoint save times
@@ -73,8 +73,11 @@ bench: $(STAMP) ## Benchmarks: step time vs a plain loop, checkpoint save times
 docker-build: $(STAMP) ## Build the image (IMAGE, BASE_IMAGE); docker or podman
 	$(LAUNCH) render docker --make --build $(if $(BASE_IMAGE),--base-image "$$BASE_IMAGE")
 
-docker-run: $(STAMP) ## Run the image here: GPUS=N processes and GPUs, else one per visible GPU
-	$(LAUNCH) submit docker --make $(if $(GPUS),,--set docker.gpus=all)
+docker-run: $(STAMP) ## Run the image here: GPUS=N processes and GPUs, else one per visible GPU (or per CPU without GPUs)
+	@if [ -n "$$GPUS" ]; then extra=(); \
+	elif nvidia-smi -L >/dev/null 2>&1; then extra=(--set docker.gpus=all); \
+	else echo "ddpkit: no GPU visible here; the container runs on the CPU (gloo)" >&2; extra=(--set accelerator=cpu); fi; \
+	$(LAUNCH) submit docker --make "$${extra[@]}"
 
 slurm-up: $(STAMP) ## Start a real local SLURM cluster (NODES, default 2)
 	bash $(KIT)/slurm/local/up.sh "$${NODES:-2}"

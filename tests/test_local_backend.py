@@ -235,3 +235,20 @@ def test_a_signal_in_the_last_steps_ends_in_a_finished_run_exit_0(tmp_path: Path
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["steps"], summary["signal"]) == (12, "SIGTERM")
     assert not (run / REQUEUE_MARKER).exists()
+
+
+def test_gpus_beyond_the_visible_ones_are_refused_and_none_is_said(tmp_path, monkeypatch, capsys):
+    """`--gpus 4` (make train GPUS=4) on 2 visible GPUs: one line, exit 2, nothing runs; on a
+    machine without GPUs the CPU fallback is said, not silent."""
+    from ddpkit.tools.backends import local
+    from ddpkit.tools.spec import load_spec
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"}
+    ddpkit = str(Path(PY).with_name("ddpkit"))
+    r = subprocess.run([ddpkit, "submit", "local", "--gpus", "4"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "4 processes on 2 visible GPU(s)" in r.stderr and not (tmp_path / "runs").exists()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    local.check_gpus(load_spec(None, None, gpus=3))
+    assert "no GPU visible; 3 CPU process(es) with gloo" in capsys.readouterr().err

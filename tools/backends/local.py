@@ -46,6 +46,31 @@ def node_argv(spec: JobSpec) -> list[str]:
     )
 
 
+def check_gpus(spec: JobSpec) -> None:
+    """At submit (render reads nothing of the machine): more processes than GPUs is refused;
+    no GPU at all is said in one line, since the job then runs on gloo CPU processes."""
+    gpus = visible_gpus()
+    if spec.accelerator == "gpu" and gpus and spec.nproc_per_node > gpus:
+        raise SpecError(
+            f"{spec.nproc_per_node} processes on {gpus} visible GPU(s): one process per GPU; "
+            f"pass --gpus {gpus} (or fewer)"
+        )
+    if spec.accelerator == "gpu" and not gpus:
+        print(
+            f"ddpkit: no GPU visible; {spec.nproc_per_node} CPU process(es) with gloo",
+            file=sys.stderr,
+        )
+
+
+def visible_gpus() -> int:
+    """GPUs this machine shows the job (CUDA_VISIBLE_DEVICES honoured), without importing
+    torch: the NVIDIA device nodes, or the visible list when it is set."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    return len(list(Path("/dev").glob("nvidia[0-9]*")))
+
+
 def plot_run(run_dir: Path) -> None:
     try:
         import matplotlib  # noqa: F401  (the [plot] extra)
@@ -82,6 +107,7 @@ class LocalBackend(Backend):
 
     def submit(self, spec: JobSpec, opts: argparse.Namespace) -> int:
         argv = node_argv(spec)
+        check_gpus(spec)
         if spec.script or len(node_imports(spec)) > 2:  # the user's code: check it imports
             check_node_env(spec, sys.executable, "python")
         env = {**os.environ, **spec.launch_env()}
