@@ -87,6 +87,9 @@ class TrainConfig:
     progress: Literal["auto", "bar", "plain"] = "auto"  # auto: a bar on a terminal
     log_to: str = ""  # comma list of tensorboard, wandb, mlflow (rank 0; package needed)
     eval_interval: int = 0  # steps between held-out evaluations; 0 = only at the end
+    # Batches per evaluation, each of --batch-size samples per rank (training's micro-batch,
+    # so eval fits where training does); 0 = the whole held-out split.
+    eval_steps: int = 50
     profile_steps: str | None = None  # A-B: torch.profiler trace of steps A..B in the run dir
     # --- checkpoints and fault tolerance ---
     ckpt_dir: str | None = None  # default <run_dir>/checkpoints
@@ -533,6 +536,8 @@ def check_outputs(cfg: TrainConfig) -> None:
             f"--log-to {cfg.log_to}: unknown {', '.join(unknown)}; pick from "
             f"{', '.join(LOG_BACKENDS)} (comma-separated)"
         )
+    if cfg.eval_steps < 0:
+        raise ConfigError(f"--eval-steps must be >= 0 (0 = the whole split), got {cfg.eval_steps}")
     if cfg.eval_interval < 0:
         raise ConfigError(
             f"--eval-interval must be >= 0 steps (0 = at the end), got {cfg.eval_interval}"

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from ddpkit.train import registry
+from ddpkit.train import lookup, registry
 from ddpkit.train.checkpoint import (
     Checkpointer,
     ModelState,
@@ -68,8 +68,8 @@ class Trainer:
         self.cfg, self.world = cfg, world
         self.t_start = time.perf_counter()
         self.run_dir = Path(cfg.run_dir)
-        self.spec = registry.model_spec(cfg)
-        self.loss_fn = registry.loss_fn(cfg, self.spec)
+        self.spec = lookup.model_spec(cfg)
+        self.loss_fn = lookup.loss_fn(cfg, self.spec)
         self.data = self._load_data()
         # Same seed on every rank: identical initial weights without a broadcast.
         torch.manual_seed(cfg.seed)
@@ -174,7 +174,7 @@ class Trainer:
         return data
 
     def _build_data(self, rank0_download: bool) -> DataBundle:
-        spec = registry.dataset_spec(self.cfg)
+        spec = lookup.dataset_spec(self.cfg)
         return spec.build(self.cfg, rank0_download, self.spec.data_kind)
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
@@ -530,12 +530,18 @@ class Trainer:
             return {}
         self.model.eval()
         n = len(val) // self.world.size  # same count on every rank: FSDP needs lockstep
-        idx = list(range(self.world.rank * n, (self.world.rank + 1) * n))
+        # Training's micro-batch, for at most --eval-steps batches: the logits of one eval
+        # batch are what training already holds, so eval fits wherever training fits.
+        micro = self.cfg.batch_size
+        if self.cfg.eval_steps:
+            n = min(n, micro * self.cfg.eval_steps)
+        start = self.world.rank * (len(val) // self.world.size)
+        idx = list(range(start, start + n))
         stats = torch.zeros(3, device=self.world.device)
         # Accuracy means something only for a cross-entropy over classes or tokens.
         classes = self.loss_fn is registry.LOSSES["cross_entropy"]
-        for lo in range(0, n, 256):
-            batch = [val[i] for i in idx[lo : lo + 256]]
+        for lo in range(0, n, micro):
+            batch = [val[i] for i in idx[lo : lo + micro]]
             x = torch.stack([b[0] for b in batch]).to(self.world.device)
             y = torch.stack([torch.as_tensor(b[1]) for b in batch]).to(self.world.device)
             with self._autocast():
