@@ -33,15 +33,11 @@ def _spec(*sets: str, gpus: int | None = None, train_args: list[str] | None = No
     return load_spec(REPO_ROOT / "configs/default.toml", list(sets), None, gpus, train_args)
 
 
-def _launch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ddpkit.tools.launch", *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
+# A fake engine that appends its argv, as one JSON line, to <itself>.log.
+RECORDING_ENGINE = (
+    "#!/usr/bin/env python3\nimport json, sys\n"
+    "print(json.dumps(sys.argv[1:]), file=open(sys.argv[0] + '.log', 'a'))\n"
+)
 
 
 # --- lint -------------------------------------------------------------------------------
@@ -133,53 +129,35 @@ def test_podman_gets_the_nvidia_cdi_devices(sets, gpus, devices):
     assert got == [f"nvidia.com/gpu={d}" for d in devices]
 
 
-def test_make_docker_run_without_gpus_gives_all_and_with_gpus_the_count(tmp_path):
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "docker").write_text(
-        "#!/usr/bin/env python3\nimport json, sys\n"
-        "print(json.dumps(sys.argv[1:]), file=open(sys.argv[0] + '.log', 'a'))\n"
-    )
-    (fake / "docker").chmod(0o755)
-    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+def test_make_docker_run_without_gpus_gives_all_and_with_gpus_the_count(fake_bin):
+    fake_bin.add("docker", RECORDING_ENGINE)
     for extra in ([], ["GPUS=2"]):
         r = subprocess.run(["make", "-s", "docker-run", *extra, "ARGS=--steps 1"],
-                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
         assert r.returncode == 0, r.stderr
-    runs = [json.loads(line) for line in (fake / "docker.log").read_text().splitlines()]
+    runs = [json.loads(line) for line in (fake_bin.path / "docker.log").read_text().splitlines()]
     runs = [a for a in runs if a[0] == "run"]
     assert [a[a.index("--gpus") + 1] for a in runs] == ["all", "2"]
     assert not [a for a in runs[0] if a.startswith("PET_NPROC_PER_NODE")]
     assert "PET_NPROC_PER_NODE=2" in runs[1]
 
 
-def test_logs_follow_and_list_ask_the_engine(tmp_path):
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "docker").write_text(
-        "#!/usr/bin/env python3\nimport json, sys\n"
-        "print(json.dumps(sys.argv[1:]), file=open(sys.argv[0] + '.log', 'a'))\n"
-    )
-    (fake / "docker").chmod(0o755)
-    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
-    r = _launch("logs", "docker", "job1", "--follow", env=env)
+def test_logs_follow_and_list_ask_the_engine(fake_bin, launcher):
+    fake_bin.add("docker", RECORDING_ENGINE)
+    r = launcher("logs", "docker", "job1", "--follow")
     assert r.returncode == 0, r.stderr
-    calls = [json.loads(line) for line in (fake / "docker.log").read_text().splitlines()]
+    calls = [json.loads(line) for line in (fake_bin.path / "docker.log").read_text().splitlines()]
     assert calls[-1] == ["logs", "--follow", "job1"]
     argv = docker.run_argv(_spec("name=job1"))
     assert argv[argv.index("--label") + 1] == "app.kubernetes.io/instance=job1"
 
 
-def test_poll_running_then_the_recorded_exit_status(tmp_path, monkeypatch):
+def test_poll_running_then_the_recorded_exit_status(tmp_path, monkeypatch, fake_bin):
     from ddpkit.tools.backends import JobState, record_job
 
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "docker").write_text(
-        '#!/usr/bin/env bash\n[[ $1 == ps ]] && printf "%s" "${FAKE_PS:-}"\nexit 0\n'
+    fake_bin.add(
+        "docker", '#!/usr/bin/env bash\n[[ $1 == ps ]] && printf "%s" "${FAKE_PS:-}"\nexit 0\n'
     )
-    (fake / "docker").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
     monkeypatch.chdir(tmp_path)  # the workspace: .ddpkit/jobs/
     record_job("docker", "j1", engine="docker", image="x", run_dir="runs/j1")
     monkeypatch.setenv("FAKE_PS", "running\tUp 3 seconds")
@@ -191,20 +169,12 @@ def test_poll_running_then_the_recorded_exit_status(tmp_path, monkeypatch):
     assert (st.state, st.exit_code) == (JobState.FAILED, 75)
 
 
-def test_a_sweep_runs_n_named_containers_one_after_the_other(tmp_path):
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "docker").write_text(
-        "#!/usr/bin/env python3\nimport json, sys\n"
-        "print(json.dumps(sys.argv[1:]), file=open(sys.argv[0] + '.log', 'a'))\n"
-        "sys.exit(3 if 'sw-1' in sys.argv else 0)\n"
-    )
-    (fake / "docker").chmod(0o755)
-    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+def test_a_sweep_runs_n_named_containers_one_after_the_other(fake_bin, launcher):
+    fake_bin.add("docker", RECORDING_ENGINE + "sys.exit(3 if 'sw-1' in sys.argv else 0)\n")
     args = ["--sweep", "train.steps=5,7", "--set", "name=sw", "--set", "accelerator=cpu"]
-    r = _launch("submit", "docker", *args, env=env)
+    r = launcher("submit", "docker", *args)
     assert r.returncode == 3, r.stderr  # a member's failure is the sweep's status
-    runs = [json.loads(x) for x in (fake / "docker.log").read_text().splitlines()]
+    runs = [json.loads(x) for x in (fake_bin.path / "docker.log").read_text().splitlines()]
     runs = [a for a in runs if a[0] == "run"]
     assert [a[a.index("--name") + 1] for a in runs] == ["sw-0", "sw-1"]
     assert [a[a.index("--steps") + 1] for a in runs] == ["5", "7"]
@@ -217,21 +187,17 @@ def test_render_cpu_run_has_no_gpu_flag_and_mounts_data_read_only(tmp_path):
     assert f"{tmp_path}:/workspace/data/mnist:ro" in argv
 
 
-def test_rendered_text_is_the_argv_and_quotes_hostile_values(tmp_path):
+def test_rendered_text_is_the_argv_and_quotes_hostile_values(tmp_path, fake_bin):
     marker = tmp_path / "pwned"
     spec = _spec(f"env.X=$(touch {marker}); echo 'it''s' `id`", "accelerator=cpu")
     text = docker.render(spec)
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "docker").write_text(
-        "#!/usr/bin/env python3\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n"
+    fake_bin.add(
+        "docker", "#!/usr/bin/env python3\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n"
     )
-    (fake / "docker").chmod(0o755)
     script = tmp_path / "run.sh"
     script.write_text(text)
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
-    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert ["docker", *json.loads(r.stdout)] == docker.run_argv(spec)
     assert not marker.exists()
@@ -249,11 +215,10 @@ def test_rendered_text_is_the_argv_and_quotes_hostile_values(tmp_path):
         (["--set", "image=-v/:/host"], "is not an image reference"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(args, expect):
-    r = _launch("render", "docker", "--config", "configs/default.toml", *args)
-    assert r.returncode == 2
+def test_bad_input_is_one_line_and_exit_2(args, expect, launcher, one_line_error):
+    r = launcher("render", "docker", "--config", "configs/default.toml", *args)
+    assert expect in one_line_error(r), r.stderr
     assert r.stdout == ""
-    assert r.stderr.count("\n") == 1 and expect in r.stderr, r.stderr
 
 
 def test_build_argv_bakes_the_builders_ids_but_never_root():
@@ -391,11 +356,11 @@ TEST_IMAGE = "localhost/ddpkit:test"
 
 
 @pytest.fixture(scope="module")
-def image() -> str:
+def image(launcher) -> str:
     t0 = time.monotonic()
     base, how = harness.ensure_base_image(log=lambda m: print(m, file=sys.stderr))
     t1 = time.monotonic()
-    r = _launch(
+    r = launcher(
         *("render", "docker", "--config", "configs/default.toml", "--set"),
         f"image={TEST_IMAGE}",
         *("--build", "--base-image", base),

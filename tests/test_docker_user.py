@@ -99,14 +99,11 @@ def test_hadolint_passes_on_the_generated_containerfile(tmp_path):
         (["image=me/p:1", "docker.user_dir=mypkg", "docker.kit_image=-x"], "not an image"),
     ],
 )
-def test_bad_user_layer_is_one_line_before_anything_runs(sets, expect):
+def test_bad_user_layer_is_one_line_before_anything_runs(sets, expect, launcher, one_line_error):
     args = [a for s in sets for a in ("--set", s)]
-    r = subprocess.run(
-        [sys.executable, "-m", "ddpkit.tools.launch", "render", "docker", *args, "--build"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert r.returncode == 2 and r.stdout == "", r.stderr
-    assert r.stderr.count("\n") == 1 and expect in r.stderr, r.stderr
+    r = launcher("render", "docker", *args, "--build", timeout=120)
+    assert expect in one_line_error(r), r.stderr
+    assert r.stdout == ""
 
 
 # --- built and run with podman --------------------------------------------------------------

@@ -1,15 +1,16 @@
 """The trainer and the tools import downward only: no module of ddpkit.train or ddpkit.tools
 reaches itself again through its imports.
 
-Every `import ddpkit.…` and `from ddpkit.… import …` counts, at module level and inside
-functions alike (a late import hides a circle from the interpreter, not from the reader).
-Only `if TYPE_CHECKING:` blocks are left out: they never run, they name types.
+Every `import ddpkit.…` and `from ddpkit.… import …` counts: at module level, inside
+functions and under `if TYPE_CHECKING:` alike. A late import hides a circle from the
+interpreter, not from the reader; a type named from a higher module is a tie to it too.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -32,27 +33,16 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imported(module: str, path: Path, known: dict[str, Path]) -> dict[str, int]:
-    """The ddpkit modules that `module` imports (anywhere but TYPE_CHECKING), with a line."""
+    """The ddpkit modules that `module` imports, each with the line of its first import."""
     is_package = path.name == "__init__.py"
     out: dict[str, int] = {}
 
     def add(name: str, line: int) -> None:
         if name in known and name != module:
-            out.setdefault(name, line)
+            out[name] = min(line, out.get(name, line))
 
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child)
-            return
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 add(alias.name, node.lineno)
@@ -62,13 +52,9 @@ def _imported(module: str, path: Path, known: dict[str, Path]) -> dict[str, int]
                 anchor = module.split(".")
                 anchor = anchor[: len(anchor) - node.level + (1 if is_package else 0)]
                 base = ".".join([*anchor, *([base] if base else [])])
-            for alias in node.names:
+            for alias in node.names:  # `from pkg import mod` ties to mod, else to pkg
                 sub = f"{base}.{alias.name}"
                 add(sub if sub in known else base, node.lineno)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(ast.parse(path.read_text(), filename=str(path)))
     return out
 
 
@@ -140,16 +126,17 @@ def _shortest_loop(graph: dict[str, dict[str, int]], group: list[str], start: st
 
 
 def _same_loop(a: list[str], b: list[str]) -> bool:
-    if len(a) != len(b):
-        return False
+    """The same ring of modules, entered at another member."""
     ring = a[:-1]
-    i = ring.index(b[0]) if b[0] in ring else -1
-    return i >= 0 and ring[i:] + ring[:i] == b[:-1]
+    if len(a) != len(b) or b[0] not in ring:
+        return False
+    i = ring.index(b[0])
+    return ring[i:] + ring[:i] == b[:-1]
 
 
 def describe(loop: list[str], graph: dict[str, dict[str, int]], known: dict[str, Path]) -> str:
     """`a -> b -> a` and, for each arrow, the file and line of the import that draws it."""
-    ties = ", ".join(f"{known[a].name}:{graph[a][b]}" for a, b in zip(loop, loop[1:]))
+    ties = ", ".join(f"{Path(*known[a].parts[-2:])}:{graph[a][b]}" for a, b in pairwise(loop))
     return "  " + " -> ".join(m.removeprefix("ddpkit.") for m in loop) + f"  ({ties})"
 
 
@@ -161,9 +148,36 @@ def test_the_walk_sees_the_trainer_and_the_tools():
     assert "ddpkit.train.models" in graph["ddpkit.tools.memory_model"]  # inside a function
 
 
+def test_the_walk_reads_every_kind_of_import(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    mod = pkg / "mod.py"
+    mod.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "import ddpkit.train.a\n"
+        "from ddpkit.train import b, helper\n"
+        "from . import c\n"
+        "if TYPE_CHECKING:\n"
+        "    from ddpkit.train.d import T\n"
+        "def f():\n"
+        "    from ddpkit.train.e import g\n"
+    )
+    known = {f"ddpkit.train.{m}": mod for m in ("a", "b", "c", "d", "e", "mod")}
+    known["ddpkit.train"] = pkg / "__init__.py"
+    got = _imported("ddpkit.train.mod", mod, known)
+    assert got == {
+        "ddpkit.train.a": 2,
+        "ddpkit.train.b": 3,
+        "ddpkit.train": 3,  # `helper` is no module: the package itself
+        "ddpkit.train.c": 4,
+        "ddpkit.train.d": 6,
+        "ddpkit.train.e": 8,
+    }
+
+
 def test_the_walk_finds_every_circle():
     graph = {"a": {"b": 1}, "b": {"c": 2, "a": 5}, "c": {"a": 3, "d": 4}, "d": {}}
-    assert circles(graph) == [[["a", "b", "a"], ["b", "c", "a", "b"]]]
+    assert circles(graph) == [[["a", "b", "a"], ["c", "a", "b", "c"]]]
     assert circles({"a": {"b": 1}, "b": {}}) == []
 
 
@@ -171,5 +185,6 @@ def test_the_walk_finds_every_circle():
 def test_no_import_circle(package):
     graph, known = import_graph()
     found = [g for g in circles(graph) if f"{g[0][0]}.".startswith(f"{package}.")]
-    text = "\n\n".join("\n".join(describe(loop, graph, known) for loop in g) for g in found)
-    assert not found, f"import circles in {package} (a -> b: a imports b):\n{text}"
+    if found:
+        text = "\n\n".join("\n".join(describe(loop, graph, known) for loop in g) for g in found)
+        pytest.fail(f"import circles in {package} (a -> b: a imports b):\n{text}", pytrace=False)

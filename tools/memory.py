@@ -27,7 +27,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ddpkit.train.errors import CliParser, UserError, run_cli
+from ddpkit.tools.memory_model import PlanError, describe_model
+from ddpkit.train.errors import CliParser, run_cli
 
 GB = 1e9  # the article quotes decimal GB (7e9 * 16 B = 112 GB)
 STRATEGIES = ("DDP", "NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")
@@ -42,10 +43,6 @@ ZERO_STAGE = {
 # with momentum keeps one buffer (ddpkit's sgd uses momentum 0.9).
 OPTIM_BYTES = {"adamw": 8, "adam": 8, "sgd": 4}
 HALF_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-
-
-class PlanError(UserError):
-    """Bad input: the message names the problem and the fix."""
 
 
 @dataclass
@@ -339,8 +336,6 @@ def _main(argv: list[str] | None) -> int:
     if args.params is not None:
         kwargs["num_params"] = parse_count(args.params)
     else:
-        from ddpkit.tools.memory_model import describe_model
-
         desc = describe_model(args)
         dtype = args.dtype or desc.dtype
         optimizer = args.optimizer or desc.optimizer

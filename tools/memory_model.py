@@ -1,4 +1,6 @@
-"""The model side of the memory planner: a train/ model built on the meta device.
+"""The model side of the memory planner: a train/ model built on the meta device, and the
+planner's error type (PlanError: bad input, one line, exit 2), which ddpkit.tools.memory
+raises too.
 
 Nothing is allocated: parameter shapes give the exact FSDP2 shard sizes, the model's
 `blocks()` give the FSDP units (the largest one bounds the in-flight all-gathers), and one
@@ -15,7 +17,12 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddpkit.tools.memory import PlanError
+from ddpkit.train.errors import UserError
+
+
+class PlanError(UserError):
+    """Bad input: the message names the problem and the fix."""
+
 
 # Input shape and classes per dataset, as train/data.py builds them.
 DATASET_SHAPES: dict[str, tuple[tuple[int, ...], int | None]] = {
@@ -69,11 +76,11 @@ def load_cfg(args: argparse.Namespace) -> Any:
         cfg = TrainConfig(**values)
     except TypeError as e:
         raise PlanError(f"bad model settings: {e}") from None
-    from ddpkit.train import registry
+    from ddpkit.train import lookup
 
     try:
-        registry.check_model(cfg)  # the model's own rules (gpt: heads divide the width)
-    except registry.UserError as e:
+        lookup.check_model(cfg)  # the model's own rules (gpt: heads divide the width)
+    except UserError as e:
         raise PlanError(str(e)) from None
     for key in ("batch_size", "seq_len", "vocab_size", "n_layer", "n_head", "d_model"):
         if getattr(cfg, key) < 1:
@@ -88,11 +95,11 @@ def load_cfg(args: argparse.Namespace) -> Any:
 
 def _kind(cfg: Any) -> str:
     """The model's data kind from the registry (the planner builds models through it too)."""
-    from ddpkit.train import registry
+    from ddpkit.train import lookup
 
     try:
-        return registry.model_spec(cfg).data_kind
-    except registry.UserError as e:
+        return lookup.model_spec(cfg).data_kind
+    except UserError as e:
         raise PlanError(str(e)) from None
 
 
@@ -205,7 +212,7 @@ def describe_model(args: argparse.Namespace) -> ModelDesc:
     cfg = load_cfg(args)
     model = build_meta(cfg)
     shapes = [tuple(p.shape) for p in model.parameters()]
-    from ddpkit.train.registry import find_blocks
+    from ddpkit.train.lookup import find_blocks
 
     in_blocks = {id(p) for b in find_blocks(model) for p in b.parameters()}
     units = [sum(p.numel() for p in b.parameters()) for b in find_blocks(model)]

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ddpkit.train import builtins, user  # noqa: F401  (fill the registry before anything reads it)
 from ddpkit.train.config import TrainConfig
 from ddpkit.train.errors import UserError
 

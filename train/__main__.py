@@ -31,7 +31,7 @@ def main(
         return 0
     try:  # imports the user's model/dataset/loss: a bad path exits 2 before any process group
         from ddpkit.train.config import check_paths
-        from ddpkit.train.registry import precheck
+        from ddpkit.train.lookup import precheck
 
         precheck(cfg)
         check_paths(cfg)

@@ -1,17 +1,23 @@
-"""The built-in models, datasets and loss, registered like a user's would be (torch-free:
-config validation reads the names without importing torch; builders import it when called)."""
+"""The built-in models, datasets and loss, registered like a user's would be, and the "hf"
+source (hf:PATH). Torch-free: config validation reads the names without importing torch;
+builders import it when called. The package imports this module (ddpkit/train/__init__.py),
+so the registry is full before any ddpkit.train module reads it."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
+from ddpkit.train.errors import ConfigError
 from ddpkit.train.registry import (
+    HF_PREFIX,
     DatasetSpec,
     ModelSpec,
+    Source,
     register_dataset,
     register_loss,
     register_model,
+    register_source,
 )
 
 
@@ -49,8 +55,6 @@ register_model(ModelSpec("resnet18", _resnet18))
 
 
 def _gpt_check(cfg: Any) -> None:
-    from ddpkit.train.config import ConfigError
-
     if cfg.d_model % cfg.n_head:
         raise ConfigError(
             f"--d-model {cfg.d_model} is not divisible by --n-head {cfg.n_head}; "
@@ -100,3 +104,22 @@ def cross_entropy(output: Any, target: Any) -> Any:
 
 
 register_loss("cross_entropy", cross_entropy)
+
+
+# hf:PATH: a local Hugging Face model directory or data files. ddpkit.train.hf is imported
+# only when such a name is used (it sets the HF offline variables when imported).
+
+
+def _hf_model(cfg: Any) -> ModelSpec:
+    from ddpkit.train import hf
+
+    return hf.model_spec(cfg.model[len(HF_PREFIX) :])
+
+
+def _hf_dataset(cfg: Any) -> DatasetSpec:
+    from ddpkit.train import hf
+
+    return hf.dataset_spec(cfg.dataset[len(HF_PREFIX) :])
+
+
+register_source("hf", Source(_hf_model, _hf_dataset))

@@ -26,10 +26,9 @@ from ddpkit.train.errors import CliParser, ConfigError
 @dataclass
 class TrainConfig:
     # --- what to train ---
-    # Run name; the run dir defaults to runs/<name>. Unset: the entry point's name ("train"
-    # for python -m ddpkit.train, a fit() script's file name), so two programs never share
-    # (and resume) one run dir by default.
-    name: str = ""
+    # Unset, the entry point's name ("train" for python -m ddpkit.train, a fit() script's
+    # file name): two programs never share (and resume) one run dir by default.
+    name: str = ""  # run name; the run dir defaults to runs/<name>
     # model/dataset/loss: a built-in name, an import path pkg.module:attr or hf:PATH (the
     # contracts: train/registry.py and the README's "Your own model")
     model: str = (

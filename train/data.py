@@ -382,7 +382,7 @@ def _image_loader(path: str):
 
 
 def build_data(cfg: TrainConfig, rank0_download: bool = True) -> DataBundle:
-    from ddpkit.train import registry
+    from ddpkit.train import lookup as registry
 
     kind = registry.model_spec(cfg).data_kind
     return registry.dataset_spec(cfg).build(cfg, rank0_download, kind)

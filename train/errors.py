@@ -1,8 +1,10 @@
 """One error type for the user's mistakes and one CLI wrapper for every entry point.
 
-`UserError` carries a message that names the problem and the fix. `run_cli(main)` runs a
-tool's main function and turns a UserError into one line on stderr and exit status 2, and a
-closed stdout (`tool ... | head`) into a quiet exit instead of a BrokenPipeError traceback.
+`UserError` carries a message that names the problem and the fix; `ConfigError` is the
+trainer's kind (a flag, a config value, a model/dataset/loss name), here at the bottom so that
+the registry's lookups and the config both raise it. `run_cli(main)` runs a tool's main
+function and turns a UserError into one line on stderr and exit status 2, and a closed stdout
+(`tool ... | head`) into a quiet exit instead of a BrokenPipeError traceback.
 Torch-free: tools import it for a fast --help.
 """
 
@@ -18,6 +20,10 @@ from ddpkit.train.contract import EXIT_BAD_INPUT, EXIT_FAILED
 
 class UserError(ValueError):
     """Bad user input: the message names the problem and the fix."""
+
+
+class ConfigError(UserError):
+    """A bad training flag, config file value or combination (one line, exit 2)."""
 
 
 class CliParser(argparse.ArgumentParser):

@@ -27,7 +27,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-from ddpkit.train.registry import HF_PREFIX, DatasetSpec, ModelSpec, RegistryError  # noqa: E402
+from ddpkit.train.errors import ConfigError  # noqa: E402
+from ddpkit.train.registry import HF_PREFIX, DatasetSpec, ModelSpec  # noqa: E402
 
 WEIGHT_FILES = (
     "model.safetensors",
@@ -44,7 +45,7 @@ def has_weights(d: Path) -> bool:
 
 def load_config(d: Path, flag: str = "--model") -> Any:
     if not (d / "config.json").is_file():
-        raise RegistryError(
+        raise ConfigError(
             f"{flag} hf:{d}: no config.json in {d}; save one with "
             "AutoConfig/LlamaConfig(...).save_pretrained(DIR) (weights optional)"
         )
@@ -53,7 +54,7 @@ def load_config(d: Path, flag: str = "--model") -> Any:
     try:
         return AutoConfig.from_pretrained(str(d))
     except (OSError, ValueError, KeyError) as e:
-        raise RegistryError(f"{flag} hf:{d}: unreadable config.json ({e})") from None
+        raise ConfigError(f"{flag} hf:{d}: unreadable config.json ({e})") from None
 
 
 def _wrapper_class() -> type:
@@ -86,7 +87,7 @@ def build(d: Path, cfg: Any) -> Any:
         else:  # fresh init from the caller's seed (same on every rank)
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     except (ValueError, KeyError, OSError) as e:
-        raise RegistryError(
+        raise ConfigError(
             f"--model hf:{d}: not loadable as a causal LM ({type(e).__name__}: {e})"
         ) from None
     return _wrapper_class()(model)
@@ -95,12 +96,12 @@ def build(d: Path, cfg: Any) -> Any:
 def check_fits(d: Path, config: Any, cfg: Any) -> None:
     n_pos = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 0)
     if n_pos and cfg.seq_len > n_pos:
-        raise RegistryError(
+        raise ConfigError(
             f"--seq-len {cfg.seq_len} exceeds hf:{d}'s max_position_embeddings {n_pos}; "
             f"pass --seq-len {n_pos} or less"
         )
     if cfg.dataset == "synthetic" and cfg.vocab_size > config.vocab_size:
-        raise RegistryError(
+        raise ConfigError(
             f"--vocab-size {cfg.vocab_size} exceeds hf:{d}'s vocabulary ({config.vocab_size}); "
             f"pass --vocab-size {config.vocab_size} or less for the synthetic tokens"
         )
@@ -129,7 +130,7 @@ def data_files(path: Path) -> tuple[str, list[str]]:
     kinds = {DATA_BUILDERS[p.suffix] for p in files}
     if len(kinds) != 1:
         found = "no .txt/.jsonl/.json/.parquet files" if not kinds else f"mixed {sorted(kinds)}"
-        raise RegistryError(
+        raise ConfigError(
             f"--dataset hf:{path}: {found}; point it at one file or a directory of one kind"
         )
     return kinds.pop(), [str(p) for p in files]
@@ -140,7 +141,7 @@ def tokenizer_dir(cfg: Any) -> Path:
     if tok is None and cfg.model.startswith(HF_PREFIX):
         tok = cfg.model[len(HF_PREFIX) :]
     if tok is None:
-        raise RegistryError(
+        raise ConfigError(
             f"--dataset {cfg.dataset}: no tokenizer; set dataset_args tokenizer = DIR "
             "(a directory saved by a tokenizer's save_pretrained), or use an hf: model"
         )
@@ -158,12 +159,12 @@ def load_tokens(cfg: Any, path: Path) -> tuple[Any, int]:
     try:
         tok = AutoTokenizer.from_pretrained(str(tok_dir))
     except (OSError, ValueError) as e:
-        raise RegistryError(f"--dataset {cfg.dataset}: no tokenizer in {tok_dir} ({e})") from None
+        raise ConfigError(f"--dataset {cfg.dataset}: no tokenizer in {tok_dir} ({e})") from None
     column = cfg.dataset_args.get("text_column", "text")
     datasets.disable_progress_bars()
     ds = datasets.load_dataset(builder, data_files=files, split="train")
     if column not in ds.column_names:
-        raise RegistryError(
+        raise ConfigError(
             f"--dataset {cfg.dataset}: no {column!r} column (found {ds.column_names}); set "
             "dataset_args text_column"
         )
@@ -181,19 +182,19 @@ def build_dataset(cfg: Any, path: Path) -> Any:
     if cfg.model.startswith(HF_PREFIX):
         model_vocab = load_config(Path(cfg.model[len(HF_PREFIX) :])).vocab_size
         if vocab > model_vocab:
-            raise RegistryError(
+            raise ConfigError(
                 f"--dataset {cfg.dataset}: the tokenizer has {vocab} ids, the model's vocabulary "
                 f"{model_vocab}; use the model's own tokenizer"
             )
     elif vocab > cfg.vocab_size:  # e.g. the built-in gpt: its embedding has --vocab-size rows
-        raise RegistryError(
+        raise ConfigError(
             f"--dataset {cfg.dataset}: the tokenizer has {vocab} ids, more than --vocab-size "
             f"{cfg.vocab_size}; pass --vocab-size {vocab} or more"
         )
     frac = float(cfg.dataset_args.get("val_fraction", 0.05))
     split = len(toks) - int(len(toks) * frac)
     if split < cfg.seq_len + 1:
-        raise RegistryError(
+        raise ConfigError(
             f"--dataset {cfg.dataset}: {split} training tokens, fewer than one sequence "
             f"(--seq-len {cfg.seq_len} + 1); add text or lower --seq-len"
         )
@@ -229,7 +230,7 @@ def export(model_state: dict[str, Any], model_dir: Path, out: Path) -> dict[str,
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     missing = [k for k in missing if k not in tied]
     if missing or unexpected:
-        raise RegistryError(
+        raise ConfigError(
             f"export: the checkpoint does not fit {model_dir}'s config (missing "
             f"{missing[:3]}, unexpected {unexpected[:3]}); pass the model dir it was trained with"
         )

@@ -78,7 +78,7 @@ def apply_ddp(model: nn.Module, world: World) -> nn.Module:
 
 def parallelize(model: nn.Module, cfg: TrainConfig, world: World) -> tuple[nn.Module, nn.Module]:
     """Returns (the module to train, the unwrapped model whose parameter names are canonical)."""
-    from ddpkit.train.registry import find_blocks
+    from ddpkit.train.lookup import find_blocks
 
     blocks = find_blocks(model)
     if cfg.activation_checkpointing:
@@ -88,9 +88,25 @@ def parallelize(model: nn.Module, cfg: TrainConfig, world: World) -> tuple[nn.Mo
         apply_compile(blocks)
     model.to(world.device)
     if cfg.parallel == "ddp":
-        return apply_ddp(model, world), model
+        return apply_ddp(model, world), model  # DDP broadcasts rank 0's replica itself
+    broadcast_replica(model, world)
     apply_fsdp(model, blocks, cfg, build_mesh(cfg, world))
     return model, model
+
+
+def broadcast_replica(model: nn.Module, world: World) -> None:
+    """Rank 0's parameters and buffers to every rank before sharding, as DDP does: a user
+    model initialised differently per rank (numpy-seeded, say) would otherwise train as
+    replicas that drift apart (NO_SHARD, HYBRID_SHARD's replicas) or as shards of different
+    models. One broadcast of the model at start-up."""
+    if world.size == 1:
+        return
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            if t.device.type != "meta":
+                dist.broadcast(t.data, src=0)
 
 
 def set_grad_sync(model: nn.Module, enabled: bool) -> None:
