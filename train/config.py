@@ -86,9 +86,9 @@ class TrainConfig:
     progress: Literal["auto", "bar", "plain"] = "auto"  # auto: a bar on a terminal
     log_to: str = ""  # comma list of tensorboard, wandb, mlflow (rank 0; package needed)
     eval_interval: int = 0  # steps between held-out evaluations; 0 = only at the end
-    # Batches per evaluation, each of --batch-size samples per rank (training's micro-batch,
-    # so eval fits where training does); 0 = the whole held-out split.
-    eval_steps: int = 50
+    # Each eval batch is training's micro-batch (--batch-size per rank), so eval fits where
+    # training does.
+    eval_steps: int = 50  # batches per evaluation; 0 = the whole held-out split
     profile_steps: str | None = None  # A-B: torch.profiler trace of steps A..B in the run dir
     # --- checkpoints and fault tolerance ---
     ckpt_dir: str | None = None  # default <run_dir>/checkpoints
