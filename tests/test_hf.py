@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.hf_fixtures import make_all
+from tests.hf_fixtures import make_all, make_model_dir
 from tests.trainrun import PY, ROOT, clean_env, full_params, last_checkpoint, train
 
 pytestmark = pytest.mark.slow
@@ -205,3 +205,23 @@ def test_bad_hf_paths_exit_2_with_one_line(tiny, tmp_path):
         timeout=60,
     )
     assert p.returncode == 2 and "no such directory" in p.stderr
+
+
+def test_the_vocabulary_comes_from_the_models_config_json(tmp_path):
+    """A 256-token HF model trains on synthetic tokens without --vocab-size (the default
+    512 used to refuse it); an explicit --vocab-size still wins, and a wrong type in
+    config.json is one line."""
+    from ddpkit.train.config import ConfigError, parse_config
+
+    model = tmp_path / "m"
+    make_model_dir(model, 256)
+    cfg, _ = parse_config(["--model", f"hf:{model}"], installed=False)
+    assert cfg.vocab_size == 256
+    cfg, _ = parse_config(["--model", f"hf:{model}", "--vocab-size", "100"], installed=False)
+    assert cfg.vocab_size == 100
+    cfg, _ = parse_config(["--model", "gpt"], installed=False)
+    assert cfg.vocab_size == 512
+    bad = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**bad, "vocab_size": "256"}))
+    with pytest.raises(ConfigError, match="config.json's vocab_size is '256'"):
+        parse_config(["--model", f"hf:{model}"], installed=False)

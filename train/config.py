@@ -50,7 +50,8 @@ class TrainConfig:
     synthetic_classes: int = 10  # classes of the synthetic classification set
     # gpt shape (ignored by other models)
     seq_len: int = 128  # gpt: tokens per sample (context length)
-    vocab_size: int = 512  # gpt: token ids are < vocab_size
+    # Unset: an hf:DIR model's own vocabulary (its config.json), else DEFAULT_VOCAB.
+    vocab_size: int | None = None  # gpt and synthetic tokens: token ids are < vocab_size
     n_layer: int = 4  # gpt: transformer blocks
     n_head: int = 4  # gpt: attention heads (must divide d_model)
     d_model: int = 128  # gpt: hidden width
@@ -110,6 +111,10 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+
+    def __post_init__(self) -> None:
+        if self.vocab_size is None:  # resolved once, however the config was made
+            self.vocab_size = model_vocab(self.model) or DEFAULT_VOCAB
 
 
 # --log-to name -> the package it needs: checked on the node before the run writes anything
@@ -366,6 +371,27 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
 }
 _POSITIVE_SHAPE = ("synthetic_samples", "synthetic_classes", "seq_len", "vocab_size", "n_layer")
 _POSITIVE_SHAPE += ("n_head", "d_model")
+
+
+DEFAULT_VOCAB = 512
+
+
+def model_vocab(model: str) -> int | None:
+    """The vocabulary of an hf:DIR model, read from its config.json (no transformers import);
+    None for other models or when the file is not there (the model's own check says so)."""
+    if not model.startswith("hf:"):
+        return None
+    path = Path(model[3:]) / "config.json"
+    try:
+        value = json.loads(path.read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(
+            f"--model {model}: config.json's vocab_size is {value!r}, not a positive integer; "
+            "fix the model's config.json"
+        )
+    return value
 
 
 def check_numbers(cfg: TrainConfig) -> None:
