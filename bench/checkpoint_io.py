@@ -6,14 +6,17 @@ Two parts, both on 2 gloo ranks:
    kit's DCP manager) directly on a model with AdamW state, and per repetition, in a rotated
    order, measures:
    - sync:    Checkpointer.save(force_sync) wall time on rank 0 (rank 0 finishes last: it
-              writes DCP's .metadata and the .complete marker);
+              writes DCP's .metadata and the .complete marker), CRC-32s taken while writing;
+   - dcp:     plain dcp.save with torch's FileSystemWriter of the same state (no checksums,
+              no marker, no pruning): what the kit's manager and its checksums add;
    - async:   the seconds Checkpointer.save returns (the loop is blocked: state-dict build,
               copy to staging memory), then training steps continue until every rank's write
               is done (ranks agree per step with a MIN all_reduce, as training would need),
               and the time until the last rank's write finished (a done-callback);
    - raw x1:  rank 0 writes the same number of bytes to one file, 8 MiB chunks, fsync;
    - raw x2:  both ranks write half of it each at once (DCP writes from every rank).
-   DCP's FileSystemWriter fsyncs each file too, so all four reach the disk.
+   DCP's FileSystemWriter fsyncs each file too, so all of them reach the disk. Per
+   repetition, sync MB/s over each of the others' MB/s (paired: the same minute of the disk).
 2. Time to first step of `python -m ddpkit.train` started fresh vs resumed from a checkpoint of
    the same model (bench.kit_timed launches, alternated F R F R ...).
 """
@@ -101,7 +104,7 @@ def worker(args: argparse.Namespace) -> int:
     info = {"model": args.model, "world_size": world.size}
     states = {"model": ModelState(raw), "optim": OptimizerState(raw, opt)}
     breakdown = blocked_breakdown(states)
-    order = ["sync", "async", "raw1", "raw2"]
+    order = ["sync", "dcp", "async", "raw1", "raw2"]
     res: dict[str, list[Any]] = {k: [] for k in order}
     nbytes = 0
     for rep in range(args.reps + 1):  # rep 0 warms up (first-save allocations), not reported
@@ -113,6 +116,8 @@ def worker(args: argparse.Namespace) -> int:
                 if rank == 0:
                     nbytes = dir_bytes(root / "sync" / f"step-{rep}")
                 rec: dict[str, Any] = {"save_s": t}
+            elif kind == "dcp":
+                rec = {"save_s": plain_dcp_save(root / "dcp", states)}
             elif kind == "async":
                 rec = async_save(ck["async"], rep, states, info, step)
             else:
@@ -129,7 +134,7 @@ def worker(args: argparse.Namespace) -> int:
             if rep > 0:
                 res[kind].append(rec)
     ck["async"].close()  # waits for the last save and frees the stager's buffers
-    checksum = checksum_cost(root / "sync" / f"step-{args.reps}") if rank == 0 else None
+    readback = checksum_cost(root / "sync" / f"step-{args.reps}") if rank == 0 else None
     if rank == 0:
         write_json(
             Path(args.out),
@@ -141,12 +146,30 @@ def worker(args: argparse.Namespace) -> int:
                 "checkpoint_bytes": nbytes,
                 "base_step_s": statistics.median(base_steps) if base_steps else None,
                 "blocked_breakdown_s": breakdown,
-                "checksum": checksum,
+                # a CRC-32 pass over the checkpoint read back from disk: what every save
+                # cost on rank 0 before the checksums were taken while writing, and what
+                # `ddpkit.tools.ckpt inspect` still does
+                "readback_checksum": readback,
                 "results": res,
             },
         )
     distributed.shutdown()
     return 0
+
+
+def plain_dcp_save(path: Path, states) -> float:
+    """Seconds for dcp.save of the same parts with torch's own writer (the files go after)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    t0 = time.perf_counter()
+    state = {name: sd for name, part in states.items() if (sd := part.state_dict())}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(path))
+    took = time.perf_counter() - t0
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(path)
+    return took
 
 
 def async_save(ck, rep, states, info, step) -> dict[str, Any]:
@@ -190,9 +213,10 @@ def _drop_cache(path: Path) -> bool:
 
 
 def checksum_cost(step_dir: Path, reps: int = 3) -> dict[str, Any]:
-    """What the checksums cost: CRC-32 of every file of a checkpoint (what rank 0 does after
-    a save, and the resume does before a load) against a plain read of the same bytes, with
-    the files in the page cache (right after a save) and dropped from it (a resume)."""
+    """What a read-back checksum pass costs: CRC-32 of every file of a checkpoint (what rank
+    0 did after every save and before every load before the checksums were taken while
+    writing; tools/ckpt.py inspect still does it) against a plain read of the same bytes,
+    with the files in the page cache and dropped from it."""
     from ddpkit.train.ckpt_files import checksum_files
 
     files = [p for p in sorted(step_dir.iterdir()) if p.is_file()]
@@ -279,17 +303,19 @@ def run_saves(model: str, reps: int, batch_size: int, work: Path, log) -> dict[s
     rec["launch_wall_s"] = wall
     rec["summary"] = summarize_saves(rec)
     s = rec["summary"]
-    c = rec.get("checksum") or {}
+    c = rec.get("readback_checksum") or {}
     if c:
         log(
-            f"  {model}: crc32 of the checkpoint {c['crc32_warm_s']:.3f} s vs plain read "
-            f"{c['read_warm_s']:.3f} s in cache (x{c['crc32_over_read_warm']:.2f}), "
-            f"{c['crc32_cold_s'] or 0:.3f} s vs {c['read_cold_s'] or 0:.3f} s from disk"
+            f"  {model}: a read-back crc32 pass (no longer part of a save) would take "
+            f"{c['crc32_warm_s']:.3f} s in cache, {c['crc32_cold_s'] or 0:.3f} s from disk"
         )
     log(
-        f"  {model}: {s['checkpoint_mb']:.0f} MB; sync {s['sync_s']['median']:.2f} s, async "
-        f"blocked {s['async']['blocked_s']['median']:.3f} s (complete "
-        f"{s['async']['complete_s']['median']:.2f} s), raw {s['raw1']['s']['median']:.2f} s"
+        f"  {model}: {s['checkpoint_mb']:.0f} MB; sync {s['sync_s']['median']:.2f} s (plain "
+        f"dcp {s['dcp']['s']['median']:.2f} s), async blocked "
+        f"{s['async']['blocked_s']['median']:.3f} s (complete "
+        f"{s['async']['complete_s']['median']:.2f} s), raw {s['raw1']['s']['median']:.2f} s; "
+        f"sync / raw x1 {s['raw1']['sync_over']['median']:.2f}, / raw x2 "
+        f"{s['raw2']['sync_over']['median']:.2f} (MB/s, paired)"
     )
     return rec
 
@@ -319,10 +345,13 @@ def summarize_saves(rec: dict[str, Any]) -> dict[str, Any]:
             "steps_during": spread([x["steps_during"] for x in xs]),
             "step_s_during": spread([x["step_s_during"] for x in xs if x["step_s_during"]]),
         }
-    for kind in ("raw1", "raw2"):
+    for kind in ("dcp", "raw1", "raw2"):
+        ts = [x["save_s"] for x in r.get(kind, [])]
         out[kind] = {
-            "s": spread([x["save_s"] for x in r[kind]]),
-            "mb_s": spread([mb / x["save_s"] for x in r[kind]]),
+            "s": spread(ts),
+            "mb_s": spread([mb / t for t in ts]),
+            # sync MB/s over this one's, paired within a repetition
+            "sync_over": spread([t / s for t, s in zip(ts, sync, strict=False)]),
         }
     return out
 
@@ -331,45 +360,38 @@ def save_rows(rec: dict[str, Any]) -> list[list[str]]:
     from bench.common import fmt_spread
 
     s = rec["summary"]
-    rows = [["sync (kit)", fmt_spread(s["sync_s"], 1, 3), fmt_spread(s["sync_mb_s"], 1, 0), "-"]]
-    for kind, label in (("async", "async (kit)"),):
-        a = s[kind]
-        rows.append(
-            [
-                f"{label}: complete",
-                fmt_spread(a["complete_s"], 1, 3),
-                fmt_spread(a["mb_s"], 1, 0),
-                "-",
-            ]
-        )
-        rows.append(
-            [
-                f"{label}: loop blocked",
-                fmt_spread(a["blocked_s"], 1, 3),
-                "-",
-                fmt_spread(a["blocked_over_sync"], 1, 2),
-            ]
-        )
-    rows.append(
+    rows = [
         [
-            "raw write+fsync, 1 writer",
-            fmt_spread(s["raw1"]["s"], 1, 3),
-            fmt_spread(s["raw1"]["mb_s"], 1, 0),
+            "sync (kit, crc32 while writing)",
+            fmt_spread(s["sync_s"], 1, 3),
+            fmt_spread(s["sync_mb_s"], 1, 0),
             "-",
+            "1",
         ]
+    ]
+    a = s["async"]
+    rows.append(
+        ["async (kit): complete", fmt_spread(a["complete_s"], 1, 3), fmt_spread(a["mb_s"], 1, 0)]
+        + ["-", "-"]
     )
     rows.append(
-        [
-            "raw write+fsync, 2 writers",
-            fmt_spread(s["raw2"]["s"], 1, 3),
-            fmt_spread(s["raw2"]["mb_s"], 1, 0),
-            "-",
-        ]
+        ["async (kit): loop blocked", fmt_spread(a["blocked_s"], 1, 3), "-"]
+        + [fmt_spread(a["blocked_over_sync"], 1, 2), "-"]
     )
+    for kind, label in (
+        ("dcp", "plain dcp.save, no checksums"),
+        ("raw1", "raw write+fsync, 1 writer"),
+        ("raw2", "raw write+fsync, 2 writers"),
+    ):
+        k = s[kind]
+        rows.append(
+            [label, fmt_spread(k["s"], 1, 3), fmt_spread(k["mb_s"], 1, 0), "-"]
+            + [fmt_spread(k["sync_over"], 1, 2)]
+        )
     return rows
 
 
-SAVE_HEADER = ["checkpoint save", "seconds", "MB/s", "blocked / sync"]
+SAVE_HEADER = ["checkpoint save", "seconds", "MB/s", "blocked / sync", "sync MB/s / this"]
 
 
 def resume_command(

@@ -111,15 +111,38 @@ def test_when_no_checkpoint_loads_the_run_stops_with_one_line(base, tmp_path):
     ]
 
 
-def test_two_ranks_agree_on_a_load_that_fails_on_one_shard(tmp_path):
-    rd = tmp_path / "run"
+@pytest.fixture(scope="module")
+def base2(tmp_path_factory) -> Path:
+    """A finished 2-rank run with complete checkpoints at steps 3 and 6."""
+    rd = tmp_path_factory.mktemp("base2") / "run"
     train(rd, *ARGS, "--steps", "6", nproc=2)
+    return rd
+
+
+def test_two_ranks_agree_on_a_load_that_fails_on_one_shard(base2, tmp_path):
+    rd = tmp_path / "run"
+    shutil.copytree(base2, rd)
     newest = rd / "checkpoints" / "step-6"
     _legacy(newest)  # no checksums: only the load on the ranks can fail
     shard = newest / "__1_0.distcp"
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     run = train(rd, *ARGS, "--steps", "7", nproc=2)
     assert f"warning: skipping checkpoint {newest}: load failed (rank " in run.out
+    assert run.summary["resumed_from"].endswith("step-3")
+    assert "Traceback" not in run.out
+
+
+def test_two_ranks_a_damaged_shard_of_rank_1_is_caught_by_its_checksum(base2, tmp_path):
+    """Rank 1 verifies the shard it wrote while loading it; rank 0 refuses the load too."""
+    rd = tmp_path / "run"
+    shutil.copytree(base2, rd)
+    newest = rd / "checkpoints" / "step-6"
+    _xor(newest / "__1_0.distcp", 4096, 64)
+    run = train(rd, *ARGS, "--steps", "7", nproc=2)
+    [warn] = [x for x in run.out.splitlines() if x.startswith("warning: skipping checkpoint")]
+    assert warn.startswith(
+        f"warning: skipping checkpoint {newest}: __1_0.distcp fails its checksum"
+    )
     assert run.summary["resumed_from"].endswith("step-3")
     assert "Traceback" not in run.out
 

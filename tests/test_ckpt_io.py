@@ -1,0 +1,176 @@
+"""Checksums taken while writing and verified while reading (ddpkit.train.ckpt_io): the sums
+equal a read-back's, each rank verifies only its share, and damage is caught wherever it is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+from ddpkit.train.ckpt_files import checksum_files, owner, share, verify_files
+
+
+def _xor(path: Path, offset: int, n: int) -> None:
+    b = bytearray(path.read_bytes())
+    b[offset : offset + n] = bytes(x ^ 0xFF for x in b[offset : offset + n])
+    path.write_bytes(bytes(b))
+
+
+@pytest.mark.parametrize(
+    ("name", "world", "rank"),
+    [
+        ("__0_0.distcp", 1, 0),
+        ("__3_0.distcp", 4, 3),  # same world: the rank that wrote it
+        ("__3_1.distcp", 4, 3),
+        ("__5_0.distcp", 4, 1),  # the world shrank: round-robin
+        ("__1023_0.distcp", 1024, 1023),
+        (".metadata", 8, 0),
+        ("notes.txt", 8, 0),
+    ],
+)
+def test_each_file_has_one_owner(name, world, rank):
+    assert owner(name, world) == rank
+
+
+def test_each_rank_verifies_about_one_world_th_of_the_files():
+    files = {f"__{r}_0.distcp": {"bytes": 1, "crc32": "0"} for r in range(64)}
+    marker = {"files": {**files, ".metadata": {"bytes": 1, "crc32": "0"}}}
+    shares = [share(marker, r, 8) for r in range(8)]
+    assert sorted(n for s in shares for n in s) == sorted(marker["files"])  # each once
+    assert [len(s) for s in shares] == [9] + [8] * 7  # rank 0 also has .metadata
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _state() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {f"w{i}": torch.randn(64 + i, 128, generator=g) for i in range(6)}
+
+
+def test_sums_taken_while_writing_equal_a_read_back(one_rank, tmp_path, monkeypatch):
+    from ddpkit.train import ckpt_io
+    from ddpkit.train.ckpt_io import HashingWriter
+
+    monkeypatch.setattr(ckpt_io, "WRITEBACK_AHEAD", 1 << 14)  # fdatasyncs during the write
+    for threads in (1, 2):  # two writer threads: two files
+        path = tmp_path / f"t{threads}"
+        writer = HashingWriter(path, thread_count=threads)
+        dcp.save({"m": _state(), "n": 3}, storage_writer=writer)
+        assert writer.file_sums == checksum_files(path)
+        assert len(writer.file_sums) == threads + 1  # + .metadata
+
+
+def _load(path: Path, marker: dict, keys: dict) -> None:
+    from ddpkit.train.ckpt_io import VerifyingReader
+
+    dcp.load(keys, storage_reader=VerifyingReader(path, share(marker, 0, 1)))
+
+
+@pytest.fixture
+def saved(one_rank, tmp_path) -> tuple[Path, dict]:
+    from ddpkit.train.ckpt_io import HashingWriter
+
+    path = tmp_path / "ck"
+    writer = HashingWriter(path, thread_count=2)
+    dcp.save({"m": _state()}, storage_writer=writer)
+    return path, {"files": writer.file_sums}
+
+
+def test_a_clean_checkpoint_loads_and_verifies(saved):
+    path, marker = saved
+    got = {"m": {k: torch.zeros_like(v) for k, v in _state().items()}}
+    _load(path, marker, got)
+    assert all(torch.equal(got["m"][k], v) for k, v in _state().items())
+    assert verify_files(path, marker) is None
+
+
+@pytest.mark.parametrize("offset", [0, 100, -5000, -30])  # zip header, data, zip directory
+def test_damage_anywhere_in_a_read_file_is_a_checksum_error(saved, offset):
+    from ddpkit.train.ckpt_io import ChecksumError
+
+    path, marker = saved
+    f = path / "__0_0.distcp"
+    _xor(f, offset % f.stat().st_size, 16)
+    with pytest.raises(BaseException) as e:  # DCP gathers it into a CheckpointException
+        _load(path, marker, {"m": {k: torch.zeros_like(v) for k, v in _state().items()}})
+    [(exc, _)] = e.value.failures.values()
+    assert isinstance(exc, ChecksumError) and "__0_0.distcp fails its checksum" in str(exc)
+
+
+def test_a_file_of_the_share_that_nothing_is_read_from_is_still_verified(saved):
+    path, marker = saved
+    meta = dcp.FileSystemReader(str(path)).read_metadata()
+    where = {k.fqn: v.relative_path for k, v in meta.storage_data.items()}
+    other = where["m.w0"]
+    unread = next(f for f in marker["files"] if f not in (other, ".metadata"))
+    _xor(path / unread, 200, 8)
+    with pytest.raises(BaseException) as e:  # loads one tensor, from the other file
+        _load(path, marker, {"m": {"w0": torch.zeros(64, 128)}})
+    assert f"{unread} fails its checksum" in str(e.value)
+
+
+# --- two ranks -------------------------------------------------------------------------------
+
+
+def _two_ranks(rank: int, root: str, damage: str | None) -> None:
+    from ddpkit.train.checkpoint import Checkpointer, UnusableCheckpoint, Values
+    from ddpkit.train.ckpt_io import _VerifyingStream
+
+    root_p = Path(root)
+    dist.init_process_group("gloo", init_method=f"file://{root_p / 'pg'}", rank=rank, world_size=2)
+    hashed: list[str] = []
+    finish = _VerifyingStream.finish
+
+    def counting_finish(self):
+        hashed.append(self.name)
+        finish(self)
+
+    _VerifyingStream.finish = counting_finish  # type: ignore[method-assign]
+    try:
+        ck = Checkpointer(str(root_p / "ck"), 2, False, lambda m: None)
+        mine = {"x": torch.full((4096,), float(rank))}  # each rank writes its own file
+        ck.save(1, {f"r{rank}": Values(lambda: mine, mine.update)}, {"step": 1})
+        dist.barrier()
+        step = root_p / "ck" / "step-1"
+        out = {"marker_ok": None, "problem": None}
+        if rank == 0:
+            files = json.loads((step / ".complete").read_text())["files"]
+            out["marker_ok"] = files == checksum_files(step)
+            if damage:
+                _xor(step / damage, 300, 8)
+        dist.barrier()
+        got = {"x": torch.zeros(4096)}
+        try:
+            ck.load(step, {f"r{rank}": Values(lambda: got, got.update)})
+        except UnusableCheckpoint as e:
+            out["problem"] = str(e)
+        out["hashed"] = hashed
+        out["loaded"] = got["x"][0].item()
+        (root_p / f"rank{rank}.json").write_text(json.dumps(out))
+        ck.close()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", [None, "__1_0.distcp"])
+def test_two_ranks_verify_their_own_files_and_agree(tmp_path, damage):
+    mp.spawn(_two_ranks, args=(str(tmp_path), damage), nprocs=2)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["marker_ok"]
+    assert (r0["hashed"], r1["hashed"]) == (["__0_0.distcp"], ["__1_0.distcp"])
+    if damage is None:
+        assert (r0["problem"], r1["problem"]) == (None, None)
+        assert (r0["loaded"], r1["loaded"]) == (0.0, 1.0)
+    else:  # rank 1 found it; rank 0, whose file was fine, refuses the load too
+        assert r0["problem"] == r1["problem"]
+        assert r0["problem"].startswith("__1_0.distcp fails its checksum (crc32 ")
