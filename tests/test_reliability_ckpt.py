@@ -235,3 +235,35 @@ def test_a_checkpoint_from_before_the_named_parts_resumes_where_it_stopped(base,
     assert "has no train.first_loss" in run.out and "sampler" not in run.out.split("warning")[1]
     uninterrupted = json.loads((base / "summary.json").read_text())
     assert run.summary["param_digest"] == uninterrupted["param_digest"]
+
+
+@pytest.mark.parametrize("marker", ["[1, 2]", '"done"'])
+def test_a_marker_of_the_wrong_shape_is_an_incomplete_checkpoint(base, tmp_path, marker):
+    """Valid JSON that is not an object: the step dir is incomplete, resume falls back."""
+    rd = tmp_path / "run"
+    shutil.copytree(base, rd)
+    (rd / "checkpoints/step-6/.complete").write_text(marker)
+    r = train(rd, *ARGS, "--steps", "8")
+    assert r.summary["resumed_from"].endswith("step-3"), r.out
+
+
+def test_export_refuses_a_checkpoint_that_fails_its_checksums(base, tmp_path):
+    """Every reader verifies the same way: export of flipped bytes is one line and exit 2,
+    with nothing written; inspect reports the same problem; the intact one exports."""
+    import subprocess
+    import sys
+
+    step = tmp_path / "step-6"
+    shutil.copytree(base / "checkpoints/step-6", step)
+    _xor(_shard(step), 4096, 64)
+    out = tmp_path / "model.pt"
+    cmd = [sys.executable, "-m", "ddpkit", "ckpt"]
+    r = subprocess.run([*cmd, "export", str(step), str(out)], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "fails its checksums" in r.stderr and not out.exists()
+    assert not list(tmp_path.glob("model.pt*"))
+    r = subprocess.run([*cmd, "inspect", str(step)], capture_output=True, text=True)
+    assert "fails its checksum" in r.stdout, r.stdout + r.stderr
+    ok = subprocess.run([*cmd, "export", str(base / "checkpoints/step-3"), str(out)],
+                        capture_output=True, text=True)  # fmt: skip
+    assert ok.returncode == 0 and out.is_file(), ok.stderr

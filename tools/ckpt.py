@@ -46,7 +46,10 @@ def _checkpoint_dir(path: str) -> Path:
     if (p / ".metadata").is_file():
         return p
     steps = _step_dirs(p) or _step_dirs(p / "checkpoints")
-    complete = [q for _, q in steps if (q / MARKER).is_file() and (q / ".metadata").is_file()]
+    # The trainer's own definition of complete (a marker that parses, and .metadata).
+    from ddpkit.train.checkpoint import read_marker
+
+    complete = [q for _, q in steps if read_marker(q) is not None and (q / ".metadata").is_file()]
     if complete:
         return complete[-1]
     if steps:
@@ -108,9 +111,25 @@ def inspect(path: Path) -> dict[str, Any]:
     }
 
 
+def verified(path: Path) -> None:
+    """Refuse a checkpoint whose files fail their recorded checksums, the check a resume
+    makes (ddpkit.train.checkpoint.verify): every reader of a checkpoint trusts it alike."""
+    from ddpkit.train.checkpoint import read_marker, verify
+
+    if read_marker(path) is None or "files" not in (read_marker(path) or {}):
+        return  # a checkpoint from before the checksums (or a bare DCP dir): nothing to check
+    problem = verify(path)
+    if problem is not None:
+        raise UserError(
+            f"{path}: fails its checksums ({problem}); export an older step-N dir (a resume "
+            "would skip this one too)"
+        )
+
+
 def load_full_model(path: Path, part: str = "model") -> dict[str, Any]:
     """Full tensors of one part ("model", "optim", "train") of a DCP checkpoint, in one
-    process (no process group)."""
+    process (no process group), after its checksums verify."""
+    verified(path)
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict

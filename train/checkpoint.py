@@ -66,10 +66,13 @@ _STEP_DIR = re.compile(rf"^{CKPT_STEP_PREFIX}(\d+)$")
 
 
 def read_marker(path: Path) -> dict[str, Any] | None:
+    """The step dir's marker, or None when it is missing, not JSON, or JSON of another shape
+    (a list, a string): such a step dir is incomplete, and resume falls back past it."""
     try:
-        return json.loads((path / MARKER).read_text())
+        body = json.loads((path / MARKER).read_text())
     except (OSError, ValueError):
         return None
+    return body if isinstance(body, dict) else None
 
 
 def list_checkpoints(ckpt_dir: Path) -> tuple[list[Path], list[Path]]:
