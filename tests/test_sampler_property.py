@@ -1,10 +1,13 @@
-"""Property test of the resumable sampler across a world-size change (issue 11, item 5).
+"""Property tests of the resumable sampler and its stateless permutation.
 
-Random (dataset size, per-rank batch, world size before/after, resume point): the ranks'
-batches come from the real data iterator (`iterate_batches`), the state goes through
-state_dict/load_state_dict as in a checkpoint. Nothing is seen twice in an epoch, ranks'
-batches are disjoint, only less than one global batch per epoch is dropped, and the
-iterator never stalls (an alarm turns a spin into a failure instead of a hung suite).
+The permutation (train/permutation.py): for every n, seed and epoch it is a bijection on
+[0, n); an epoch's shards over the ranks are disjoint and, with the dropped tail, complete.
+
+Across a world-size change: random (dataset size, per-rank batch, world size before/after,
+resume point); the ranks' batches come from the real data iterator (`iterate_batches`), the
+state goes through state_dict/load_state_dict as in a checkpoint. Nothing is seen twice in an
+epoch, ranks' batches are disjoint, only less than one global batch per epoch is dropped, and
+the iterator never stalls (an alarm turns a spin into a failure instead of a hung suite).
 """
 
 from __future__ import annotations
@@ -12,11 +15,47 @@ from __future__ import annotations
 import signal
 from collections import defaultdict
 
+import numpy as np
 import torch
 from ddpkit.train.data import GlobalBatchSampler, iterate_batches
+from ddpkit.train.permutation import epoch_key, permute
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import TensorDataset
+
+SEEDS = st.integers(-(2**40), 2**40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 4096), seed=SEEDS, epoch=st.integers(0, 10**6))
+def test_the_permutation_is_a_bijection_for_every_n(n, seed, epoch):
+    out = permute(np.arange(n), n, epoch_key(seed, epoch))
+    assert out.dtype == np.int64
+    assert np.array_equal(np.sort(out), np.arange(n))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 3000),
+    batch=st.integers(1, 64),
+    world=st.integers(1, 16),
+    seed=SEEDS,
+    epoch=st.integers(0, 1000),
+)
+def test_an_epochs_shards_are_disjoint_and_complete(n, batch, world, seed, epoch):
+    gb = batch * world
+    shards = []
+    for r in range(world):
+        s = GlobalBatchSampler(n, batch, world, r, seed)
+        s.epoch = epoch
+        shards.append([i for b in s.epoch_indices() for i in b])
+    kept = (n // gb) * gb
+    assert all(len(sh) == kept // world for sh in shards)  # no rank waits for another
+    flat = [i for sh in shards for i in sh]
+    assert len(flat) == len(set(flat)) == kept  # disjoint
+    # complete: what the ranks train on plus the dropped tail (< one global batch) is [0, n)
+    tail = GlobalBatchSampler(n, batch, world, 0, seed).indices(epoch, kept, n - kept)
+    assert n - kept < gb and sorted(flat + tail) == list(range(n))
 
 
 def _ranks(n: int, batch: int, world: int, state: dict | None):

@@ -1,4 +1,5 @@
-"""Token files: windows read per batch (never a full int64 copy), bad files as one line."""
+"""Token files: windows read per batch (never a full int64 copy, never a start-up scan), a
+directory of shards as one dataset, bad files and bad ids as one line."""
 
 from __future__ import annotations
 
@@ -8,8 +9,15 @@ import sys
 import numpy as np
 import pytest
 import torch
+from ddpkit.train import tokens
 from ddpkit.train.config import ConfigError, TrainConfig
-from ddpkit.train.data import TokenChunks, TokenFile, token_file
+from ddpkit.train.data import (
+    GlobalBatchSampler,
+    TokenChunks,
+    TokenFile,
+    iterate_batches,
+    token_file,
+)
 
 from tests.trainrun import ROOT, clean_env
 
@@ -101,6 +109,152 @@ def test_bad_token_files_are_one_line_and_exit_2(tmp_path, case, message):
     assert p.returncode == 2, p.stderr
     assert p.stderr.strip().splitlines() == ["error: " + message.format(d=d)]
     assert "Traceback" not in p.stderr
+
+
+def test_start_up_reads_no_token_bytes(tmp_path):
+    """A sparse 1 TB file opens in a stat: its size and width are checked, not its ids."""
+    with open(tmp_path / "train.bin", "wb") as f:
+        f.truncate(2**40)  # sparse: costs no disk
+    data = token_file(_cfg(tmp_path, vocab_size=512))
+    assert len(data.train) == (2**39 - 1) // 8
+    assert data.train.batch([len(data.train) - 1])[0].shape == (1, 8)
+
+
+def _bad_id_file(path, at: int, n: int = 1001) -> None:
+    ids = np.arange(n, dtype=np.uint16) % 500
+    ids[at] = 600
+    ids.tofile(path)
+
+
+def test_a_bad_id_is_named_with_its_file_and_offset_when_read(tmp_path):
+    _bad_id_file(tmp_path / "train.bin", at=520)
+    data = token_file(_cfg(tmp_path, vocab_size=512))  # no scan: start-up does not see it
+    data.train.batch([0, 1, 63])  # windows that do not hold it read fine
+    want = (
+        f"training token file {tmp_path}/train.bin holds id 600 at token 520 (byte 1040) >= "
+        "--vocab-size 512; raise --vocab-size, or rewrite the file with ids below it"
+    )
+    for idx in ([3, 64], [65]):  # 520: window 64's last target, window 65's first input
+        with pytest.raises(ConfigError) as e:
+            data.train.batch(idx)
+        assert str(e.value) == want
+    with pytest.raises(ConfigError, match="at token 520 "):
+        data.train[65]  # the eval path reads single windows
+
+
+def test_a_bad_id_met_in_training_is_one_line_and_exit_2(tmp_path):
+    _bad_id_file(tmp_path / "train.bin", at=40, n=8 * 10 + 1)  # window 4's last target, 5's first
+    p = subprocess.run(  # one batch of all 10 windows: the step reads the bad id
+        [sys.executable, "-m", "ddpkit.train", "--model", "gpt", "--dataset", "tokens"]
+        + ["--data-dir", str(tmp_path), "--seq-len", "8", "--vocab-size", "512"]
+        + ["--batch-size", "10", "--steps", "1", "--no-eval", "--run-dir", str(tmp_path / "r")],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines() == [
+        f"error: training token file {tmp_path}/train.bin holds id 600 at token 40 (byte 80) "
+        ">= --vocab-size 512; raise --vocab-size, or rewrite the file with ids below it"
+    ]
+
+
+def test_a_bad_id_through_dataloader_workers_is_the_same_line(tmp_path):
+    _bad_id_file(tmp_path / "train.bin", at=517)
+    ds = token_file(_cfg(tmp_path, vocab_size=512)).train
+    sampler = GlobalBatchSampler(len(ds), len(ds), 1, 0, seed=0)  # one batch: every window
+    with pytest.raises(ConfigError) as e:
+        next(iterate_batches(ds, sampler, torch.device("cpu"), 2, 0))
+    assert str(e.value).startswith(f"training token file {tmp_path}/train.bin holds id 600 at")
+    assert "\n" not in str(e.value)
+
+
+def test_workers_read_the_same_batches_as_the_main_process(tmp_path):
+    ids = np.random.default_rng(1).integers(0, 500, 8 * 40 + 1).astype(np.uint16)
+    ids.tofile(tmp_path / "train.bin")
+    ds = token_file(_cfg(tmp_path, vocab_size=512)).train
+    got = {}
+    for workers in (0, 2):
+        s = GlobalBatchSampler(len(ds), 4, 1, 0, seed=3)
+        it = iterate_batches(ds, s, torch.device("cpu"), workers, 0)
+        got[workers] = [next(it) for _ in range(10)]
+    for (x0, y0), (x2, y2) in zip(got[0], got[2], strict=True):
+        assert torch.equal(x0, x2) and torch.equal(y0, y2)
+
+
+def _shards(d, lengths: dict[str, int]) -> dict[str, np.ndarray]:
+    d.mkdir(exist_ok=True)
+    out = {}
+    for k, (name, n) in enumerate(lengths.items()):
+        out[name] = (np.arange(n, dtype=np.uint16) + 1000 * k) % 4000
+        out[name].tofile(d / name)
+    return out
+
+
+def test_a_directory_of_shards_is_one_dataset(tmp_path):
+    d = tmp_path / "fineweb"
+    ids = _shards(
+        d,
+        {
+            "fineweb_train_000002.bin": 8 * 3 + 1,  # 3 windows
+            "fineweb_train_000001.bin": 8 * 5 + 4,  # 5 windows, 3 tokens of tail unused
+            "fineweb_train_000003.bin": 5,  # a short last shard: no window
+            "fineweb_val_000000.bin": 8 * 2 + 1,
+        },
+    )
+    (d / "notes.txt").write_text("not a shard")
+    data = token_file(_cfg(d, vocab_size=4096))
+    names = [f.path.name for f in data.train.tokens]
+    assert names == [f"fineweb_train_00000{i}.bin" for i in (1, 2, 3)]  # sorted by name
+    assert len(data.train) == 5 + 3 and len(data.val) == 2
+    x, y = data.train.batch(list(range(8)))
+    first, second = ids["fineweb_train_000001.bin"], ids["fineweb_train_000002.bin"]
+    for row in range(8):  # windows never cross a file: each is one shard's tokens
+        src, k = (first, row) if row < 5 else (second, row - 5)
+        assert x[row].tolist() == src[k * 8 : k * 8 + 8].tolist()
+        assert y[row].tolist() == src[k * 8 + 1 : k * 8 + 9].tolist()
+    assert data.val[1][0].tolist() == ids["fineweb_val_000000.bin"][8:16].tolist()
+
+
+def test_a_bad_id_in_a_shard_names_the_shard(tmp_path):
+    d = tmp_path / "shards"
+    _shards(d, {"a.bin": 8 * 4 + 1, "b.bin": 8 * 4 + 1})
+    _bad_id_file(d / "b.bin", at=19, n=8 * 4 + 1)
+    ds = token_file(_cfg(d, vocab_size=512)).train
+    ds.batch([0, 1, 2, 3])
+    with pytest.raises(ConfigError, match=rf"file {d}/b.bin holds id 600 at token 19 \(byte 38\)"):
+        ds.batch([1, 6])  # window 6 = b.bin's window 2: tokens 16..24
+
+
+def test_shards_keep_few_descriptors_open(tmp_path, monkeypatch):
+    monkeypatch.setattr(tokens, "MAX_OPEN", 2)
+    d = tmp_path / "many"
+    _shards(d, {f"s{i:02d}.bin": 8 + 1 for i in range(6)})
+    ds = token_file(_cfg(d, vocab_size=4096)).train
+    for i in [0, 3, 5, 1, 4, 2, 0]:
+        ds.batch([i])
+        assert sum(f._fd is not None for f in ds.tokens) <= 2
+
+
+def test_shards_none_long_enough(tmp_path):
+    d = tmp_path / "short"
+    _shards(d, {"a.bin": 5, "b.bin": 7})
+    with pytest.raises(ConfigError) as e:
+        token_file(_cfg(d, vocab_size=512))
+    assert str(e.value) == (
+        f"training token files: none of the 2 in {d} holds one sequence (the longest has 7 "
+        "tokens, --seq-len 8 + 1 needed); use larger shards or a smaller --seq-len"
+    )
+
+
+def test_a_directory_without_token_files(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        token_file(_cfg(tmp_path, vocab_size=512))
+    assert str(e.value) == (
+        f"--data-dir {tmp_path}: no token file (expected {tmp_path}/train.bin or *.bin shards)"
+    )
 
 
 def _trace(d) -> list[tuple[int, list[int]]]:

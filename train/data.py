@@ -2,11 +2,13 @@
 
 The sampler is the heart of exactly-once data: every rank computes the same permutation of
 the dataset for an epoch (seed + epoch), the epoch is cut into global batches of
-`batch * world` samples, and rank r takes slice r of each. The only state is (epoch,
-samples consumed in the epoch), so a checkpoint taken with one world size resumes on another
-at the same sample: nothing seen twice, nothing skipped. A partial global batch at the end of
-an epoch is dropped (like DistributedSampler(drop_last=True)): every rank runs the same number
-of steps, so an uneven tail can never hang a collective.
+`batch * world` samples, and rank r takes slice r of each. The permutation is a seeded
+bijection evaluated per batch (train/permutation.py), never materialized: O(batch) memory
+and time whatever the dataset's size. The only state is (epoch, samples consumed in the
+epoch), so a checkpoint taken with one world size resumes on another at the same sample:
+nothing seen twice, nothing skipped. A partial global batch at the end of an epoch is dropped
+(like DistributedSampler(drop_last=True)): every rank runs the same number of steps, so an
+uneven tail can never hang a collective.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from ddpkit.train.config import ConfigError, TrainConfig
+from ddpkit.train.permutation import epoch_key, permute
+from ddpkit.train.tokens import TokenChunks, WindowBatches, find_token_files, open_corpus
+from ddpkit.train.tokens import TokenFile as TokenFile  # re-exported: callers import it here
+from ddpkit.train.tokens import token_dtype as token_dtype
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 
@@ -52,11 +58,14 @@ class GlobalBatchSampler:
     def batches_per_epoch(self) -> int:
         return self.n // self.global_batch
 
-    def permutation(self, epoch: int) -> torch.Tensor:
+    def indices(self, epoch: int, start: int, count: int) -> list[int]:
+        """Positions start .. start+count-1 of the epoch's order, as sample indices.
+        Older kits drew the order with torch.randperm: their checkpoint taken mid-epoch resumes
+        that epoch in this order, so its rest is not exactly-once (the epochs after it are)."""
+        pos = np.arange(start, start + count, dtype=np.int64)
         if not self.shuffle:
-            return torch.arange(self.n)
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        return torch.randperm(self.n, generator=g)
+            return pos.tolist()
+        return permute(pos, self.n, epoch_key(self.seed, epoch)).tolist()
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "consumed": self.consumed}
@@ -78,12 +87,13 @@ class GlobalBatchSampler:
             self.epoch, self.consumed = self.epoch + 1, 0
 
     def epoch_indices(self) -> Iterator[list[int]]:
-        """This rank's batches for the rest of the current epoch (does not mutate state)."""
-        perm = self.permutation(self.epoch)
-        start = self.consumed
+        """This rank's batches for the rest of the current epoch (does not mutate state).
+        The position is read now, not at the first next(): advance() may run in between."""
+        return self._batches(self.epoch, self.consumed)
+
+    def _batches(self, epoch: int, start: int) -> Iterator[list[int]]:
         while start + self.global_batch <= self.n:
-            lo = start + self.rank * self.batch
-            yield perm[lo : lo + self.batch].tolist()
+            yield self.indices(epoch, start + self.rank * self.batch, self.batch)
             start += self.global_batch
 
 
@@ -103,69 +113,6 @@ def synthetic_classification(cfg: TrainConfig) -> DataBundle:
         return TensorDataset(x, y)
 
     return DataBundle(make(cfg.synthetic_samples), make(n_val), shape, k)
-
-
-class TokenFile:
-    """A flat file of token ids, read window by window with pread.
-
-    Nothing of the file is mapped into the process: a np.memmap would be the obvious tool, but
-    the kernel maps whole page-cache folios (2 MiB here) on each fault, so 40 random batches
-    from a 2 GB file showed up as +1 GB of RSS per rank even with MADV_RANDOM. pread copies
-    only the bytes asked for, needs no file position (safe in forked DataLoader workers),
-    and pickles as its path.
-    """
-
-    def __init__(self, path: Path, dtype: np.dtype | type):
-        self.path, self.dtype = Path(path), np.dtype(dtype)
-        self.n = self.path.stat().st_size // self.dtype.itemsize
-        self._fd: int | None = None
-        self._pid = 0
-
-    def __len__(self) -> int:
-        return self.n
-
-    def read(self, start: int, count: int) -> np.ndarray:
-        if self._fd is None or self._pid != os.getpid():  # one descriptor per process
-            self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
-        size = self.dtype.itemsize
-        return np.frombuffer(os.pread(self._fd, count * size, start * size), dtype=self.dtype)
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_fd": None, "_pid": 0}
-
-
-class TokenChunks(Dataset):
-    """Non-overlapping (input, target) chunks of seq_len tokens from a 1-D token sequence.
-
-    The ids stay as stored (uint16/uint32 in a TokenFile, or an in-memory array): only the
-    windows a batch needs are read and widened to int64, so a 10 GB file costs a batch, not
-    40 GB per rank.
-    """
-
-    def __init__(self, tokens: np.ndarray | torch.Tensor | TokenFile, seq_len: int):
-        self.tokens = tokens.numpy() if isinstance(tokens, torch.Tensor) else tokens
-        self.seq_len = seq_len
-
-    def __len__(self) -> int:
-        return (len(self.tokens) - 1) // self.seq_len
-
-    def _window(self, i: int) -> np.ndarray:
-        lo, n = i * self.seq_len, self.seq_len + 1
-        if isinstance(self.tokens, TokenFile):
-            return self.tokens.read(lo, n)
-        return self.tokens[lo : lo + n]
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        chunk = torch.from_numpy(self._window(i).astype(np.int64))
-        return chunk[:-1], chunk[1:]
-
-    def batch(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """A whole batch's windows into one int64 array: one conversion, no collation."""
-        out = np.empty((len(idx), self.seq_len + 1), dtype=np.int64)
-        for row, i in enumerate(idx):
-            out[row] = self._window(i)
-        chunk = torch.from_numpy(out)
-        return chunk[:, :-1], chunk[:, 1:]
 
 
 def synthetic_tokens(cfg: TrainConfig) -> DataBundle:
@@ -189,67 +136,17 @@ def synthetic_tokens(cfg: TrainConfig) -> DataBundle:
     )
 
 
-def token_dtype(vocab_size: int) -> type[np.unsignedinteger]:
-    """The id width of a token file: uint16 (nanoGPT's) while ids fit, uint32 above 65536."""
-    return np.uint16 if vocab_size <= 2**16 else np.uint32
-
-
-def _max_id(path: Path, dtype: type[np.unsignedinteger]) -> int:
-    """Largest id in the file, read in 64 MiB pieces with plain reads: no mapping of the
-    whole file (its pages would count in this process's RSS) and no full copy."""
-    hi, count = 0, 2**26 // np.dtype(dtype).itemsize
-    with open(path, "rb") as f:
-        while (piece := np.fromfile(f, dtype=dtype, count=count)).size:
-            hi = max(hi, int(piece.max()))
-    return hi
-
-
-def _open_tokens(path: Path, cfg: TrainConfig, role: str) -> TokenFile:
-    """A token file to read windows from, or ConfigError naming what is wrong with it."""
-    dtype = token_dtype(cfg.vocab_size)
-    width = np.dtype(dtype).itemsize
-    size = path.stat().st_size
-    if size == 0:
-        raise ConfigError(
-            f"{role} token file {path} is empty; write token ids into it"
-            + (" or remove it (no held-out eval)" if role == "held-out" else "")
-        )
-    if size % width:
-        raise ConfigError(
-            f"{role} token file {path} has {size} bytes, not a multiple of {width} "
-            f"({np.dtype(dtype).name} ids for --vocab-size {cfg.vocab_size}): truncated, or "
-            "written with another id width"
-        )
-    n = size // width
-    if n < cfg.seq_len + 1:
-        raise ConfigError(
-            f"{role} token file {path} has {n} tokens, fewer than one sequence "
-            f"(--seq-len {cfg.seq_len} + 1); use a larger file or a smaller --seq-len"
-        )
-    top = _max_id(path, dtype)
-    if top >= cfg.vocab_size:
-        raise ConfigError(
-            f"{role} token file {path} holds id {top} >= --vocab-size {cfg.vocab_size}; "
-            "raise --vocab-size"
-        )
-    return TokenFile(path, dtype)
-
-
 def token_file(cfg: TrainConfig) -> DataBundle:
-    """Flat binary token ids (nanoGPT's train.bin, optional val.bin beside it), read per
-    window: uint16, or uint32 when --vocab-size is above 65536."""
-    p = Path(cfg.data_dir)
-    train_path = p / "train.bin" if p.is_dir() else p
-    if not train_path.is_file():
-        raise ConfigError(f"--data-dir {cfg.data_dir}: no token file (expected {train_path})")
-    toks = _open_tokens(train_path, cfg, "training")
-    val_path = train_path.with_name("val.bin")
-    val = None
-    if val_path.is_file() and val_path != train_path:
-        val = TokenChunks(_open_tokens(val_path, cfg, "held-out"), cfg.seq_len)
-    return DataBundle(
-        TokenChunks(toks, cfg.seq_len), val, (cfg.seq_len,), cfg.vocab_size, cfg.seq_len
-    )
+    """Token ids from --data-dir (a file, nanoGPT's train.bin/val.bin, or a directory of
+    *.bin shards: tokens.find_token_files), read per window: uint16, or uint32 when
+    --vocab-size is above 65536. Start-up stats the files and reads none of their bytes."""
+    train_paths, val_paths = find_token_files(Path(cfg.data_dir))
+    if not train_paths or not train_paths[0].is_file():
+        expected = train_paths[0] if train_paths else f"{cfg.data_dir}/train.bin or *.bin shards"
+        raise ConfigError(f"--data-dir {cfg.data_dir}: no token file (expected {expected})")
+    train = open_corpus(train_paths, cfg.seq_len, cfg.vocab_size, "training")
+    val = open_corpus(val_paths, cfg.seq_len, cfg.vocab_size, "held-out") if val_paths else None
+    return DataBundle(train, val, (cfg.seq_len,), cfg.vocab_size, cfg.seq_len)
 
 
 def _read_idx(path: Path) -> torch.Tensor:
@@ -437,7 +334,8 @@ def iterate_batches(
             )
         epoch = sampler.epoch
         # A generator, not a list: a 10M-sample epoch as Python lists would cost ~400 MB per
-        # rank. tee: one permutation for both readers (the loader runs a few batches ahead).
+        # rank. tee: each batch's indices computed once for both readers (the loader runs a
+        # few batches ahead; the permutation is ~0.1 ms a batch, a fifth of the data path).
         index_lists, for_loader = itertools.tee(sampler.epoch_indices())
         batches = _epoch_batches(ds, for_loader, device, num_workers)
         for idx, batch in zip(index_lists, batches, strict=True):
@@ -461,6 +359,20 @@ def _epoch_batches(
     if isinstance(ds, TokenChunks) and num_workers == 0:
         for idx in index_lists:  # windows read from the file, widened per batch
             yield tuple(x.to(device, non_blocking=True) for x in ds.batch(idx))
+        return
+    if isinstance(ds, TokenChunks):
+        # Workers read whole batches (one vectorized read, no per-window collation); the ids
+        # are checked here so a bad one is the kit's one line, not a worker's traceback.
+        windows = DataLoader(
+            WindowBatches(ds),
+            sampler=index_lists,
+            batch_size=None,
+            num_workers=num_workers,
+            pin_memory=device.type == "cuda",
+        )
+        for idx, w in windows:
+            ds.check(idx.tolist(), w)
+            yield w[:, :-1].to(device, non_blocking=True), w[:, 1:].to(device, non_blocking=True)
         return
     # Workers: DataLoader keeps batch_sampler order (in_order), so batch k is index_lists[k].
     loader = DataLoader(
