@@ -129,17 +129,28 @@ def test_podman_gets_the_nvidia_cdi_devices(sets, gpus, devices):
     assert got == [f"nvidia.com/gpu={d}" for d in devices]
 
 
-def test_make_docker_run_without_gpus_gives_all_and_with_gpus_the_count(fake_bin):
+def test_make_docker_run_asks_for_the_gpus_there_are(fake_bin, tmp_path):
+    """Without GPUS: every visible GPU (`--gpus all`) where nvidia-smi sees one, else the CPU
+    (no GPU flag, gloo), said in one line; GPUS=2: two. Records land in the workspace."""
     fake_bin.add("docker", RECORDING_ENGINE)
-    for extra in ([], ["GPUS=2"]):
-        r = subprocess.run(["make", "-s", "docker-run", *extra, "ARGS=--steps 1"],
-                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    runs = []
+    for extra, gpu in (([], True), (["GPUS=2"], True), ([], False)):
+        smi = fake_bin.path / "nvidia-smi"
+        smi.write_text("#!/bin/sh\nexit 0\n" if gpu else "#!/bin/sh\nexit 9\n")
+        smi.chmod(0o755)
+        r = subprocess.run(["make", "-s", "-f", str(REPO_ROOT / "Makefile"), "docker-run",
+                            *extra, "ARGS=--steps 1"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
         assert r.returncode == 0, r.stderr
-    runs = [json.loads(line) for line in (fake_bin.path / "docker.log").read_text().splitlines()]
-    runs = [a for a in runs if a[0] == "run"]
-    assert [a[a.index("--gpus") + 1] for a in runs] == ["all", "2"]
+        log = [json.loads(line) for line in (fake_bin.path / "docker.log").read_text().splitlines()]
+        runs.append([a for a in log if a[0] == "run"][-1])
+        if not gpu:
+            assert "no GPU visible here; the container runs on the CPU" in r.stderr
+    assert [a[a.index("--gpus") + 1] for a in runs[:2]] == ["all", "2"]
+    assert "--gpus" not in runs[2] and "--device" not in runs[2]
     assert not [a for a in runs[0] if a.startswith("PET_NPROC_PER_NODE")]
     assert "PET_NPROC_PER_NODE=2" in runs[1]
+    assert (tmp_path / ".ddpkit" / "jobs" / "docker" / "last_job.json").is_file()
 
 
 def test_logs_follow_and_list_ask_the_engine(fake_bin, launcher):
@@ -297,7 +308,7 @@ def test_entrypoint_runs_what_the_launcher_renders(tmp_path):
     assert rc == 0, err
     args = _node_args(tmp_path)
     assert args == ["--standalone", *docker.node_args(spec)]
-    assert args[args.index("--") :] == ["--", "examples/plain_torchrun/ddp_fit.py", "--steps", "5"]
+    assert args[args.index("--") :] == ["--", "ddp_fit.py", "--steps", "5"]
 
 
 def test_entrypoint_leaves_launcher_pet_variables_to_torchrun(tmp_path):

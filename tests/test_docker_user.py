@@ -54,12 +54,18 @@ def _wheel(path: Path) -> None:
 
 
 def user_project(root: Path) -> Path:
+    """A project of its own: a plain script, a wheel it depends on, its requirements file
+    and its job file; its directory is the workspace, which the image holds at /workspace."""
     ship = root / "shipme"
     (ship / "wheels").mkdir(parents=True)
     (ship / "train.py").write_text(PLAIN_SCRIPT)
     _wheel(ship / "wheels" / "userdep-0.1-py3-none-any.whl")
-    # relative to /workspace, where the absolute user_dir lands as shipme/
-    (ship / "requirements.txt").write_text("shipme/wheels/userdep-0.1-py3-none-any.whl\n")
+    (ship / "requirements.txt").write_text("wheels/userdep-0.1-py3-none-any.whl\n")  # as here
+    (ship / "runs").mkdir()  # outputs of an earlier run here: never shipped
+    (ship / "runs" / "stale.txt").write_text("x")
+    (ship / "ddpkit.toml").write_text(
+        'name = "ship"\nnproc_per_node = 2\naccelerator = "cpu"\nscript = "train.py"\n'
+    )
     return ship
 
 
@@ -93,9 +99,9 @@ def test_hadolint_passes_on_the_generated_containerfile(tmp_path):
     ("sets", "expect"),
     [
         (["docker.user_dir=mypkg"], "is the ddpkit image itself"),
-        (["image=me/p:1", "docker.user_dir=../elsewhere"], "no '..'"),
+        (["image=me/p:1", "docker.user_dir=../elsewhere"], "is outside the workspace"),
+        (["image=me/p:1", "docker.user_dir=/elsewhere"], "is outside the workspace"),
         (["image=me/p:1", "docker.user_dir=runs/code"], "where a volume is mounted"),
-        (["image=me/p:1", "docker.user_dir=."], "not the checkout itself"),
         (["image=me/p:1", "docker.user_dir=mypkg", "docker.kit_image=-x"], "not an image"),
     ],
 )
@@ -146,11 +152,14 @@ container = pytest.mark.skipif(
 @pytest.mark.container
 @pytest.mark.slow
 def test_plain_torchrun_example_runs_in_the_podman_built_user_image(tmp_path):
-    """examples/plain_torchrun (knows nothing of ddpkit) shipped with docker.user_dir and
-    run through the rendered `docker run`: the node launcher, its script entry point."""
-    job = REPO_ROOT / "examples/plain_torchrun/job.toml"
-    out = _build_and_run(tmp_path, job, ["image=localhost/ddpkit-plain:test",
-                                         "docker.user_dir=examples/plain_torchrun"])  # fmt: skip
+    """examples/plain_torchrun (knows nothing of ddpkit) as a project of its own: its
+    workspace built into an image FROM the ddpkit image and run through the rendered
+    `docker run`: the node launcher, its script entry point."""
+    import shutil
+
+    proj = tmp_path / "plain-project"
+    shutil.copytree(REPO_ROOT / "examples/plain_torchrun", proj)
+    out = _build_and_run(tmp_path, proj / "job.toml", ["image=localhost/ddpkit-plain:test"])
     result = json.loads((out / "plain-torchrun" / "result.json").read_text())
     assert result["world_size"] == 2, result
 
@@ -160,10 +169,6 @@ def test_plain_torchrun_example_runs_in_the_podman_built_user_image(tmp_path):
 @pytest.mark.slow
 def test_requirements_are_installed_in_the_podman_built_user_image(tmp_path):
     ship = user_project(tmp_path)
-    job = REPO_ROOT / "examples/plain_torchrun/job.toml"  # a script job, retargeted
-    out = _build_and_run(tmp_path, job, [
-        "image=localhost/ddpkit-user:test", "name=ship", "script=shipme/train.py", "args=[]",
-        f"docker.user_dir={ship}", f"docker.requirements={ship / 'requirements.txt'}",
-    ])  # fmt: skip
+    out = _build_and_run(tmp_path, ship / "ddpkit.toml", ["image=localhost/ddpkit-user:test"])
     result = json.loads((out / "ship" / "result.json").read_text())
-    assert result == {"world": 2, "sum": 3.0, "dep": 42, "script": "/workspace/shipme/train.py"}
+    assert result == {"world": 2, "sum": 3.0, "dep": 42, "script": "/workspace/train.py"}

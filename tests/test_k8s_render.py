@@ -366,5 +366,5 @@ def test_the_users_script_is_the_entry_point_of_every_pod() -> None:
     (job,) = list(yaml.safe_load_all(k8s.render(spec)))
     for r in job["spec"]["pytorchReplicaSpecs"].values():
         args = r["template"]["spec"]["containers"][0]["args"]
-        assert args[args.index("--") :] == ["--", "examples/plain_torchrun/ddp_fit.py",
+        assert args[args.index("--") :] == ["--", "ddp_fit.py",
                                             *spec.args]  # fmt: skip

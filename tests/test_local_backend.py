@@ -27,6 +27,16 @@ from tests.trainrun import PY, ROOT, clean_env
 PLAIN_JOB = "examples/plain_torchrun/job.toml"
 
 
+def plain_project(tmp_path: Path) -> Path:
+    """The plain example as a user's project of its own (its job file's directory is the
+    workspace): a copy in tmp_path, so runs and job records never land in the checkout."""
+    import shutil
+
+    proj = tmp_path / "plain-project"
+    shutil.copytree(ROOT / "examples" / "plain_torchrun", proj)
+    return proj / "job.toml"
+
+
 def launch(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [PY, "-m", "ddpkit.tools.launch", *args],
@@ -49,7 +59,7 @@ def error_lines(stderr: str) -> list[str]:
 def test_plain_script_runs_through_submit_local(tmp_path: Path) -> None:
     run = tmp_path / "plain"
     p = launch(
-        "submit", "local", "--config", PLAIN_JOB, "--set", f"train.run_dir={run}",
+        "submit", "local", "--config", str(plain_project(tmp_path)), "--set", f"train.run_dir={run}",
         "--", "--out", str(run / "result.json"),
     )  # fmt: skip
     assert p.returncode == 0, p.stdout + p.stderr
@@ -66,9 +76,7 @@ def test_render_local_is_the_node_launcher_command(tmp_path: Path) -> None:
     last = p.stdout.strip().splitlines()[-1]
     assert last.startswith(f"exec {PY} -m ddpkit.train.node --run-dir {tmp_path}")
     assert "--standalone --nproc-per-node=2" in last
-    assert last.endswith(
-        "-- examples/plain_torchrun/ddp_fit.py --steps 50 --out runs/plain-torchrun/result.json"
-    )
+    assert last.endswith("-- ddp_fit.py --steps 50 --out runs/plain-torchrun/result.json")
     assert not tmp_path.joinpath("local").exists()  # render writes nothing
 
 
@@ -138,9 +146,10 @@ def test_stale_requeue_marker_does_not_fake_a_save(tmp_path: Path) -> None:
 
 
 def start_preemptible(run: Path, steps: int) -> subprocess.Popen[str]:
+    job = plain_project(run.parent)
     proc = subprocess.Popen(
-        [PY, "-m", "ddpkit.tools.launch", "submit", "local", "--config", PLAIN_JOB,
-         "--set", "script=examples/plain_torchrun/preemptible.py", "--set", f"train.run_dir={run}",
+        [PY, "-m", "ddpkit.tools.launch", "submit", "local", "--config", str(job),
+         "--set", "script=preemptible.py", "--set", f"train.run_dir={run}",
          "--set", "train.shutdown_timeout_s=20",
          "--", "--steps", str(steps), "--step-s", "0.05", "--out", str(run / "result.json")],
         cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -168,8 +177,9 @@ def test_preempt_helper_requeue_then_resume(tmp_path: Path) -> None:
     assert "Traceback" not in out + err
     # Run again: it resumes from its checkpoint and finishes.
     again = subprocess.run(
-        [PY, "-m", "ddpkit.tools.launch", "submit", "local", "--config", PLAIN_JOB,
-         "--set", "script=examples/plain_torchrun/preemptible.py", "--set", f"train.run_dir={run}",
+        [PY, "-m", "ddpkit.tools.launch", "submit", "local", "--config",
+         str(run.parent / "plain-project" / "job.toml"),
+         "--set", "script=preemptible.py", "--set", f"train.run_dir={run}",
          "--", "--steps", str(marker["step"] + 5), "--out", str(run / "result.json")],
         cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=120,
     )  # fmt: skip

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import time
@@ -164,9 +165,11 @@ def test_plain_torchrun_script_on_two_nodes_world_size_4(
 ) -> None:
     """Issue 12 part 3: the unchanged plain DDP script through `make slurm-submit NODES=2`."""
     out = tmp_path / "result.json"
+    proj = tmp_path / "plain-project"  # the example as a project of its own (its workspace)
+    shutil.copytree(REPO / "examples" / "plain_torchrun", proj)
     sub = subprocess.run(
         ["make", "-s", "-o", str(REPO / ".venv/.installed"), "slurm-submit",
-         "CONFIG=examples/plain_torchrun/job.toml", "NODES=2", "GPUS=2", "WAIT=1",
+         f"CONFIG={proj / 'job.toml'}", "NODES=2", "GPUS=2", "WAIT=1",
          f"ARGS=--out {out}"],
         cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip

@@ -411,6 +411,11 @@ class DockerBackend(Backend):
     file_ext = FILE_EXT
     shares_filesystem = False  # inputs live in the image or its mounts
 
+    def validate(self, spec: JobSpec) -> None:
+        note = docker_user.code_note(spec)  # the job's code and the image it names
+        if note:
+            print(note, file=sys.stderr)
+
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         add_arguments(parser)
 

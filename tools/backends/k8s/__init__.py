@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import argparse
 import posixpath
+import sys
 from typing import Any
 
 import yaml
 from ddpkit.tools.backends import Backend, JobStatus
+from ddpkit.tools.backends.docker import user as docker_user
 from ddpkit.tools.backends.k8s import crds as k8s_crds
 from ddpkit.tools.backends.k8s.checks import check
 from ddpkit.tools.backends.k8s.crds import PYTORCH_CONTAINER as CONTAINER
@@ -393,6 +395,11 @@ class K8sBackend(Backend):
     name = "k8s"
     file_ext = FILE_EXT
     shares_filesystem = False  # inputs live in the image or on the PVC
+
+    def validate(self, spec: JobSpec) -> None:
+        note = docker_user.code_note(spec)  # the job's code and the image it names
+        if note:
+            print(note, file=sys.stderr)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("-n", "--namespace", help="status/logs/cancel/list: the namespace")
