@@ -30,7 +30,7 @@ DDPKIT := $(VENV)/bin/ddpkit
 LAUNCH := $(DDPKIT)
 
 .PHONY: help setup test test-fast lint format train bench \
-	docker-build docker-run slurm-up slurm-down slurm-render slurm-submit slurm-status \
+	docker-build docker-run k8s-up k8s-down slurm-up slurm-down slurm-render slurm-submit slurm-status \
 	slurm-logs slurm-cancel k8s-render k8s-apply k8s-delete clean
 
 help: ## List targets and variables
@@ -78,6 +78,12 @@ docker-run: $(STAMP) ## Run the image here: GPUS=N processes and GPUs, else one 
 	elif nvidia-smi -L >/dev/null 2>&1; then extra=(--set docker.gpus=all); \
 	else echo "ddpkit: no GPU visible here; the container runs on the CPU (gloo)" >&2; extra=(--set accelerator=cpu); fi; \
 	$(LAUNCH) submit docker --make "$${extra[@]}"
+
+k8s-up: $(STAMP) ## Start a real local Kubernetes control plane + Kubeflow controllers (built once into ~/.cache/ddpkit-k8s; NODES: node agents)
+	DDPKIT_K8S_NODES=$${NODES:-0} bash $(KIT)/k8s/local/up.sh
+
+k8s-down: ## Stop the local Kubernetes control plane
+	bash $(KIT)/k8s/local/down.sh
 
 slurm-up: $(STAMP) ## Start a real local SLURM cluster (NODES, default 2)
 	bash $(KIT)/slurm/local/up.sh "$${NODES:-2}"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import datetime as dt
 import http.server
 import logging
@@ -213,23 +214,21 @@ class PodRunner(threading.Thread):
             c.exit_code, c.started, c.finished = 127, now(), now()
             return
         cwd = spec.working_dir if spec.working_dir and os.path.isdir(spec.working_dir) else self.dir
-        logf = open(os.path.join(self.dir, f"{spec.name}.log"), "ab")
         try:
-            c.proc = subprocess.Popen(
-                argv,
-                env=env,
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: signals reach its children too
-            )
+            with open(os.path.join(self.dir, f"{spec.name}.log"), "ab") as logf:
+                c.proc = subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # own process group: signals reach its children
+                )
         except OSError as e:
             c.reason, c.message = "StartError", str(e)
             c.exit_code, c.started, c.finished = 128, now(), now()
             return
-        finally:
-            logf.close()
         c.started = now()
         log.info("%s/%s: started %s (pid %d)", self.name, spec.name, argv[:3], c.proc.pid)
 
@@ -244,10 +243,8 @@ class PodRunner(threading.Thread):
     def signal_all(self, sig: int) -> None:
         for c in self.init + self.main:
             if c.proc is not None and c.proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(c.proc.pid, sig)
-                except ProcessLookupError:
-                    pass
 
     def terminate(self, grace: int) -> None:
         """SIGTERM, wait the grace period, then SIGKILL (like a kubelet)."""
@@ -701,8 +698,16 @@ class Agent:
             except Exception:  # the API server may be restarting: try again
                 log.exception("sync failed")
             self.stop.wait(1)
-        for r in list(self.runners.values()):
-            r.terminate(5)
+        # Stop every pod at once (SIGTERM, 5 s, SIGKILL): down.sh waits 15 s.
+        runners = list(self.runners.values())
+        for r in runners:
+            r.stopping.set()
+            r.signal_all(signal.SIGTERM)
+        end = time.monotonic() + 5
+        while time.monotonic() < end and not all(r.done.is_set() for r in runners):
+            time.sleep(0.1)
+        for r in runners:
+            r.signal_all(signal.SIGKILL)
         self.clear_hosts()
 
 

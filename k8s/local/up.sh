@@ -6,7 +6,9 @@
 #   the three controllers with their admission webhooks served on 127.0.0.1
 #   (self-signed certificates), and Trainer's `torch-distributed`
 #   ClusterTrainingRuntime.
-# There is no kubelet: pods stay Pending until a node agent binds them.
+# There is no kubelet: pods stay Pending, unless DDPKIT_K8S_NODES=N starts
+# node_agent.py (N Ready nodes whose pods run as local processes).
+# Binaries come from build.sh, which up.sh runs first (instant when built).
 #
 # Everything runs from $DDPKIT_K8S_STATE (default /tmp/ddpkit-k8s):
 #   kubeconfig   admin kubeconfig (client certificate in group system:masters)
@@ -63,7 +65,9 @@ wait_for() {
 start() {
     local name="$1"
     shift
-    setsid "$@" >"$S/logs/$name.log" 2>&1 </dev/null &
+    # 3>&-: the daemon must not hold up.sh's copy of stderr (a pipe reading
+    # up.sh's output would never see its end).
+    setsid "$@" >"$S/logs/$name.log" 2>&1 </dev/null 3>&- &
     echo "$!" >"$S/run/$name.pid"
     log "started $name (pid $!)"
 }
@@ -98,6 +102,11 @@ fi
 # A previous cluster (or a half-started one) is stopped first, so every up is
 # a fresh cluster on fresh ports.
 "$HERE/down.sh" >/dev/null
+# The state directory is removed whole: refuse one that up.sh did not make
+# (DDPKIT_K8S_STATE pointing at a directory with other files in it).
+if [[ -d "$S" && -n "$(ls -A "$S")" && ! -e "$S/kubeconfig" && ! -d "$S/run" ]]; then
+    die "$S exists and is not a state directory of up.sh; set DDPKIT_K8S_STATE elsewhere"
+fi
 rm -rf "$S"
 mkdir -p "$S/pki" "$S/logs" "$S/run" "$S/etcd" "$S/config" "$S/tmp/jobset" "$S/tmp/trainer"
 chmod 700 "$S/pki"
@@ -110,15 +119,22 @@ chmod 700 "$S/pki"
 # would make its own certificates (for a Service name, not 127.0.0.1).
 log "making certificates"
 P="$S/pki"
-openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -keyout "$P/ca.key" -out "$P/ca.crt" \
+# Keys are PKCS#1 ("RSA PRIVATE KEY", -traditional): the rotator parses the
+# CA key of its Secret with x509.ParsePKCS1PrivateKey and rejects PKCS#8.
+# RSA key generation is the slow part: all five keys at once.
+for k in ca apiserver admin webhook sa; do
+    openssl genrsa -traditional -out "$P/$k.key" 2048 2>/dev/null &
+done
+wait
+openssl req -x509 -key "$P/ca.key" -days 3650 -out "$P/ca.crt" \
     -subj "/CN=ddpkit-local-ca" \
     -addext "subjectAltName=DNS:training-operator-ca" \
     -addext "basicConstraints=critical,CA:TRUE" \
     -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature,keyEncipherment" 2>/dev/null
-# sign NAME SUBJECT EXTENSIONS: a key and a certificate signed by the CA,
+# sign NAME SUBJECT EXTENSIONS: a certificate for NAME.key signed by the CA,
 # valid for 10 years (the rotator refreshes anything expiring within 90 days).
 sign() {
-    openssl req -new -newkey rsa:2048 -nodes -keyout "$P/$1.key" -out "$P/$1.csr" -subj "$2" 2>/dev/null
+    openssl req -new -key "$P/$1.key" -out "$P/$1.csr" -subj "$2" 2>/dev/null
     printf '%s\n' "$3" >"$P/$1.ext"
     openssl x509 -req -in "$P/$1.csr" -CA "$P/ca.crt" -CAkey "$P/ca.key" -CAcreateserial \
         -days 3650 -extfile "$P/$1.ext" -out "$P/$1.crt" 2>/dev/null
@@ -139,8 +155,15 @@ keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
 subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:training-operator.kubeflow.svc"
 # Service-account tokens are signed with this key pair.
-openssl genrsa -out "$P/sa.key" 2048 2>/dev/null
 openssl rsa -in "$P/sa.key" -pubout -out "$P/sa.pub" 2>/dev/null
+# The training operator's rotator waits for the Secret's files in a fixed
+# directory (/tmp/k8s-webhook-server/serving-certs in its source, where a
+# kubelet would mount the Secret), and its webhook server reads them there.
+TO_CERT_DIR=/tmp/k8s-webhook-server/serving-certs
+mkdir -p "$TO_CERT_DIR"
+cp "$P/webhook.crt" "$TO_CERT_DIR/tls.crt"
+cp "$P/webhook.key" "$TO_CERT_DIR/tls.key"
+cp "$P/ca.crt" "$TO_CERT_DIR/ca.crt"
 # Trainer and JobSet read the serving certificate from
 # $TMPDIR/k8s-webhook-server/serving-certs (controller-runtime's default);
 # each gets its own TMPDIR so no two controllers share a directory.
@@ -150,15 +173,57 @@ for c in jobset trainer; do
     cp "$P/webhook.key" "$S/tmp/$c/k8s-webhook-server/serving-certs/tls.key"
 done
 
-# kubeconfig with embedded data so it can be copied elsewhere.
-kubectl config --kubeconfig "$KUBECONFIG_FILE" set-cluster ddpkit-local \
-    --server "https://127.0.0.1:$API_PORT" --certificate-authority "$P/ca.crt" --embed-certs >/dev/null
-kubectl config --kubeconfig "$KUBECONFIG_FILE" set-credentials ddpkit-admin \
-    --client-certificate "$P/admin.crt" --client-key "$P/admin.key" --embed-certs >/dev/null
-kubectl config --kubeconfig "$KUBECONFIG_FILE" set-context ddpkit-local \
-    --cluster ddpkit-local --user ddpkit-admin --namespace default >/dev/null
-kubectl config --kubeconfig "$KUBECONFIG_FILE" use-context ddpkit-local >/dev/null
+# kubeconfig with embedded data so it can be copied elsewhere (written
+# directly: four `kubectl config` runs cost seconds on a busy machine).
+b64() { base64 -w0 "$1"; }
+cat >"$KUBECONFIG_FILE" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: ddpkit-local
+  cluster:
+    server: https://127.0.0.1:$API_PORT
+    certificate-authority-data: $(b64 "$P/ca.crt")
+users:
+- name: ddpkit-admin
+  user:
+    client-certificate-data: $(b64 "$P/admin.crt")
+    client-key-data: $(b64 "$P/admin.key")
+contexts:
+- name: ddpkit-local
+  context:
+    cluster: ddpkit-local
+    user: ddpkit-admin
+    namespace: default
+current-context: ddpkit-local
+EOF
 chmod 600 "$KUBECONFIG_FILE"
+
+# --- the controllers' manifests (in the background) ------------------------------
+# Source trees of the controllers in the module cache (read-only), and their
+# webhook configurations as each release ships them (kustomize of its
+# manifests), re-pointed at 127.0.0.1. The training operator serves only
+# PyTorchJob here, so only that webhook is kept (the others would refuse
+# kinds that have no CRD anyway). Needs no server: runs while etcd and the
+# API server start.
+MODS="$S/config/modules.env"
+(
+    cd "$HERE/gomod/kubeflow"
+    to_dir="$(k8s_mod_dir github.com/kubeflow/training-operator "$TRAINING_OPERATOR_VERSION")"
+    js_dir="$(k8s_mod_dir sigs.k8s.io/jobset "$JOBSET_VERSION")"
+    tr_dir="$(k8s_mod_dir github.com/kubeflow/trainer/v2 "$TRAINER_VERSION")"
+    [[ -d "$to_dir" && -d "$js_dir" && -d "$tr_dir" ]] || exit 1
+    printf 'TO_DIR=%q\nJS_DIR=%q\nTR_DIR=%q\n' "$to_dir" "$js_dir" "$tr_dir" >"$MODS"
+    kubectl kustomize "$to_dir/manifests/base/webhook" |
+        "$PY" "$HERE/webhooks.py" "$TO_WEBHOOK_PORT" "$P/ca.crt" --only pytorchjobs \
+            >"$S/config/webhooks-training-operator.json"
+    kubectl kustomize "$js_dir/config/components/webhook" |
+        "$PY" "$HERE/webhooks.py" "$JS_WEBHOOK_PORT" "$P/ca.crt" --prefix jobset- \
+            >"$S/config/webhooks-jobset.json"
+    kubectl kustomize "$tr_dir/manifests/base/webhook" |
+        "$PY" "$HERE/webhooks.py" "$TR_WEBHOOK_PORT" "$P/ca.crt" >"$S/config/webhooks-trainer.json"
+) >"$S/logs/render.log" 2>&1 3>&- &
+render_pid=$!
 
 # --- etcd --------------------------------------------------------------------------
 # A single member on loopback. --unsafe-no-fsync: a throw-away test cluster
@@ -201,60 +266,53 @@ start kube-controller-manager "$KCM_BIN" \
     --use-service-account-credentials=false --profiling=false
 
 # --- CRDs, namespaces, webhook configurations ----------------------------------------------
-# Source trees of the controllers in the module cache (read-only).
-MODS="$S/config/modules.env"
-(
-    cd "$HERE/gomod/kubeflow"
-    echo "TO_DIR=$(k8s_mod_dir github.com/kubeflow/training-operator "$TRAINING_OPERATOR_VERSION")"
-    echo "JS_DIR=$(k8s_mod_dir sigs.k8s.io/jobset "$JOBSET_VERSION")"
-    echo "TR_DIR=$(k8s_mod_dir github.com/kubeflow/trainer/v2 "$TRAINER_VERSION")"
-) >"$MODS"
+# Wait for the manifests rendered while etcd and the API server started.
+wait "$render_pid" || die "rendering the controllers' manifests failed"
+TO_DIR="" JS_DIR="" TR_DIR="" # set by modules.env
 # shellcheck source=/dev/null
 . "$MODS"
-[[ -d "$TO_DIR" && -d "$JS_DIR" && -d "$TR_DIR" ]] || die "module sources missing: $(cat "$MODS")"
 
-log "installing CRDs"
-# Server-side apply: these CRDs are too large for client-side apply's
-# last-applied annotation.
+log "installing CRDs, namespaces, webhook configurations"
+# The namespaces the releases deploy into; the training operator keeps its
+# certificate Secret in its own (MY_POD_NAMESPACE, default kubeflow), and its
+# rotator accepts this one (see the certificates above) instead of making one.
+cat >"$S/config/bootstrap.yaml" <<EOF
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: Namespace, metadata: {name: kubeflow}}
+- {apiVersion: v1, kind: Namespace, metadata: {name: kubeflow-system}}
+- {apiVersion: v1, kind: Namespace, metadata: {name: jobset-system}}
+- apiVersion: v1
+  kind: Secret
+  metadata: {name: training-operator-webhook-cert, namespace: kubeflow}
+  data:
+    ca.crt: $(b64 "$P/ca.crt")
+    ca.key: $(b64 "$P/ca.key")
+    tls.crt: $(b64 "$P/webhook.crt")
+    tls.key: $(b64 "$P/webhook.key")
+EOF
+# One server-side apply (the CRDs are too large for client-side apply's
+# last-applied annotation). The webhook configurations go in before the
+# controllers start: the training operator's rotator looks its one up by name.
 kc apply --server-side --force-conflicts \
     -f "$TO_DIR/manifests/base/crds/kubeflow.org_pytorchjobs.yaml" \
     -f "$JS_DIR/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml" \
     -f "$TR_DIR/manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml" \
     -f "$TR_DIR/manifests/base/crds/trainer.kubeflow.org_trainingruntimes.yaml" \
-    -f "$TR_DIR/manifests/base/crds/trainer.kubeflow.org_clustertrainingruntimes.yaml" >/dev/null
-# The namespaces the releases deploy into: the training operator keeps its
-# certificate Secret in its own namespace (MY_POD_NAMESPACE, default kubeflow).
-for ns in kubeflow kubeflow-system jobset-system; do
-    kc create namespace "$ns" --dry-run=client -o yaml | kc apply -f - >/dev/null
-done
-kc -n kubeflow create secret generic training-operator-webhook-cert \
-    --from-file=ca.crt="$P/ca.crt" --from-file=ca.key="$P/ca.key" \
-    --from-file=tls.crt="$P/webhook.crt" --from-file=tls.key="$P/webhook.key" >/dev/null
-
-# Webhook configurations as each release ships them (kustomize of its
-# manifests), re-pointed at 127.0.0.1. The training operator serves only
-# PyTorchJob here, so only that webhook is kept (the others would refuse
-# kinds that have no CRD anyway).
-kubectl kustomize "$TO_DIR/manifests/base/webhook" |
-    "$PY" "$HERE/webhooks.py" "$TO_WEBHOOK_PORT" "$P/ca.crt" --only pytorchjobs >"$S/config/webhooks-training-operator.json"
-kubectl kustomize "$JS_DIR/config/components/webhook" |
-    "$PY" "$HERE/webhooks.py" "$JS_WEBHOOK_PORT" "$P/ca.crt" --prefix jobset- >"$S/config/webhooks-jobset.json"
-kubectl kustomize "$TR_DIR/manifests/base/webhook" |
-    "$PY" "$HERE/webhooks.py" "$TR_WEBHOOK_PORT" "$P/ca.crt" >"$S/config/webhooks-trainer.json"
+    -f "$TR_DIR/manifests/base/crds/trainer.kubeflow.org_clustertrainingruntimes.yaml" \
+    -f "$S/config/bootstrap.yaml" \
+    -f "$S/config/webhooks-training-operator.json" -f "$S/config/webhooks-jobset.json" \
+    -f "$S/config/webhooks-trainer.json" >/dev/null
 kc wait --for condition=Established --timeout=60s \
     crd/pytorchjobs.kubeflow.org crd/jobsets.jobset.x-k8s.io crd/trainjobs.trainer.kubeflow.org \
     crd/trainingruntimes.trainer.kubeflow.org crd/clustertrainingruntimes.trainer.kubeflow.org >/dev/null
 
-# Registered before the controllers start: the training operator's rotator
-# looks its configuration up by name.
-kc apply -f "$S/config/webhooks-training-operator.json" -f "$S/config/webhooks-jobset.json" \
-    -f "$S/config/webhooks-trainer.json" >/dev/null
-
 # --- controllers -------------------------------------------------------------------------
 # Leader election off (one replica); metrics off ("0") so no port is taken.
-# Training operator v1.9: flags only; its cert rotator reads the Secret above,
-# writes the files to /tmp/k8s-webhook-server/serving-certs (a fixed path in
-# its source) and keeps the caBundle of validator.training-operator.kubeflow.org.
+# Training operator v1.9: flags only; its cert rotator checks the Secret above
+# and the files in /tmp/k8s-webhook-server/serving-certs, and keeps the
+# caBundle of validator.training-operator.kubeflow.org up to date.
 NODES="${DDPKIT_K8S_NODES:-0}"
 to_args=()
 if ((NODES > 0)); then
@@ -277,7 +335,9 @@ if ((NODES > 0)); then
 EOF
     to_args=(--pytorch-init-container-template-file "$S/config/pytorch-init-container.yaml")
 fi
-start training-operator env KUBECONFIG="$KUBECONFIG_FILE" MY_POD_NAMESPACE=kubeflow \
+# TMPDIR=/tmp: its webhook server looks in $TMPDIR/k8s-webhook-server/...,
+# the rotator in /tmp/k8s-webhook-server/...; they must agree.
+start training-operator env KUBECONFIG="$KUBECONFIG_FILE" MY_POD_NAMESPACE=kubeflow TMPDIR=/tmp \
     "$TRAINING_OPERATOR_BIN" --enable-scheme=pytorchjob \
     --webhook-server-port "$TO_WEBHOOK_PORT" \
     --metrics-bind-address 0 --health-probe-bind-address "127.0.0.1:$TO_HEALTH_PORT" \

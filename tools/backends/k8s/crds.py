@@ -31,7 +31,9 @@ RUNTIME = "torch-distributed"  # the ClusterTrainingRuntime every release ships
 NODE = "node"  # its one replicated job, and the trainer container in it
 VERSIONS = ("2.0", "2.1", "2.2", "2.3")
 NEWEST = VERSIONS[-1]
-MANAGER = "ddpkit"  # runtimePatches are keyed by who owns them (Kueue: kueue.x-k8s.io/manager)
+# runtimePatches are keyed by who owns them; Trainer v2.3's webhook wants a domain-prefixed
+# path (Kueue: kueue.x-k8s.io/manager), refusing a bare "ddpkit" (seen on the real webhook).
+MANAGER = "ddpkit.io/launcher"
 OVERRIDE_FIELD = {
     "2.0": "podSpecOverrides",
     "2.1": "podTemplateOverrides",
