@@ -374,6 +374,7 @@ def image(launcher) -> str:
     r = launcher(
         *("render", "docker", "--config", "configs/default.toml", "--set"),
         f"image={TEST_IMAGE}",
+        *("--set", f"docker.kit_image={TEST_IMAGE}"),  # the kit image itself, no project layer
         *("--build", "--base-image", base),
         env=harness.engine_env(),
     )

@@ -43,7 +43,7 @@ def pod_spec(job: dict, version: str) -> dict:
         assert o["targetJobs"] == [{"name": "node"}]
         return o["spec"]
     (patch,) = s["runtimePatches"]
-    assert patch["manager"] == "ddpkit"
+    assert patch["manager"] == "ddpkit.io/launcher"
     (rjob,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
     assert rjob["name"] == "node"
     return rjob["template"]["spec"]["template"]["spec"]
@@ -130,7 +130,7 @@ def test_submit_reads_the_crd_dry_runs_then_creates(cluster, capsys) -> None:
     ]
     assert "persistentvolumeclaim/tj-ckpt exists; reusing it" in err
     stored = cluster.objects[("trainjobs", "ml", "tj")]
-    assert stored["spec"]["runtimePatches"][0]["manager"] == "ddpkit"  # nothing pruned
+    assert stored["spec"]["runtimePatches"][0]["manager"] == "ddpkit.io/launcher"  # nothing pruned
 
 
 @pytest.mark.parametrize("served", ["2.0", "2.1", "2.2"])

@@ -260,6 +260,8 @@ def stage_kit_context(ctx: Path) -> None:
     (ctx / "docker").mkdir(parents=True)
     for name in ("Dockerfile", "entrypoint.sh"):
         shutil.copyfile(KIT_DIR / "docker" / name, ctx / "docker" / name)
+    # Executable whatever mode the installed copy kept (a wheel's data files need not).
+    (ctx / "docker" / "entrypoint.sh").chmod(0o755)
     shutil.copytree(KIT_DIR / "configs", ctx / "configs", ignore=shutil.ignore_patterns("*.py*"))
     kit_wheel(ctx / "wheels")
 

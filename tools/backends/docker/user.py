@@ -105,8 +105,13 @@ def code_note(spec: JobSpec) -> str | None:
 
 
 def check_files(spec: JobSpec) -> None:
-    """Before a build: the files exist."""
+    """Before a build: the files exist, and nothing shipped would shadow the kit."""
     d = spec.docker
+    if (source_dir(spec) / "ddpkit" / "__init__.py").is_file():
+        raise SpecError(
+            f"{source_dir(spec)} holds a ddpkit/ package (the kit's own checkout?): in the "
+            "image it would shadow the installed kit; build from your project's directory"
+        )
     if d.user_dir and not _host(d.user_dir).is_dir():
         raise SpecError(
             f"docker.user_dir {d.user_dir!r} is not a directory in the workspace {Path.cwd()}"
