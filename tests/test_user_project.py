@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.slurm_fixtures import slurm_cluster  # noqa: F401  (fixture)
+
 REPO = Path(__file__).resolve().parents[1]
 DDPKIT = Path(sys.executable).with_name("ddpkit")  # the console script of this install
 
@@ -214,3 +216,19 @@ def test_the_wheel_holds_only_the_ddpkit_namespace_and_its_command_runs(tmp_path
     r = subprocess.run([str(venv / "bin/python"), "-c", probe], cwd=proj, env=env,
                        capture_output=True, text=True)  # fmt: skip
     assert str(site) in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_the_users_own_train_py_runs_on_two_slurm_nodes_from_its_project(
+    slurm_cluster,  # noqa: F811
+    tmp_path,
+):
+    """From the project's directory, on the real 2-node cluster: the unchanged script at
+    world size 4, the nodes' Python found without slurm.venv (the one that submitted)."""
+    proj = make_project(tmp_path / "proj")
+    (proj / "ddpkit.toml").write_text(SCRIPT_JOB + 'time = "00:10:00"\n')
+    r = ddpkit("submit", "slurm", "--nodes", "2", "--gpus", "2", "--wait", cwd=proj)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert json.loads((proj / "runs/user/result.json").read_text()) == {"world_size": 4}
+    assert (proj / ".ddpkit/jobs/slurm/last_job.json").is_file()
