@@ -4,6 +4,11 @@
                            [--optimizer adamw|adam|sgd] [--gpu-mem 80] [--json]
     python -m ddpkit.tools.memory --model gpt --n-layer 12 --d-model 768 --gpus 8 [--batch-size 16]
     python -m ddpkit.tools.memory --config configs/gpt.toml --gpus 8
+    ddpkit memory --config job.toml --gpus 1024 --nodes 128 --strategy FULL_SHARD --dry-run [--json]
+
+--dry-run builds the job's model on the meta device, parallelizes it with the kit's own
+`parallelize` over a fake process group at --gpus ranks, and reports the state measured from
+the sharded tensors (ddpkit.tools.memory_dryrun); it refuses what the cluster would refuse.
 
 State bytes follow the ZeRO paper's table (the article's section 3.1): with Psi parameters and
 N GPUs in a shard group, DDP keeps 16*Psi bytes on every GPU and FULL_SHARD 16*Psi/N. The
@@ -27,7 +32,13 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ddpkit.tools.memory_model import PlanError, describe_model
+from ddpkit.tools.memory_model import (
+    MODEL_FLAGS,
+    OPTIM_BYTES,
+    PlanError,
+    describe_model,
+    shard_rows,
+)
 from ddpkit.train.errors import CliParser, run_cli
 
 GB = 1e9  # the article quotes decimal GB (7e9 * 16 B = 112 GB)
@@ -39,9 +50,6 @@ ZERO_STAGE = {
     "FULL_SHARD": "3",
     "HYBRID_SHARD": "3 in group",
 }
-# Optimizer state per parameter in fp32 bytes: Adam/AdamW keep exp_avg and exp_avg_sq; SGD
-# with momentum keeps one buffer (ddpkit's sgd uses momentum 0.9).
-OPTIM_BYTES = {"adamw": 8, "adam": 8, "sgd": 4}
 HALF_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -120,12 +128,6 @@ def parse_count(text: str) -> int:
     if value < 1:
         raise PlanError(f"--params {text!r} must be at least 1 parameter")
     return value
-
-
-def shard_rows(dim0: int, shard_size: int, index: int) -> int:
-    """Rows of a dim-0 shard that FSDP2 gives shard `index` (torch.chunk: ceil-sized chunks)."""
-    chunk = -(-dim0 // shard_size)
-    return max(0, min(chunk, dim0 - index * chunk))
 
 
 def shard_numel(shape: tuple[int, ...], shard_size: int, index: int) -> int:
@@ -315,9 +317,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", action="append", choices=STRATEGIES, help="only these")
     p.add_argument("--gpu-mem", type=float, help="GPU memory in GB: say which plans fit")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="build the model on meta, parallelize it at --gpus ranks over a fake process "
+        "group and measure the shards (needs --config or --model)",
+    )
     m = p.add_argument_group("model flags (with --model or --config; as in python -m ddpkit.train)")
-    for flag in ("batch-size", "seq-len", "vocab-size", "n-layer", "n-head", "d-model"):
-        m.add_argument(f"--{flag}", type=int)
+    for key in MODEL_FLAGS:
+        m.add_argument(f"--{key.replace('_', '-')}", type=int)
     m.add_argument("--dataset", help="shapes the input (mnist, cifar10, imagefolder, ...)")
     return p
 
@@ -330,6 +338,8 @@ def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if sum(x is not None for x in (args.params, args.model, args.config)) != 1:
         raise PlanError("pass exactly one of --params N, --model NAME or --config FILE")
+    if args.dry_run:
+        return _dry_run_main(args)
     dtype, optimizer = args.dtype or "fp32", args.optimizer or "adamw"
     kwargs: dict[str, Any] = {}
     batch, label = None, None
@@ -362,6 +372,117 @@ def _main(argv: list[str] | None) -> int:
     plan.gpu_mem_bytes = int(args.gpu_mem * GB) if args.gpu_mem else None
     print(json.dumps(to_json(plan), indent=2) if args.json else render(plan))
     return 0
+
+
+def _dry_run_main(args: argparse.Namespace) -> int:
+    from ddpkit.tools import memory_dryrun
+
+    if args.params is not None:
+        raise PlanError(
+            "--dry-run builds the model: pass --config FILE or --model NAME, not --params"
+        )
+    desc = describe_model(args)
+    cfg = desc.cfg
+    if args.replicate_degree is not None:
+        cfg.replicate_degree = args.replicate_degree
+    if args.optimizer:
+        cfg.optimizer = args.optimizer
+    dtype = args.dtype or desc.dtype
+    own = "DDP" if cfg.parallel == "ddp" else (cfg.sharding or "FULL_SHARD")
+    strategies = tuple(args.strategy or (own,))
+    runs = [memory_dryrun.dry_run(cfg, args.gpus, args.nodes, s) for s in strategies]
+    plan = make_plan(
+        gpus=args.gpus,
+        nodes=args.nodes,
+        replicate_degree=cfg.replicate_degree,
+        dtype=dtype,
+        optimizer=cfg.optimizer,
+        strategies=strategies,
+        num_params=desc.num_params,
+        shapes=desc.shapes,
+        unit_params=desc.unit_params,
+        root_params=desc.root_params,
+        activation_bytes=desc.activation_bytes(dtype),
+    )
+    gpu_mem = int(args.gpu_mem * GB) if args.gpu_mem else None
+    out = dry_run_report(runs, plan, gpu_mem)
+    out["model"] = desc.name + (f" ({args.config})" if args.config else "")
+    print(json.dumps(out, indent=2) if args.json else render_dry_run(out))
+    return 0
+
+
+def dry_run_report(runs: list[Any], plan: Plan, gpu_mem: int | None) -> dict[str, Any]:
+    """Measured state per rank beside the ZeRO table, and the peak estimate on top of it:
+    held buffers, in-flight all-gathers and activations are the planner's estimates."""
+    from ddpkit.tools.memory_dryrun import zero_state_bytes
+
+    rows = []
+    for run, est in zip(runs, plan.strategies, strict=True):
+        d = run.as_dict()
+        state = d["per_rank"]["measured_state_bytes"]
+        zero = zero_state_bytes(
+            run.strategy, run.params, run.world, run.mesh.get("shard", 1), plan.optimizer
+        )
+        extra = est.held_bytes + (est.transient_bytes or 0)
+        total = state + extra + (est.activation_bytes or 0)
+        d["per_rank"].update(
+            zero_table_state_bytes=int(zero),
+            held_bytes=est.held_bytes,
+            transient_bytes=est.transient_bytes,
+            activation_bytes=est.activation_bytes,
+            total_bytes=total,
+            fits=None if gpu_mem is None else total <= gpu_mem,
+        )
+        rows.append(d)
+    return {
+        "params": plan.num_params,
+        "gpus": plan.gpus,
+        "nodes": plan.nodes,
+        "dtype": plan.dtype,
+        "optimizer": plan.optimizer,
+        "batch_size": plan.batch_size,
+        "gpu_mem_bytes": gpu_mem,
+        "strategies": rows,
+        "measured": ["params", "grads", "optim", "measured_state_bytes"],
+        "estimates": ["held_bytes", "transient_bytes", "activation_bytes", "total_bytes"],
+    }
+
+
+def render_dry_run(out: dict[str, Any]) -> str:
+    lines = [
+        f"Dry run: {out['model']} with {out['params']:,} parameters "
+        f"({human_count(out['params'])}), {out['gpus']} rank(s) on {out['nodes']} node(s), "
+        f"{out['optimizer']}, dtype {out['dtype']}; parallelized over a fake process group",
+        "",
+    ]
+    head = ["strategy", "mesh", "params", "grads", "optim", "state (measured)", "ZeRO table"]
+    head += ["peak* (est.)"] + (
+        [f"fits {fmt(out['gpu_mem_bytes'])}"] if out["gpu_mem_bytes"] else []
+    )
+    rows = [head]
+    for s in out["strategies"]:
+        r = s["per_rank"]
+        mesh = " x ".join(f"{k} {v}" for k, v in s["mesh"].items()) or "replicas"
+        row = [s["strategy"], mesh, fmt(r["params"]), fmt(r["grads"]), fmt(r["optim"])]
+        row += [fmt(r["measured_state_bytes"]), fmt(r["zero_table_state_bytes"])]
+        row.append(fmt(r["total_bytes"]))
+        if out["gpu_mem_bytes"]:
+            row.append("yes" if r["fits"] else "NO")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines += [
+        "",
+        "per rank: rank 0, which holds the largest shard of every parameter (torch.chunk split)",
+        "* peak (estimate) = measured state + held buffers + in-flight all-gathers + activations"
+        + (f" at --batch-size {out['batch_size']}" if out["batch_size"] else ""),
+    ]
+    if any(s["strategy"] == "SHARD_GRAD_OP" for s in out["strategies"]):
+        lines.append(
+            "SHARD_GRAD_OP: the ZeRO-2 row counts the parameters as replicated; FSDP2 reshards "
+            "them after backward, so they are held forward->backward (in the peak), not state"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

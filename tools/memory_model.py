@@ -24,6 +24,29 @@ class PlanError(UserError):
     """Bad input: the message names the problem and the fix."""
 
 
+# Optimizer state per parameter in fp32 bytes: Adam/AdamW keep exp_avg and exp_avg_sq; SGD
+# with momentum keeps one buffer (ddpkit's sgd uses momentum 0.9).
+OPTIM_BYTES = {"adamw": 8, "adam": 8, "sgd": 4}
+
+
+def shard_rows(dim0: int, shard_size: int, index: int) -> int:
+    """Rows of a dim-0 shard that FSDP2 gives shard `index` (torch.chunk: ceil-sized chunks)."""
+    chunk = -(-dim0 // shard_size)
+    return max(0, min(chunk, dim0 - index * chunk))
+
+
+# The integer model settings the planner takes as flags (as python -m ddpkit.train names them).
+MODEL_FLAGS = (
+    "batch_size",
+    "seq_len",
+    "vocab_size",
+    "n_layer",
+    "n_head",
+    "d_model",
+    "grad_accum",
+    "synthetic_samples",
+)
+
 # Input shape and classes per dataset, as train/data.py builds them.
 DATASET_SHAPES: dict[str, tuple[tuple[int, ...], int | None]] = {
     "synthetic": ((1, 28, 28), None),  # classes: cfg.synthetic_classes
@@ -68,7 +91,7 @@ def load_cfg(args: argparse.Namespace) -> Any:
         raise PlanError(str(e)) from None
     if args.model:
         values["model"] = args.model
-    for key in ("batch_size", "seq_len", "vocab_size", "n_layer", "n_head", "d_model", "dataset"):
+    for key in (*MODEL_FLAGS, "dataset"):
         if getattr(args, key, None) is not None:
             values[key] = getattr(args, key)
     values.pop("extra", None)

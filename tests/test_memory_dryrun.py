@@ -1,0 +1,177 @@
+"""The planner's dry run: the real model parallelized at the job's world size over torch's fake
+process group, its measured state per rank against the ZeRO table, and what it refuses."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from argparse import Namespace
+
+import pytest
+import torch
+from ddpkit.tools.memory import make_plan
+from ddpkit.tools.memory_dryrun import dry_run, last_shard_numel, zero_state_bytes
+from ddpkit.tools.memory_model import describe_model, load_cfg
+from torch import nn
+
+from tests.trainrun import run_module
+
+
+def gpt_cfg(path: str = "configs/gpt.toml"):
+    cfg = load_cfg(Namespace(config=path, model=None))
+    return dataclasses.replace(cfg, synthetic_samples=1 << 20)  # data for a 4096-rank batch
+
+
+def scalar_model(cfg) -> nn.Module:
+    """A user model with a 0-dim parameter: fully_shard refuses it."""
+    m = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10))  # for synthetic 1x28x28
+    m.temperature = nn.Parameter(torch.ones(()))
+    return m
+
+
+def within(measured: float, expected: float, tol: float = 0.02) -> bool:
+    return abs(measured - expected) <= tol * expected
+
+
+@pytest.mark.parametrize(
+    "config, world",
+    [("configs/gpt.toml", 8), ("configs/gpt.toml", 64), ("configs/gpt_350m.toml", 1024)],
+)
+def test_measured_state_agrees_with_the_zero_table(config, world):
+    cfg = gpt_cfg(config)
+    nodes = world // 8
+    for strategy in ("DDP", "FULL_SHARD", "HYBRID_SHARD", "NO_SHARD"):
+        run = dry_run(cfg, world, nodes, strategy)
+        psi = run.params
+        shard = {"FULL_SHARD": world, "HYBRID_SHARD": 8}.get(strategy, 1)
+        assert run.mesh.get("shard", 1) == shard, (strategy, run.mesh)
+        zero = zero_state_bytes(strategy, psi, world, shard, "adamw")
+        assert zero == pytest.approx(16 * psi / shard)
+        assert within(run.largest.total, zero), (strategy, world, run.largest.total, zero)
+        assert run.smallest.total <= run.largest.total
+
+
+@pytest.mark.parametrize("world", [8, 64, 1024])
+def test_measured_state_is_the_planners_exact_split(world):
+    # The ZeRO table is an even split. At 1,024 ranks the built-in gpt (d_model 128) has
+    # fewer rows than ranks: torch.chunk gives ranks 0..127 one row and the rest none, so
+    # rank 0 holds ~4x the even share. The measured shards and the planner's dim-0
+    # arithmetic agree at every size, even where the table does not.
+    cfg = gpt_cfg()
+    desc = describe_model(Namespace(config="configs/gpt.toml", model=None))
+    plan = make_plan(0, gpus=world, shapes=desc.shapes, strategies=("FULL_SHARD",))
+    run = dry_run(cfg, world, 1, "FULL_SHARD")
+    assert run.largest.total == plan.strategies[0].state_bytes
+    assert run.smallest.total == min(r.total for r in plan.strategies[0].per_rank)
+
+
+@pytest.mark.parametrize("world", [8, 64, 1024])
+def test_shard_grad_op_shards_the_state_at_rest(world):
+    # FSDP2's SHARD_GRAD_OP reshards after backward: between steps it holds FULL_SHARD's
+    # 16 Psi / N; the unsharded params it keeps from forward to backward are a step's peak
+    # (the planner's held_bytes), so the ZeRO-2 row 2 Psi + 14 Psi / N is a peak, not state.
+    cfg = gpt_cfg()
+    sgo = dry_run(cfg, world, 1, "SHARD_GRAD_OP")
+    full = dry_run(cfg, world, 1, "FULL_SHARD")
+    assert sgo.largest == full.largest
+    assert zero_state_bytes("SHARD_GRAD_OP", 100, 10, 10, "adamw") == 2 * 100 + 14 * 100 / 10
+
+
+def test_uneven_shards_rank_zero_is_the_largest():
+    from torch.distributed.tensor import Replicate, Shard
+
+    # torch.chunk: 10 rows over 4 ranks are 3, 3, 3, 1; 2 rows over 4 are 1, 1, 0, 0
+    assert last_shard_numel((10, 5), (4,), (Shard(0),), Shard) == 5
+    assert last_shard_numel((2, 5), (4,), (Shard(0),), Shard) == 0
+    assert last_shard_numel((10, 5), (2, 4), (Replicate(), Shard(0)), Shard) == 5
+    run = dry_run(gpt_cfg(), 1024, 1, "FULL_SHARD")
+    assert run.smallest.total < run.largest.total  # 128-row tensors: empty last shards
+
+
+def test_dry_run_leaves_the_process_clean():
+    import torch.distributed as dist
+
+    hook = sys.excepthook
+    dry_run(gpt_cfg(), 8, 1, "FULL_SHARD")
+    assert not dist.is_initialized()
+    assert sys.excepthook is hook
+
+
+def test_a_layer_fsdp_cannot_shard_is_refused():
+    from ddpkit.tools.memory_model import PlanError
+
+    cfg = load_cfg(Namespace(config=None, model="tests.test_memory_dryrun:scalar_model"))
+    with pytest.raises(PlanError, match="scalar parameters"):
+        dry_run(cfg, 8, 1, "FULL_SHARD")
+    assert dry_run(cfg, 8, 1, "DDP").params == 28 * 28 * 10 + 10 + 1  # DDP replicates it as it is
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--gpus", "8", "--strategy", "HYBRID_SHARD", "--replicate-degree", "3"], "8 % 3 = 2"),
+        (["--gpus", "1024", "--strategy", "FULL_SHARD"], "fewer than one global batch"),
+        (["--gpus", "12", "--nodes", "5"], "not a multiple of --nodes 5"),
+    ],
+)
+def test_cli_refuses_what_fails_on_the_cluster(args, needle, one_line_error):
+    proc = run_module("ddpkit.tools.memory", "--config", "configs/gpt.toml", "--dry-run", *args)
+    assert needle in one_line_error(proc)
+
+
+def test_cli_refuses_a_scalar_parameter(one_line_error):
+    model = "tests.test_memory_dryrun:scalar_model"
+    proc = run_module("ddpkit.tools.memory", "--model", model, "--gpus", "8", "--dry-run")
+    assert "FULL_SHARD cannot shard" not in proc.stderr  # its own strategy: DDP (the default)
+    assert proc.returncode == 0, proc.stderr
+    proc = run_module(
+        "ddpkit.tools.memory", "--model", model, "--gpus", "8", "--strategy", "FULL_SHARD",
+        "--dry-run",
+    )  # fmt: skip
+    assert "FULL_SHARD cannot shard this model on 8 ranks" in one_line_error(proc)
+
+
+def test_cli_json_holds_params_and_measured_state_per_rank():
+    proc = run_module(
+        "ddpkit.tools.memory", "--config", "configs/gpt.toml", "--gpus", "64", "--nodes", "8",
+        "--strategy", "FULL_SHARD", "--strategy", "HYBRID_SHARD", "--dry-run", "--json",
+        "--gpu-mem", "80",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    psi = out["params"]
+    assert psi == 940_800
+    full, hybrid = out["strategies"]
+    assert full["mesh"] == {"shard": 64} and hybrid["mesh"] == {"replicate": 8, "shard": 8}
+    assert within(full["per_rank"]["measured_state_bytes"], 16 * psi / 64)
+    assert within(hybrid["per_rank"]["measured_state_bytes"], 16 * psi / 8)
+    r = full["per_rank"]
+    assert r["measured_state_bytes"] == r["params"] + r["grads"] + r["optim"]
+    assert r["total_bytes"] >= r["measured_state_bytes"] + r["activation_bytes"]
+    assert r["fits"] is True
+
+
+def test_cli_dry_run_needs_a_model(one_line_error):
+    proc = run_module("ddpkit.tools.memory", "--params", "7B", "--gpus", "8", "--dry-run")
+    assert "--dry-run builds the model" in one_line_error(proc)
+
+
+def test_350m_gpt_on_1024_ranks_is_quick():
+    cfg = gpt_cfg("configs/gpt_350m.toml")
+    start = time.perf_counter()
+    run = dry_run(cfg, 1024, 128, "FULL_SHARD")
+    took = time.perf_counter() - start
+    assert within(run.largest.total, 16 * run.params / 1024)
+    assert took < 60, took
+
+
+def test_cli_table_reads_as_a_plan():
+    proc = run_module(
+        "ddpkit.tools.memory", "--config", "configs/gpt.toml", "--gpus", "8", "--dry-run"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "state (measured)" in proc.stdout and "ZeRO table" in proc.stdout
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("FULL_SHARD"))
+    assert "shard 8" in row  # the job's own strategy, from its config
