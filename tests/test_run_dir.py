@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 
 import pytest
-
 from ddpkit.train.config import entry_name, parse_config
 
 
