@@ -267,3 +267,22 @@ def test_export_refuses_a_checkpoint_that_fails_its_checksums(base, tmp_path):
     ok = subprocess.run([*cmd, "export", str(base / "checkpoints/step-3"), str(out)],
                         capture_output=True, text=True)  # fmt: skip
     assert ok.returncode == 0 and out.is_file(), ok.stderr
+
+
+def test_a_rewind_keeps_its_own_saves_and_sets_the_later_timeline_aside(tmp_path):
+    """--resume step-4 after a run to step 8, with --ckpt-keep 1: the new timeline's saves
+    stay (pruning by step number used to delete them for the abandoned step-8), the later
+    checkpoints move to checkpoints/abandoned/ with one line, and --resume auto goes on from
+    the new timeline."""
+    rd = tmp_path / "run"
+    args = ("--ckpt-interval", "2", "--no-eval", "--log-interval", "2", "--batch-size", "16",
+            "--synthetic-samples", "1024")  # fmt: skip
+    train(rd, *args, "--steps", "8")
+    ck = rd / "checkpoints"
+    rewind = train(rd, *args, "--steps", "6", "--ckpt-keep", "1", "--resume", str(ck / "step-4"))
+    assert "rewound to step-4" in rewind.out, rewind.out
+    assert sorted(p.name for p in ck.glob("step-*")) == ["step-6"]
+    aside = sorted(p.name.split(".")[0] for p in (ck / "abandoned").iterdir())
+    assert aside == ["step-6", "step-8"]
+    again = train(rd, *args, "--steps", "8")
+    assert again.summary["resumed_from"].endswith("checkpoints/step-6"), again.out

@@ -62,6 +62,7 @@ def _errors() -> tuple[type[BaseException], ...]:
     return (Exception, CheckpointException)
 
 
+ABANDONED_DIR = "abandoned"  # under the checkpoint dir: later steps a rewind set aside
 _STEP_DIR = re.compile(rf"^{CKPT_STEP_PREFIX}(\d+)$")
 
 
@@ -396,7 +397,7 @@ class Checkpointer:
             candidates = complete[::-1]
         for path in candidates:
             try:
-                return path, self.load(path, states)
+                info = self.load(path, states)
             except UnusableCheckpoint as e:
                 if resume != "auto":
                     raise ConfigError(
@@ -404,6 +405,10 @@ class Checkpointer:
                         "directory, or --resume auto to take the newest one that loads"
                     ) from None
                 self.log(f"warning: skipping checkpoint {path}: {e}; trying the next older one")
+                continue
+            if resume != "auto":
+                self._set_aside_later_than(path)
+            return path, info
         if candidates:
             raise ConfigError(
                 f"no usable checkpoint in {self.dir}: all {len(candidates)} complete ones fail "
@@ -411,6 +416,28 @@ class Checkpointer:
                 "with --resume never or another --ckpt-dir"
             )
         return None
+
+    def _set_aside_later_than(self, path: Path) -> None:
+        """A rewind (--resume of an older step of this checkpoint dir) starts a new timeline:
+        the later checkpoints of the old one move to ABANDONED_DIR, so keep-K never prunes
+        this run's saves in their favour and a later --resume auto never jumps back to them.
+        Said in one line; nothing is deleted."""
+        step = _step_of(path)
+        if step is None or path.resolve().parent != self.dir.resolve():
+            return
+        later = [p for p in list_checkpoints(self.dir)[0] if (_step_of(p) or -1) > step]
+        if not later:
+            return
+        aside = self.dir / ABANDONED_DIR
+        if self.rank == 0:
+            aside.mkdir(exist_ok=True)
+            for p in later:
+                p.rename(aside / f"{p.name}.{int(time.time())}")
+        self.log(
+            f"rewound to {path.name}: the later {', '.join(p.name for p in later)} (another "
+            f"timeline) moved to {aside}; --resume auto will not go back to them"
+        )
+        dist.barrier(group=self.pg)  # every rank sees the new timeline before its first save
 
     def _agree(self, problem: str | None) -> None:
         """Raise UnusableCheckpoint on every rank when any rank has a problem."""
