@@ -76,7 +76,7 @@ def render(name: str, nproc: int, entry: dict[str, str]) -> str:
         "nodes = 1",
         '# accelerator = "cpu"      # "gpu" (default) requests one GPU per process',
         '# time = "01:00:00"        # the scheduler\'s time limit',
-        f'# image = "{name}:latest"  # docker/k8s: the image `ddpkit build` makes',
+        f'image = "{name}:latest"  # docker/k8s: `ddpkit build` makes it (this directory on the ddpkit image)',
     ]
     if "script" in entry or "module" in entry:
         key = "script" if "script" in entry else "module"
