@@ -150,15 +150,16 @@ class Backend(abc.ABC):
         poll_s: float = 2.0,
         on_poll: Callable[[JobStatus], None] | None = None,
     ) -> int:
-        """The one wait loop: poll until the job ends; print each state change on stderr."""
-        last = ""
+        """The one wait loop: poll until the job ends; print a line on stderr when the
+        state (or the exit status) changes, not every poll (run times tick in the detail)."""
+        last: tuple[JobState, int | None] | None = None
         while True:
             st = self.poll(job)
             if on_poll is not None:
                 on_poll(st)
-            if st.line() != last:
+            if (st.state, st.exit_code) != last:
                 print(st.line(), file=sys.stderr, flush=True)
-                last = st.line()
+                last = (st.state, st.exit_code)
             if st.state.terminal:
                 if st.state is JobState.SUCCEEDED:
                     return 0
