@@ -141,7 +141,8 @@ def test_mnist_missing_files_says_where_to_put_them(tmp_path):
         check=False,
     )
     assert run.rc == 2 and "Traceback" not in run.out
-    assert f"MNIST not found under {tmp_path / 'none'}/MNIST/raw" in run.out
+    # refused by the config check, before any rank looks for the files
+    assert f"--data-dir {tmp_path / 'none'} does not exist and --no-download is set" in run.out
 
 
 def test_activation_checkpointing_changes_memory_not_results(tmp_path):

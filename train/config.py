@@ -484,6 +484,16 @@ def validate(cfg: TrainConfig, local_paths: bool = True) -> None:
         raise ConfigError(
             f"--data-dir {cfg.data_dir} does not exist; point it at your {cfg.dataset} data"
         )
+    if (
+        local_paths
+        and cfg.dataset in ("mnist", "cifar10")
+        and not cfg.download
+        and not Path(cfg.data_dir).is_dir()
+    ):
+        raise ConfigError(
+            f"--data-dir {cfg.data_dir} does not exist and --no-download is set: put the "
+            f"{cfg.dataset} files there, or allow the download"
+        )
     if local_paths and cfg.resume not in ("auto", "never") and not Path(cfg.resume).exists():
         raise ConfigError(
             f"--resume {cfg.resume}: no such checkpoint directory; pass a step-N directory "
