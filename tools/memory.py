@@ -36,6 +36,7 @@ from ddpkit.tools.memory_model import (
     MODEL_FLAGS,
     OPTIM_BYTES,
     PlanError,
+    RankState,
     describe_model,
     shard_rows,
 )
@@ -51,25 +52,6 @@ ZERO_STAGE = {
     "HYBRID_SHARD": "3 in group",
 }
 HALF_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-
-
-@dataclass
-class RankState:
-    params: int
-    grads: int
-    optim: int
-
-    @property
-    def total(self) -> int:
-        return self.params + self.grads + self.optim
-
-    def as_dict(self) -> dict[str, int]:
-        return {
-            "params": self.params,
-            "grads": self.grads,
-            "optim": self.optim,
-            "total": self.total,
-        }
 
 
 @dataclass

@@ -23,23 +23,10 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from ddpkit.tools.memory_model import OPTIM_BYTES, PlanError, in_shape, shard_rows
+from ddpkit.tools.memory_model import OPTIM_BYTES, PlanError, RankState, in_shape, shard_rows
 from ddpkit.train.errors import UserError
 
 FP32 = 4
-
-
-@dataclass
-class RankBytes:
-    """State that stays allocated between steps on one rank, as sharded."""
-
-    params: int
-    grads: int
-    optim: int
-
-    @property
-    def total(self) -> int:
-        return self.params + self.grads + self.optim
 
 
 @dataclass
@@ -49,11 +36,11 @@ class DryRun:
     nodes: int
     mesh: dict[str, int]  # mesh dim name -> size; {} for DDP
     params: int  # the model's parameter count
-    largest: RankBytes  # rank 0: the largest shard of every parameter (measured)
-    smallest: RankBytes  # the last shard index (from the same dim-0 split)
+    largest: RankState  # rank 0: the largest shard of every parameter (measured)
+    smallest: RankState  # the last shard index (from the same dim-0 split)
 
     def as_dict(self) -> dict[str, Any]:
-        def one(r: RankBytes) -> dict[str, int]:
+        def one(r: RankState) -> dict[str, int]:
             return {**dataclasses.asdict(r), "measured_state_bytes": r.total}
 
         return {
@@ -171,7 +158,7 @@ def dry_run(cfg: Any, gpus: int, nodes: int, strategy: str) -> DryRun:
     return DryRun(strategy, gpus, nodes, mesh, params, largest, smallest)
 
 
-def measure(model: Any, optimizer: str) -> tuple[RankBytes, RankBytes, dict[str, int]]:
+def measure(model: Any, optimizer: str) -> tuple[RankState, RankState, dict[str, int]]:
     """(rank 0's state, the smallest rank's state, the mesh) from the parameters as sharded.
     Gradients take the local shard's shape and dtype; the optimizer keeps fp32 tensors of the
     local shard's shape (Adam/AdamW two, SGD's momentum one) and Adam a 4-byte step per tensor."""
@@ -179,7 +166,7 @@ def measure(model: Any, optimizer: str) -> tuple[RankBytes, RankBytes, dict[str,
 
     per_param = OPTIM_BYTES[optimizer]
     step = FP32 if optimizer in ("adam", "adamw") else 0
-    big, small = RankBytes(0, 0, 0), RankBytes(0, 0, 0)
+    big, small = RankState(0, 0, 0), RankState(0, 0, 0)
     mesh: dict[str, int] = {}
     for p in model.parameters():
         n0, n_last = p.numel(), p.numel()

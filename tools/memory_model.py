@@ -57,6 +57,28 @@ DATASET_SHAPES: dict[str, tuple[tuple[int, ...], int | None]] = {
 
 
 @dataclass
+class RankState:
+    """State that stays allocated between steps on one rank: parameters, gradients and
+    optimizer state, in bytes (the formula's plan and the dry run's measurement alike)."""
+
+    params: int
+    grads: int
+    optim: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optim
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "params": self.params,
+            "grads": self.grads,
+            "optim": self.optim,
+            "total": self.total,
+        }
+
+
+@dataclass
 class ModelDesc:
     name: str
     shapes: list[tuple[int, ...]]
