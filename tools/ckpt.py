@@ -116,7 +116,7 @@ def verified(path: Path) -> None:
     makes (ddpkit.train.checkpoint.verify): every reader of a checkpoint trusts it alike."""
     from ddpkit.train.checkpoint import read_marker, verify
 
-    if read_marker(path) is None or "files" not in (read_marker(path) or {}):
+    if "files" not in (read_marker(path) or {}):
         return  # a checkpoint from before the checksums (or a bare DCP dir): nothing to check
     problem = verify(path)
     if problem is not None:
