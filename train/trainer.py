@@ -232,7 +232,19 @@ class Trainer:
         finally:
             self.lock.release()
 
+    def world_line(self) -> str:
+        """The run's first log line: the world it trains in (a pod's or a node's log shows it)."""
+        w, cfg = self.world, self.cfg
+        how = "DDP" if cfg.parallel == "ddp" else f"FSDP2 {cfg.sharding}"
+        return (
+            f"world: {w.size} ranks ({w.nnodes} node{'s' if w.nnodes != 1 else ''} x "
+            f"{w.local_size} process{'es' if w.local_size != 1 else ''}), backend {w.backend} "
+            f"on {w.device.type}, {how}; model {cfg.model} ({self.num_params:,} parameters), "
+            f"global batch {self.global_batch}, {self.total_steps} steps"
+        )
+
     def _train(self) -> int:
+        self.reporter.info(self.world_line())
         self.maybe_resume()
         self.phase = "stop-signal all_reduce"
         signum = self.stop.agree_now(self.control_pg)  # one that came during start-up
