@@ -1,6 +1,6 @@
 """One CLI for every backend:
 
-    python -m ddpkit.tools.launch {render,submit,status,logs,cancel,list} {local,slurm,k8s,docker} [JOB]
+    ddpkit {render,submit,status,logs,cancel,list} {local,slurm,k8s,docker,<plugin>} [JOB]
         [--config FILE] [--set key=value ...] [--nodes N] [--gpus N] [--write] [--wait]
         [--print-spec] [-- extra flags for the entry point]
 
@@ -25,23 +25,21 @@ from ddpkit.tools.spec import JobSpec, SpecError, default_job_file
 from ddpkit.train.errors import CliParser
 
 ACTIONS = ("render", "submit", "status", "logs", "cancel", "list")
-BACKEND_NAMES = (
-    "local",
-    "slurm",
-    "k8s",
-    "docker",
-)  # ddpkit.tools.backends.BACKENDS (kept import-free)
 
 
 class _Parser(CliParser):
     error_class = SpecError
 
 
-def build_parser(backend: object | None = None) -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m ddpkit.tools.launch", description=__doc__.split("\n\n")[0])
-    p.add_argument("action", choices=ACTIONS)
-    p.add_argument("backend", choices=BACKEND_NAMES)
-    p.add_argument("job", nargs="?", help="status/logs/cancel: job id (default: the last one)")
+def build_parser(backend: object | None = None, prog: str | None = None) -> argparse.ArgumentParser:
+    """The launcher's flags; prog set (`ddpkit run`): the action and backend are fixed."""
+    from ddpkit.tools.backends import registered
+
+    p = _Parser(prog=prog or "ddpkit", description=__doc__.split("\n\n")[0])
+    if prog is None:
+        p.add_argument("action", choices=ACTIONS)
+        p.add_argument("backend", choices=list(registered()))  # built-in and plugin backends
+        p.add_argument("job", nargs="?", help="status/logs/cancel: job id (default: the last one)")
     p.add_argument(
         "--config", help="job file (TOML); default ./ddpkit.toml, else the built-in default job"
     )
@@ -64,7 +62,9 @@ def build_parser(backend: object | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--nodes", type=int, help="number of nodes")
     p.add_argument("--gpus", type=int, help="processes per node (one per GPU)")
-    p.add_argument("--write", action="store_true", help="render: also write out/<backend>/")
+    p.add_argument(
+        "--write", action="store_true", help="render: also write .ddpkit/rendered/<backend>/"
+    )
     p.add_argument("--wait", action="store_true", help="submit: follow the job to its end")
     p.add_argument("--print-spec", action="store_true", help="print the resolved spec, exit")
     p.add_argument(
@@ -130,15 +130,16 @@ def run(argv: list[str]) -> int:
     # The first pass reads the common flags (backend flags stay unknown); the spec is checked
     # before submitit or the kubernetes client is imported (backends import them on use).
     first, _ = build_parser().parse_known_args(argv)
-    from ddpkit.tools.backends import load_backend
+    from ddpkit.tools.backends import load_backend, plugin_sections
     from ddpkit.tools.spec import load_spec
 
     backend = load_backend(first.backend)  # light: engines' clients are imported on use
+    sections = plugin_sections(backend)  # [mine] tables: typed for this backend, kept for others
 
     def load(sets: list[str]) -> JobSpec:
         config = first.config or default_job_file()
         spec = load_spec(
-            config, sets, first.nodes, first.gpus, entry_args, backend.shares_filesystem
+            config, sets, first.nodes, first.gpus, entry_args, backend.shares_filesystem, sections
         )
         backend.validate(spec)
         return spec
@@ -192,6 +193,14 @@ def _act(backend: Any, opts: argparse.Namespace, spec: JobSpec | None, members: 
 def run_here(argv: list[str]) -> int:
     """`ddpkit run`: the job on this machine (submit local), with PNG charts of its metrics
     at the end when matplotlib is installed (the [plot] extra)."""
+    own, _ = _split_entry_args(argv)
+    if "-h" in own or "--help" in own:
+        from ddpkit.tools.backends import load_backend
+
+        p = build_parser(load_backend("local"), prog="ddpkit run")
+        p.description = "Run the job on this machine through the node launcher (= submit local)."
+        p.print_help()
+        return 0
     return run(["submit", "local", "--plot", *argv])
 
 

@@ -166,6 +166,9 @@ class JobSpec:
     slurm: SlurmSpec = field(default_factory=SlurmSpec)
     k8s: K8sSpec = field(default_factory=K8sSpec)
     docker: DockerSpec = field(default_factory=DockerSpec)
+    # A plugin backend's table ([mine]), typed by its Options when it is the backend acting
+    # on the job (else kept as written); not a key of its own in the job file.
+    backend_options: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
 
     @property
     def world_size(self) -> int:
@@ -267,7 +270,10 @@ class JobSpec:
         return env
 
     def to_dict(self) -> dict[str, Any]:
-        return _drop_none(dataclasses.asdict(self))
+        """The spec as a job file would hold it (plugin backends' tables at the top level)."""
+        out = dataclasses.asdict(self)
+        out.update(out.pop("backend_options"))
+        return _drop_none(out)
 
 
 # --- small pure helpers ------------------------------------------------------------------
@@ -406,16 +412,37 @@ def _check_value(tp: Any, value: Any, where: str) -> Any:
     return value
 
 
-def _build(cls: type, table: dict[str, Any], where: str) -> Any:
+def _keys(cls: type) -> list[str]:
+    """The job-file keys of a table's dataclass (internal fields are not keys)."""
+    return [f.name for f in fields(cls) if not f.metadata.get("internal")]
+
+
+def _build(
+    cls: type, table: dict[str, Any], where: str, sections: dict[str, type | None] | None = None
+) -> Any:
+    """A dataclass from its TOML table, every value type-checked (SpecError naming the key).
+    sections: at the top level, the plugin backends' tables the file may hold, by name ->
+    their Options (typed here), or None (kept as written: another backend's table)."""
     hints = get_type_hints(cls)
-    known = [f.name for f in fields(cls)]
+    known = _keys(cls)
+    sections = sections or {}
     kwargs: dict[str, Any] = {}
     for key, value in table.items():
         name = key.replace("-", "_")
         dotted = f"{where}.{key}" if where else key
+        if cls is JobSpec and name not in known and key in sections:
+            if not isinstance(value, dict):
+                raise SpecError(
+                    f"[{key}] must be a table (backend {key!r}'s options), got {value!r}"
+                )
+            opts_cls = sections[key]
+            typed = _build(opts_cls, value, key) if opts_cls is not None else value
+            kwargs.setdefault("backend_options", {})[key] = typed
+            continue
         if name not in known:
             section = f"[{where}]" if where else "the top level"
-            raise SpecError(f"unknown key {dotted!r}; valid keys in {section}: {', '.join(known)}")
+            valid = known + sorted(sections) if cls is JobSpec else known
+            raise SpecError(f"unknown key {dotted!r}; valid keys in {section}: {', '.join(valid)}")
         if name == "train" and cls is JobSpec:
             kwargs[name] = _check_train(value)
         else:
@@ -443,24 +470,32 @@ def _check_train(table: Any) -> dict[str, Any]:
 # --- overrides -------------------------------------------------------------------------------
 
 
-def _field_type(path: list[str]) -> Any:
-    """The annotation at a dotted path (train.* from TrainConfig), or raise SpecError."""
+def _field_type(path: list[str], sections: dict[str, type | None] | None = None) -> Any:
+    """The annotation at a dotted path (train.* from TrainConfig; a plugin backend's table
+    from its Options), or raise SpecError."""
     cls: Any = JobSpec
+    sections = sections or {}
+    dotted, full = ".".join(path), path
+    if len(path) > 1 and path[0] in sections and path[0] not in _keys(JobSpec):
+        if sections[path[0]] is None:
+            return Any  # another backend's table: parsed as TOML, checked by its backend
+        cls, path = sections[path[0]], path[1:]
+        prefix = 1
+    else:
+        prefix = 0
     for i, part in enumerate(path):
         name = part.replace("-", "_")
         if cls is TrainConfig:
             if name not in TRAIN_KEYS or i != len(path) - 1:
                 raise SpecError(
-                    f"--set {'.'.join(path)}: unknown key; valid keys in [train]: "
-                    + ", ".join(TRAIN_KEYS)
+                    f"--set {dotted}: unknown key; valid keys in [train]: " + ", ".join(TRAIN_KEYS)
                 )
             return get_type_hints(TrainConfig)[name]
-        names = [f.name for f in fields(cls)]
+        names = _keys(cls)
         if name not in names:
-            where = f"[{'.'.join(path[:i])}]" if i else "the top level"
+            where = f"[{'.'.join(full[: i + prefix])}]" if i or prefix else "the top level"
             raise SpecError(
-                f"--set {'.'.join(path)}: unknown key {part!r}; valid keys in {where}: "
-                + ", ".join(names)
+                f"--set {dotted}: unknown key {part!r}; valid keys in {where}: " + ", ".join(names)
             )
         tp = TrainConfig if (cls is JobSpec and name == "train") else get_type_hints(cls)[name]
         if i == len(path) - 1:
@@ -468,10 +503,10 @@ def _field_type(path: list[str]) -> Any:
         tp, _ = _unwrap_optional(tp)
         if get_origin(tp) is dict:  # env.FOO=bar, k8s.node_selector.x=y
             if i != len(path) - 2:
-                raise SpecError(f"--set {'.'.join(path)}: too many dots")
+                raise SpecError(f"--set {dotted}: too many dots")
             return get_args(tp)[1]
         if not (dataclasses.is_dataclass(tp) or tp is TrainConfig):
-            raise SpecError(f"--set {'.'.join(path)}: {part} is not a table")
+            raise SpecError(f"--set {dotted}: {part} is not a table")
         cls = tp
     return cls
 
@@ -498,7 +533,9 @@ def parse_override_value(tp: Any, raw: str) -> Any:
         raise SpecError(f"cannot parse {raw!r} as {_type_name(base)}") from None
 
 
-def apply_override(data: dict[str, Any], assignment: str) -> None:
+def apply_override(
+    data: dict[str, Any], assignment: str, sections: dict[str, type | None] | None = None
+) -> None:
     """Apply one `dotted.key=value` to the raw TOML dict (checked again when built)."""
     key, sep, raw = assignment.partition("=")
     key = key.strip()
@@ -506,7 +543,7 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
         raise SpecError(f"--set {assignment!r}: expected key=value, e.g. --set slurm.partition=gpu")
     path = key.split(".")
     try:
-        value = parse_override_value(_field_type(path), raw)
+        value = parse_override_value(_field_type(path, sections), raw)
     except SpecError as e:
         if str(e).startswith("--set"):
             raise
@@ -733,9 +770,11 @@ def load_spec(
     gpus: int | None = None,
     train_args: list[str] | None = None,
     local_paths: bool = True,
+    sections: dict[str, type | None] | None = None,
 ) -> JobSpec:
     """Load, override, type-check and validate a job file (BUILTIN_JOB: the kit's default
-    job). Relative paths are checked against the workspace. Raises SpecError."""
+    job). Relative paths are checked against the workspace. sections: the plugin backends'
+    tables the file may hold (name -> Options to type it, or None). Raises SpecError."""
     data: dict[str, Any] = {}
     if path is not None:
         source = builtin_job_path() if str(path) == BUILTIN_JOB else path
@@ -744,7 +783,7 @@ def load_spec(
         except ConfigError as e:
             raise SpecError(str(e)) from None
     for assignment in sets or []:
-        apply_override(data, assignment)
+        apply_override(data, assignment, sections)
     workspace = resolve_workspace(path, data)
     data["workspace"] = str(workspace)
     slurm = data.setdefault("slurm", {})
@@ -757,7 +796,7 @@ def load_spec(
         data["nproc_per_node"] = gpus
     if train_args:
         data["train_args"] = list(data.get("train_args", [])) + list(train_args)
-    spec = _build(JobSpec, data, "")
+    spec = _build(JobSpec, data, "", sections)
     with in_workspace(workspace):
         return validate(spec, local_paths)
 

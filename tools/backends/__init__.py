@@ -14,6 +14,15 @@ imported only when used (submitit and the kubernetes client stay out of other ba
         def add_arguments(self, parser) -> None: ...       # optional backend-only flags
         def after_render(self, spec, opts, text) -> int: ...  # optional (e.g. build an image)
 
+A backend's job-file options are a dataclass, `Options`, read from the job file's table of
+the backend's name (`[slurm]`, `[k8s]`, `[docker]`, `[mine]`) by the same typed loader as the
+rest of the spec; `backend.options(spec)` returns them, typed.
+
+A backend of another package (a plugin) is one package and one line: the entry point
+`mine = "mypkg.backend:MyBackend"` in the group `ddpkit.backends` of its pyproject.toml
+(`[project.entry-points."ddpkit.backends"]`); `ddpkit render mine` then finds it, its
+`[mine]` table is typed by its Options, and `--set mine.key=value` works.
+
 `status` has a default (print `poll`'s answer; exit 0, or 1 when the job failed) and `wait`
 is ONE loop for every backend: poll until JobState is terminal, then the job's exit status.
 `opts` is the CLI's Namespace (opts.spec is the JobSpec when --config was given, else None).
@@ -32,6 +41,7 @@ import abc
 import argparse
 import enum
 import importlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -51,6 +61,7 @@ BACKENDS = {
     "k8s": "ddpkit.tools.backends.k8s:K8sBackend",
     "docker": "ddpkit.tools.backends.docker:DockerBackend",
 }
+ENTRY_POINT_GROUP = "ddpkit.backends"  # plugins: name = "module:Class" (see the docstring)
 STATE_DIR = ".ddpkit"  # in the workspace: job records (jobs/), rendered files, build contexts
 
 
@@ -96,6 +107,19 @@ class Backend(abc.ABC):
     # inputs (--data-dir, --resume, hf:PATH) are then checked here at render time. Container
     # backends set False: those paths exist only in the image or its volumes.
     shares_filesystem: ClassVar[bool] = True
+    # The backend's job-file options: a dataclass typed from the job file's [<name>] table;
+    # None = the backend has no options of its own.
+    Options: ClassVar[type | None] = None
+
+    def options(self, spec: JobSpec) -> Any:
+        """This backend's options of the job, typed (its Options' defaults when the job file
+        has no table for it)."""
+        if hasattr(spec, self.name):  # a built-in backend's table is a field of JobSpec
+            return getattr(spec, self.name)
+        table = spec.backend_options.get(self.name)
+        if table is None and self.Options is not None:
+            return self.Options()
+        return table
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:  # noqa: B027 (a hook)
         """Backend-only CLI flags (none by default)."""
@@ -229,19 +253,52 @@ def check_node_env(spec: JobSpec, python: str, key: str) -> None:
     )
 
 
+def registered() -> dict[str, str]:
+    """Every backend by name -> "module:Class": the built-in ones, then the plugins other
+    packages register in the entry-point group ENTRY_POINT_GROUP (a plugin never replaces
+    a built-in backend of the same name). Nothing is imported here."""
+    found = dict(BACKENDS)
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name, ep.value)
+    return found
+
+
+def plugin_sections(backend: Backend) -> dict[str, type | None]:
+    """The plugin backends' tables a job file may hold (built-in backends' are JobSpec
+    fields): the acting backend's typed by its Options, every other one kept as written."""
+    sections: dict[str, type | None] = dict.fromkeys(set(registered()) - set(BACKENDS))
+    if backend.name not in BACKENDS and backend.Options is not None:
+        sections[backend.name] = backend.Options
+    return sections
+
+
 def load_backend(name: str) -> Backend:
     """The backend registered as `name`, imported now."""
-    if name not in BACKENDS:
-        raise SpecError(f"unknown backend {name!r}; use one of {', '.join(BACKENDS)}")
-    module_name, _, cls_name = BACKENDS[name].partition(":")
+    known = registered()
+    if name not in known:
+        raise SpecError(f"unknown backend {name!r}; use one of {', '.join(known)}")
+    module_name, _, cls_name = known[name].partition(":")
     try:
         module = importlib.import_module(module_name)
+        cls = getattr(module, cls_name)
     except ModuleNotFoundError as e:
         if e.name != module_name:
             raise
-        raise SpecError(f"backend {name!r} is not implemented in this checkout yet") from None
-    backend = getattr(module, cls_name)()
-    assert isinstance(backend, Backend) and backend.name == name
+        raise SpecError(
+            f"backend {name!r} is registered as {known[name]!r}, but {module_name} does not "
+            "import; reinstall the package that provides it"
+        ) from None
+    except AttributeError:
+        raise SpecError(
+            f"backend {name!r} is registered as {known[name]!r}, but {module_name} has no "
+            f"{cls_name}; fix the entry point"
+        ) from None
+    backend = cls()
+    if not isinstance(backend, Backend) or backend.name != name:
+        raise SpecError(
+            f"backend {name!r} ({known[name]}) is not a ddpkit Backend named {name!r}; "
+            "subclass ddpkit.tools.backends.Backend and set name"
+        )
     return backend
 
 
