@@ -77,7 +77,6 @@ BAD = [
     (["debug=loud"], "is not one of off, warn, info, trace"),
     (["env.1X=a"], "is not a variable name"),
     (["rdzv_port=70000"], "is not a port"),
-    (["k8s.elastic.min=3", "k8s.elastic.max=2"], "1 <= min <= max"),
     (["noequals"], "expected key=value"),
     (
         [
@@ -123,6 +122,31 @@ def test_validation_errors(sets: list[str], message: str) -> None:
     with pytest.raises(SpecError) as e:
         load_spec(None, sets)
     assert message in str(e.value)
+
+
+# A backend's own rules: its validate() refuses, and no other backend applies them.
+BACKEND_BAD = [
+    ("k8s", ["k8s.elastic.min=3", "k8s.elastic.max=2"], "1 <= min <= max"),
+    ("k8s", ["k8s.shm_size=lots"], "k8s.shm_size 'lots' does not parse"),
+    ("k8s", ["k8s.secret_env.TOKEN=nokey"], 'give NAME = "secret/key"'),
+    ("k8s docker", ["ckpt_dir=/dev/shm/ck"], "collides with the mounted /dev/shm"),
+    ("docker", ["docker.gpus=first"], 'use "all" or device ids'),
+    ("docker", ["docker.shm_size=lots"], "docker.shm_size 'lots' does not parse"),
+    ("slurm", ["slurm.requeue_limit=-1"], "slurm.requeue_limit must be >= 0"),
+]
+
+
+@pytest.mark.parametrize(("backends", "sets", "message"), BACKEND_BAD)
+def test_backend_rules_refuse_their_own_jobs_only(backends, sets, message) -> None:
+    from ddpkit.tools.backends import BACKENDS, load_backend
+
+    spec = load_spec(None, sets)  # the spec itself loads: the rule is not the spec's
+    for backend in backends.split():
+        with pytest.raises(SpecError) as e:
+            load_backend(backend).validate(spec)
+        assert message in str(e.value)
+    for other in sorted(set(BACKENDS) - set(backends.split())):
+        load_backend(other).validate(spec)
 
 
 SLURM_BAD = [

@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path, PurePosixPath
 
 from ddpkit.tools.backends import Backend, JobState, JobStatus, last_job, record_job
+from ddpkit.tools.backends.containers import CONTAINER_WORKDIR, validate_docker
 from ddpkit.tools.backends.docker import user as docker_user
 from ddpkit.tools.spec import JobSpec, SpecError
 from ddpkit.tools.templating import KIT_DIR, shell_quote
@@ -32,7 +33,7 @@ from ddpkit.train.contract import DEFAULT_SHUTDOWN_TIMEOUT_S, EXIT_REQUEUE, shut
 
 FILE_EXT = "sh"
 DOCKERFILE = "docker/Dockerfile"
-WORKDIR = PurePosixPath("/workspace")  # the image's WORKDIR: relative train paths land here
+WORKDIR = PurePosixPath(CONTAINER_WORKDIR)  # relative train paths land here
 RUNS = "runs"  # mounted from docker.out_dir; run and checkpoint dirs must be below it
 STOP_GRACE_S = 30  # on top of torchrun's shutdown timeout, for the agent and the entrypoint
 LABEL = "app.kubernetes.io/instance"  # on every ddpkit container (list), as on k8s objects
@@ -107,6 +108,7 @@ def environment(spec: JobSpec) -> dict[str, str]:
 
 def run_argv(spec: JobSpec, engine: str = "docker") -> list[str]:
     """The `docker run` command line for the spec. Raises SpecError on what one node can't do."""
+    validate_docker(spec)  # pure, like render: a bad spec renders nothing
     if spec.nodes != 1:
         raise SpecError(
             f"docker runs one node, got nodes = {spec.nodes}; use --nodes 1, or the slurm "
@@ -414,6 +416,7 @@ class DockerBackend(Backend):
     shares_filesystem = False  # inputs live in the image or its mounts
 
     def validate(self, spec: JobSpec) -> None:
+        validate_docker(spec)
         note = docker_user.code_note(spec)  # the job's code and the image it names
         if note:
             print(note, file=sys.stderr)

@@ -19,9 +19,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path, PurePosixPath
 
+from ddpkit.tools.backends.containers import CONTAINER_WORKDIR
 from ddpkit.tools.spec import JobSpec, SpecError
 
-WORKDIR = PurePosixPath("/workspace")
+WORKDIR = PurePosixPath(CONTAINER_WORKDIR)
 USER_REQUIREMENTS = "/opt/ddpkit/user-requirements.txt"
 # Volumes are mounted here at run time and would hide code copied below them.
 MOUNTED = ("runs", "data")

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 from ddpkit.tools.backends import Backend, JobStatus
+from ddpkit.tools.backends.containers import CONTAINER_WORKDIR, validate_k8s
 from ddpkit.tools.backends.docker import user as docker_user
 from ddpkit.tools.backends.k8s import crds as k8s_crds
 from ddpkit.tools.backends.k8s.checks import check
@@ -35,7 +36,7 @@ from ddpkit.tools.templating import KIT_DIR
 
 FILE_EXT = "yaml"
 PORT_NAME = "pytorchjob-port"
-WORKDIR = "/workspace"  # the image's WORKDIR: relative run/checkpoint paths resolve here
+WORKDIR = CONTAINER_WORKDIR  # relative run/checkpoint paths resolve here
 RUN_AS = 1000  # the image's non-root user (docker/Dockerfile UID/GID)
 RDZV_WAIT_S = 600  # how long a pod waits for the rendezvous endpoint to accept connections
 GRACE_MARGIN_S = 30  # on top of the shutdown budget: the agent's teardown and the exit
@@ -339,6 +340,7 @@ def pvc(spec: JobSpec) -> dict[str, Any] | None:
 
 def manifests(spec: JobSpec) -> list[dict[str, Any]]:
     """The objects `submit` creates, in order (the PVC first)."""
+    validate_k8s(spec)  # pure, like render: a bad spec renders nothing
     check(spec)
     job = trainjob(spec) if spec.k8s.api == "trainjob" else pytorchjob(spec)
     claim = pvc(spec)
@@ -397,6 +399,7 @@ class K8sBackend(Backend):
     shares_filesystem = False  # inputs live in the image or on the PVC
 
     def validate(self, spec: JobSpec) -> None:
+        validate_k8s(spec)
         note = docker_user.code_note(spec)  # the job's code and the image it names
         if note:
             print(note, file=sys.stderr)
