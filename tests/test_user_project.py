@@ -216,6 +216,38 @@ def test_the_wheel_holds_only_the_ddpkit_namespace_and_its_command_runs(tmp_path
     r = subprocess.run([str(venv / "bin/python"), "-c", probe], cwd=proj, env=env,
                        capture_output=True, text=True)  # fmt: skip
     assert str(site) in r.stdout, r.stdout + r.stderr
+    # `ddpkit build` from the installed kit: the image's context holds the Dockerfile, the
+    # entrypoint (executable), the job files and the kit packed again from its installed
+    # files (no checkout to build from), and no revision of whatever repository holds the venv.
+    ctx = tmp_path / "ctx"
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=u", "-c", "user.email=u@x"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "the user's repo"], check=True)
+    stage = (
+        "import sys; from pathlib import Path; from ddpkit.tools.backends import docker as d; "
+        "d.stage_kit_context(Path(sys.argv[1])); print(repr(d._git('rev-parse', 'HEAD')))"
+    )
+    r = subprocess.run([str(venv / "bin/python"), "-c", stage, str(ctx)], cwd=proj, env=env,
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0 and r.stdout.strip() == "''", r.stdout + r.stderr
+    assert (ctx / "docker/Dockerfile").is_file() and (ctx / "configs/default.toml").is_file()
+    assert os.access(ctx / "docker/entrypoint.sh", os.X_OK)
+    (repacked,) = (ctx / "wheels").glob("ddpkit-*.whl")
+    again = set(zipfile.ZipFile(repacked).namelist())
+    assert {n for n in names if not n.endswith("RECORD")} <= again
+    # ... and it installs (what the Dockerfile does with it) into another fresh venv.
+    venv2 = tmp_path / "venv2"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv2)], check=True)
+    site2 = next((venv2 / "lib").glob("python3*/site-packages"))
+    (site2 / "deps.pth").write_text(here + "\n")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(venv2 / "bin/python"), "install", "-q",
+         "--no-deps", str(repacked)],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    r = subprocess.run([str(venv2 / "bin/ddpkit"), "render", "local"], cwd=proj, env=env,
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0 and "ddpkit.train.node" in r.stdout, r.stderr
 
 
 @pytest.mark.slurm

@@ -200,6 +200,10 @@ def find_engine(preferred: str | None = None) -> str:
 
 
 def _git(*args: str) -> str:
+    """git in the kit's checkout; "" for an installed kit (its site-packages may sit inside
+    the user's own repository, whose revision is not the kit's)."""
+    if not (KIT_DIR / "pyproject.toml").is_file():
+        return ""
     r = subprocess.run(["git", *args], cwd=KIT_DIR, capture_output=True, text=True)
     return r.stdout.strip() if r.returncode == 0 else ""
 
