@@ -4,6 +4,8 @@
     python -m bench --only step      # step time and time to first step, kit vs plain loop
     python -m bench --only ckpt      # checkpoint save sync/async/raw disk, resume vs fresh
     python -m bench --only hf        # a tiny Hugging Face model: the kit vs a plain FSDP2 loop
+    python -m bench --only steptime  # the step-time model vs real steps at 1/2/4 ranks (~30 min;
+                                     # not part of "all": = python -m bench.steptime)
     python -m bench --quick          # tiny sizes, one repetition: checks the scripts run
 
 Speed is reported, never asserted: the targets (kit step time within 3% of the plain loop;
@@ -64,7 +66,7 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     p = _Parser(prog="python -m bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", choices=("all", "step", "ckpt", "hf"), default="all")
+    p.add_argument("--only", choices=("all", "step", "ckpt", "hf", "steptime"), default="all")
     p.add_argument("--reps", type=int, default=3, help="step-time repetitions per variant")
     p.add_argument("--quick", action="store_true", help="tiny sizes, one repetition")
     p.add_argument("--out-dir", default="out/bench", help="where the JSON results go")
@@ -72,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.reps < 1:
         p.error(f"--reps must be >= 1, got {args.reps}")
     reps = 1 if args.quick else args.reps
+    if args.only == "steptime":
+        from bench import steptime as steptime_check
+
+        return steptime_check.main(
+            [*(["--quick"] if args.quick else []), "--out-dir", args.out_dir]
+        )
     out = Path(args.out_dir)
     out = out if out.is_absolute() else ROOT / out
     work = out / "work"

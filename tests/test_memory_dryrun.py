@@ -175,3 +175,19 @@ def test_cli_table_reads_as_a_plan():
     assert "state (measured)" in proc.stdout and "ZeRO table" in proc.stdout
     row = next(line for line in proc.stdout.splitlines() if line.startswith("FULL_SHARD"))
     assert "shard 8" in row  # the job's own strategy, from its config
+
+
+def test_plan_for_spec_refuses_in_one_line_what_the_cluster_would_refuse():
+    """What `submit --plan` asks: None for a job that plans (and for a user's own script, whose
+    model the planner cannot see), one line for one the nodes would refuse after the queue."""
+    from ddpkit.tools.memory_dryrun import plan_for_spec
+    from ddpkit.tools.spec import JobSpec
+
+    assert plan_for_spec(JobSpec(nodes=2, nproc_per_node=4, train={"model": "mlp"})) is None
+    assert plan_for_spec(JobSpec(nodes=1, nproc_per_node=4, script="x.py")) is None
+    hsdp = {"model": "gpt", "parallel": "fsdp", "sharding": "HYBRID_SHARD", "replicate_degree": 3}
+    line = plan_for_spec(JobSpec(nodes=2, nproc_per_node=4, train=hsdp))
+    assert line and "replicate degree 3 does not divide world size 8" in line
+    small = {"model": "mlp", "synthetic_samples": 100, "batch_size": 32}
+    line = plan_for_spec(JobSpec(nodes=2, nproc_per_node=4, train=small))
+    assert line and "fewer than one global batch" in line and "\n" not in line

@@ -5,10 +5,15 @@
     python -m ddpkit.tools.memory --model gpt --n-layer 12 --d-model 768 --gpus 8 [--batch-size 16]
     python -m ddpkit.tools.memory --config configs/gpt.toml --gpus 8
     ddpkit memory --config job.toml --gpus 1024 --nodes 128 --strategy FULL_SHARD --dry-run [--json]
+    ddpkit memory --config job.toml --gpus 512 --nodes 64 --step-time --inter ib400 \
+                  --mfu 0.4 --peak-tflops 989 --gpu-mem 80 [--json]
 
 --dry-run builds the job's model on the meta device, parallelizes it with the kit's own
 `parallelize` over a fake process group at --gpus ranks, and reports the state measured from
 the sharded tensors (ddpkit.tools.memory_dryrun); it refuses what the cluster would refuse.
+--step-time predicts each strategy's step time from an alpha-beta model of the collectives (a
+preset interconnect or a commbench.json) and the compute of one step (measured here, or peak
+x MFU), next to this memory plan, and recommends one (ddpkit.tools.steptime).
 
 State bytes follow the ZeRO paper's table (the article's section 3.1): with Psi parameters and
 N GPUs in a shard group, DDP keeps 16*Psi bytes on every GPU and FULL_SHARD 16*Psi/N. The
@@ -26,187 +31,31 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import re
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 from ddpkit.tools.memory_model import (
     MODEL_FLAGS,
     OPTIM_BYTES,
     PlanError,
-    RankState,
     describe_model,
-    shard_rows,
+    shard_rows,  # noqa: F401  (importable here too)
+)
+from ddpkit.tools.memory_plan import (  # noqa: F401  (the planner's names, importable here too)
+    GB,
+    HALF_BYTES,
+    STRATEGIES,
+    ZERO_STAGE,
+    Plan,
+    StrategyPlan,
+    group_layout,
+    make_plan,
+    parse_count,
+    rank_states,
+    shard_numel,
 )
 from ddpkit.train.errors import CliParser, run_cli
-
-GB = 1e9  # the article quotes decimal GB (7e9 * 16 B = 112 GB)
-STRATEGIES = ("DDP", "NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")
-ZERO_STAGE = {
-    "DDP": "0",
-    "NO_SHARD": "0",
-    "SHARD_GRAD_OP": "2",
-    "FULL_SHARD": "3",
-    "HYBRID_SHARD": "3 in group",
-}
-HALF_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-
-
-@dataclass
-class StrategyPlan:
-    strategy: str
-    zero_stage: str
-    shard_size: int  # GPUs one copy of the state is split over
-    per_rank: list[RankState]
-    held_bytes: int  # kept for a whole step: SHARD_GRAD_OP's unsharded params, DDP's buckets
-    held_what: str
-    transient_bytes: int | None  # estimate: all-gathered units in flight (None: unknown)
-    activation_bytes: int | None  # estimate (None: no model given)
-
-    @property
-    def state_bytes(self) -> int:  # the largest rank: the one that runs out first
-        return max(r.total for r in self.per_rank)
-
-    @property
-    def peak_estimate(self) -> int:
-        return (
-            self.state_bytes
-            + self.held_bytes
-            + (self.transient_bytes or 0)
-            + (self.activation_bytes or 0)
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["per_rank"] = [r.as_dict() for r in self.per_rank]
-        d["state_bytes"] = self.state_bytes
-        d["peak_bytes_estimate"] = self.peak_estimate
-        return d
-
-
-@dataclass
-class Plan:
-    num_params: int
-    gpus: int
-    nodes: int
-    replicate_degree: int
-    dtype: str
-    optimizer: str
-    strategies: list[StrategyPlan] = field(default_factory=list)
-    model: str | None = None
-    batch_size: int | None = None
-    gpu_mem_bytes: int | None = None
-
-
-def parse_count(text: str) -> int:
-    """'7e9', '7B', '1.3b', '125M', '350k' -> an integer parameter count."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbt]?)\s*", text, re.IGNORECASE)
-    if not m:
-        raise PlanError(f"--params {text!r} is not a count; write e.g. 7e9, 7B, 125M")
-    scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[m.group(2).lower()]
-    value = int(round(float(m.group(1)) * scale))
-    if value < 1:
-        raise PlanError(f"--params {text!r} must be at least 1 parameter")
-    return value
-
-
-def shard_numel(shape: tuple[int, ...], shard_size: int, index: int) -> int:
-    if shard_size == 1 or not shape:
-        return math.prod(shape)
-    return shard_rows(shape[0], shard_size, index) * math.prod(shape[1:])
-
-
-def group_layout(strategy: str, gpus: int, replicate: int) -> tuple[int, list[int]]:
-    """(shard size, shard index of each rank). HYBRID_SHARD is a (replicate, shard) mesh in
-    row-major order, so rank r holds shard r % shard_size."""
-    if strategy in ("DDP", "NO_SHARD"):
-        return 1, [0] * gpus
-    shard = gpus // replicate if strategy == "HYBRID_SHARD" else gpus
-    return shard, [r % shard for r in range(gpus)]
-
-
-def rank_states(
-    shapes: list[tuple[int, ...]] | None, num_params: int, shard: int, index: list[int], optim: int
-) -> list[RankState]:
-    """fp32 state per rank. With shapes, the exact FSDP2 dim-0 split (and Adam's 4-byte step
-    counter per tensor); with a bare count, an even split."""
-    out = []
-    for i in index:
-        if shapes is None:
-            n = num_params / shard
-            out.append(RankState(int(4 * n), int(4 * n), int(optim * n)))
-            continue
-        n = sum(shard_numel(s, shard, i) for s in shapes)
-        steps = 4 * len(shapes) if optim == 8 else 0
-        out.append(RankState(4 * n, 4 * n, optim * n + steps))
-    return out
-
-
-def make_plan(
-    num_params: int,
-    gpus: int,
-    nodes: int = 1,
-    replicate_degree: int | None = None,
-    dtype: str = "fp32",
-    optimizer: str = "adamw",
-    shapes: list[tuple[int, ...]] | None = None,
-    unit_params: int | None = None,
-    root_params: int = 0,
-    activation_bytes: int | None = None,
-    strategies: tuple[str, ...] = STRATEGIES,
-) -> Plan:
-    """The memory plan for every strategy. `unit_params`: the largest FSDP unit (for the
-    transient all-gather estimate); `root_params`: parameters no block owns (the root
-    unit stays unsharded from forward to backward); `activation_bytes`: per GPU, already estimated."""
-    if gpus < 1 or nodes < 1:
-        raise PlanError(f"--gpus {gpus} and --nodes {nodes} must be >= 1")
-    if gpus % nodes:
-        raise PlanError(
-            f"--gpus {gpus} is not a multiple of --nodes {nodes}: gpus is the total over all "
-            "nodes; pass nodes * gpus-per-node"
-        )
-    replicate = replicate_degree or nodes
-    if gpus % replicate:
-        raise PlanError(
-            f"HYBRID_SHARD: gpus({gpus}) % replicate({replicate}) != 0; pick a --replicate-degree "
-            "that divides --gpus"
-        )
-    if dtype not in HALF_BYTES:
-        raise PlanError(f"--dtype {dtype}: pick one of {', '.join(HALF_BYTES)}")
-    if optimizer not in OPTIM_BYTES:
-        raise PlanError(f"--optimizer {optimizer}: pick one of {', '.join(OPTIM_BYTES)}")
-    if shapes is not None:
-        num_params = sum(math.prod(s) for s in shapes)
-    compute = HALF_BYTES[dtype]
-    plan = Plan(num_params, gpus, nodes, replicate, dtype, optimizer)
-    for name in strategies:
-        shard, index = group_layout(name, gpus, replicate)
-        per_rank = rank_states(shapes, num_params, shard, index, OPTIM_BYTES[optimizer])
-        if name == "DDP":
-            # DDP copies gradients into its all-reduce buckets (gradient_as_bucket_view=False).
-            held, what = 4 * num_params if gpus > 1 else 0, "DDP gradient buckets"
-            transient = 0
-        else:
-            held, what = 0, ""
-            if root_params and shard > 1:
-                held, what = compute * root_params, "root unit unsharded fwd->bwd"
-            if name == "SHARD_GRAD_OP":
-                # reshard_after_forward=False: every unit stays unsharded from forward to backward
-                held, what = compute * num_params if shard > 1 else 0, "unsharded params fwd->bwd"
-            # In flight: the unit being computed plus the prefetched next one, and one unit's
-            # unsharded gradients before the reduce-scatter.
-            transient = 3 * compute * unit_params if unit_params and shard > 1 else None
-            if shard == 1:
-                transient = 0
-        plan.strategies.append(
-            StrategyPlan(
-                name, ZERO_STAGE[name], shard, per_rank, held, what, transient, activation_bytes
-            )
-        )
-    return plan
-
 
 # --- output -------------------------------------------------------------------------------
 
@@ -305,6 +154,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="build the model on meta, parallelize it at --gpus ranks over a fake process "
         "group and measure the shards (needs --config or --model)",
     )
+    st = p.add_argument_group(
+        "step time per strategy (--step-time; see ddpkit.tools.steptime for the model)"
+    )
+    st.add_argument(
+        "--step-time",
+        action="store_true",
+        help="predict the step of DDP, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD and recommend one",
+    )
+    st.add_argument("--intra", default="nvlink", help="intra-node: nvlink or a commbench.json")
+    st.add_argument(
+        "--inter", default="ib400", help="inter-node: ib400, eth100, nvlink or a commbench.json"
+    )
+    st.add_argument("--nics", type=int, help="network ports per node (default: one per GPU)")
+    st.add_argument("--mfu", type=float, help="compute at this fraction of --peak-tflops")
+    st.add_argument("--peak-tflops", type=float, help="the GPU's dense peak (H100 bf16: 989)")
+    st.add_argument(
+        "--compute-s",
+        type=float,
+        help="fwd+bwd seconds of one micro-batch (default: measured here)",
+    )
+    st.add_argument(
+        "--overlap", type=float, default=1.0, help="share of compute that hides comm (0..1)"
+    )
     m = p.add_argument_group("model flags (with --model or --config; as in python -m ddpkit.train)")
     for key in MODEL_FLAGS:
         m.add_argument(f"--{key.replace('_', '-')}", type=int)
@@ -320,6 +192,10 @@ def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if sum(x is not None for x in (args.params, args.model, args.config)) != 1:
         raise PlanError("pass exactly one of --params N, --model NAME or --config FILE")
+    if args.step_time:
+        from ddpkit.tools import steptime
+
+        return steptime.run(args)
     if args.dry_run:
         return _dry_run_main(args)
     dtype, optimizer = args.dtype or "fp32", args.optimizer or "adamw"

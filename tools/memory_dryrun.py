@@ -206,3 +206,30 @@ def zero_state_bytes(strategy: str, params: int, world: int, shard: int, optimiz
     if strategy == "SHARD_GRAD_OP":
         return 2 * params + (total - 2) * params / world
     return total * params / (world if strategy == "FULL_SHARD" else shard)
+
+
+def plan_for_spec(spec: Any) -> str | None:
+    """The dry run of a launcher JobSpec before it is queued (`submit --plan`): None when the
+    job passes (or cannot be planned here), else the one-line refusal the cluster would give
+    after the queue wait (a mesh that does not divide, a batch larger than the data, a layer
+    FSDP cannot shard).
+
+    Only the kit's own entry point (`python -m ddpkit.train` with the [train] table) is planned:
+    a user's script or module builds its model out of sight, so it returns None. The model is
+    built on the meta device here, so a hf:PATH model must exist on this machine."""
+    from ddpkit.train.config import ConfigError, parse_config
+
+    if not spec.default_entry:
+        return None
+    try:
+        cfg, _ = parse_config(
+            spec.train_argv(),
+            world=(spec.world_size, spec.nodes),
+            installed=False,
+            local_paths=False,
+        )
+        strategy = "DDP" if cfg.parallel == "ddp" else (cfg.sharding or "FULL_SHARD")
+        dry_run(cfg, spec.world_size, spec.nodes, strategy)
+    except (ConfigError, UserError) as e:
+        return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return None
