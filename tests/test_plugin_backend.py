@@ -21,17 +21,18 @@ DDPKIT = str(Path(sys.executable).with_name("ddpkit"))
 TOY = '''
 """A toy scheduler: runs the node launcher under `nice`, in the foreground."""
 import subprocess, sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpkit.tools.backends import Backend, JobState, JobStatus, last_job, record_job, state_dir
 from ddpkit.tools.spec import SpecError
 from ddpkit.tools.templating import shell_join
+from ddpkit.train.typed import at_least, checks
 
 
 @dataclass
 class ToyOptions:
-    nice: int = 0  # niceness of the job, 0-19
+    nice: int = field(default=0, metadata=checks(at_least(0)))  # niceness of the job, 0-19
     label: str = "toy"
 
 
@@ -41,7 +42,8 @@ class ToyBackend(Backend):
     Options = ToyOptions
 
     def validate(self, spec):
-        if not 0 <= self.options(spec).nice <= 19:
+        super().validate(spec)  # the declared field checks (nice >= 0)
+        if self.options(spec).nice > 19:
             raise SpecError(f"toy.nice = {self.options(spec).nice} must be in 0-19; e.g. 10")
 
     def render(self, spec):
@@ -138,6 +140,7 @@ def test_a_plugin_backend_renders_with_its_own_typed_options(project):
     "args, words",
     [
         (["--set", "toy.nice=42"], "toy.nice = 42 must be in 0-19"),  # the plugin's own rule
+        (["--set", "toy.nice=-1"], "toy.nice must be >= 0, got -1"),  # a declared field check
         (["--set", "toy.bogus=1"], "unknown key 'bogus'; valid keys in [toy]: nice, label"),
         (["--set", "toy.nice=high"], "cannot parse 'high' as int"),
     ],

@@ -77,6 +77,11 @@ BAD = [
     (["debug=loud"], "is not one of off, warn, info, trace"),
     (["env.1X=a"], "is not a variable name"),
     (["rdzv_port=70000"], "is not a port"),
+    # single-value rules declared on the fields (ddpkit.train.typed), nested tables too
+    (["ckpt_dir=-x"], "ckpt_dir '-x' starts with '-'"),
+    (["time=1h"], "time '1h' does not parse"),
+    (["cpus_per_proc=0"], "cpus_per_proc must be >= 1, got 0"),
+    (["max_restarts=-1"], "max_restarts must be >= 0, got -1"),
     (["noequals"], "expected key=value"),
     (
         [
@@ -132,7 +137,7 @@ BACKEND_BAD = [
     ("k8s docker", ["ckpt_dir=/dev/shm/ck"], "collides with the mounted /dev/shm"),
     ("docker", ["docker.gpus=first"], 'use "all" or device ids'),
     ("docker", ["docker.shm_size=lots"], "docker.shm_size 'lots' does not parse"),
-    ("slurm", ["slurm.requeue_limit=-1"], "slurm.requeue_limit must be >= 0"),
+    ("slurm", ["slurm.grace_s=1"], "slurm.grace_s = 1 must cover the shutdown budget"),
 ]
 
 
@@ -157,7 +162,8 @@ SLURM_BAD = [
         "slurm.grace_s = 120 must cover the shutdown budget (200 s",
     ),
     (["slurm.log_dir=-x"], "slurm.log_dir '-x' starts with '-'"),
-    (["slurm.rdzv_port=0"], "slurm.rdzv_port 0 is not a port"),
+    (["slurm.rdzv_port=0"], "slurm.rdzv_port 0 is not a port; use 1-65535, or unset"),
+    (["slurm.requeue_limit=-1"], "slurm.requeue_limit must be >= 0, got -1"),
 ]
 
 

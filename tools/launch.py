@@ -141,7 +141,7 @@ def run(argv: list[str]) -> int:
         spec = load_spec(
             config, sets, first.nodes, first.gpus, entry_args, backend.shares_filesystem, sections
         )
-        backend.validate(spec)
+        backend.validate(spec)  # its [<name>] table's field checks, then its own rules
         return spec
 
     spec, members = None, []

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import abc
 import argparse
+import dataclasses
 import enum
 import importlib
 import importlib.metadata
@@ -54,6 +55,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.train import typed
 
 BACKENDS = {
     "local": "ddpkit.tools.backends.local:LocalBackend",
@@ -121,12 +123,22 @@ class Backend(abc.ABC):
             return self.Options()
         return table
 
+    def check_options(self, spec: JobSpec) -> None:
+        """The checks declared on this backend's options' fields (ddpkit.train.typed.checks);
+        Backend.validate runs them, for this backend's jobs only."""
+        options = self.options(spec)
+        if dataclasses.is_dataclass(options):
+            typed.check_all(options, self.name, SpecError)
+
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:  # noqa: B027 (a hook)
         """Backend-only CLI flags (none by default)."""
 
-    def validate(self, spec: JobSpec) -> None:  # noqa: B027 (a hook)
+    def validate(self, spec: JobSpec) -> None:
         """This backend's own rules on a loaded spec (SpecError); the launcher applies them
-        to this backend's jobs only, so one backend's rule never refuses another's job."""
+        to this backend's jobs only, so one backend's rule never refuses another's job.
+        The default checks the options' declared field rules; an override calls
+        super().validate(spec) first."""
+        self.check_options(spec)
 
     @abc.abstractmethod
     def render(self, spec: JobSpec) -> str:

@@ -420,6 +420,7 @@ class DockerBackend(Backend):
     shares_filesystem = False  # inputs live in the image or its mounts
 
     def validate(self, spec: JobSpec) -> None:
+        super().validate(spec)
         validate_docker(spec)
         note = docker_user.code_note(spec)  # the job's code and the image it names
         if note:

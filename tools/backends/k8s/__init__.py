@@ -399,6 +399,7 @@ class K8sBackend(Backend):
     shares_filesystem = False  # inputs live in the image or on the PVC
 
     def validate(self, spec: JobSpec) -> None:
+        super().validate(spec)
         validate_k8s(spec)
         note = docker_user.code_note(spec)  # the job's code and the image it names
         if note:

@@ -1,0 +1,229 @@
+"""The one typed-config engine: dataclass annotations <-> TOML values <-> command-line text.
+
+The training config (train/config.py) and the job spec (tools/spec.py) are dataclasses whose
+annotations are their schema. This module is what both use to:
+
+- check one TOML value against an annotation (`check_value`), naming the key of a bad value;
+- build a dataclass from a TOML table (`build`), unknown keys named with the valid ones;
+- parse a command-line string (`--set key=value`, a flag) for an annotation (`parse_text`);
+- spell a field as its flag (`flag`, `no_flag`);
+- apply the validators declared on the fields (`field(metadata=checks(...))`): a range, a
+  port, a plain path, a pattern. A hostile-input check is then one predicate on one field,
+  applied wherever the value comes from (file, --set, a CLI flag that fills the table).
+
+It sits at the bottom of the trainer's layers (errors below it, nothing of the kit above).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import tomllib
+import types
+from collections.abc import Callable
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from ddpkit.train.errors import UserError
+
+Check = Callable[[Any, str], "str | None"]  # (value, key) -> None, or the problem and its fix
+
+
+def flag(name: str) -> str:
+    """A field's command-line flag: `ckpt_dir` -> `--ckpt-dir` (the one spelling)."""
+    return "--" + name.replace("_", "-")
+
+
+def no_flag(name: str) -> str:
+    """A boolean field's off switch: `compile` -> `--no-compile`."""
+    return "--no-" + name.replace("_", "-")
+
+
+def unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    """(X, True) for `X | None`, else (tp, False)."""
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return tp, False
+
+
+def type_name(tp: Any) -> str:
+    """How an annotation reads in a message: int, 'a' | 'b', table, array (or unset)."""
+    tp, optional = unwrap_optional(tp)
+    if get_origin(tp) is Literal:
+        name = " | ".join(repr(a) for a in get_args(tp))
+    elif dataclasses.is_dataclass(tp) or get_origin(tp) is dict:
+        name = "table"
+    elif get_origin(tp) is list:
+        name = "array"
+    else:
+        name = getattr(tp, "__name__", str(tp))
+    return name + (" (or unset)" if optional else "")
+
+
+def check_value(tp: Any, value: Any, where: str, error: type[UserError] = UserError) -> Any:
+    """Check one TOML value against an annotation; returns it (ints widened to float).
+    `where` is the key as the user wrote it (dotted)."""
+    tp, optional = unwrap_optional(tp)
+    if value is None and optional:
+        return None
+    origin = get_origin(tp)
+    bad = error(f"{where} must be {type_name(tp)}, got {value!r}; fix the value")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise bad
+        return build(tp, value, where, error)
+    if origin is Literal:
+        if value not in get_args(tp):
+            choices = ", ".join(str(a) for a in get_args(tp))
+            raise error(f"{where} = {value!r} is not one of {choices}; pick one of them")
+        return value
+    if origin is list:
+        (item_tp,) = get_args(tp) or (Any,)
+        if not isinstance(value, list):
+            raise bad
+        return [check_value(item_tp, v, f"{where}[{i}]", error) for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        _, val_tp = get_args(tp) or (str, Any)
+        if not isinstance(value, dict):
+            raise bad
+        return {str(k): check_value(val_tp, v, f"{where}.{k}", error) for k, v in value.items()}
+    if tp is Any:
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if tp in (int, float) and isinstance(value, bool):  # bool is an int subclass in Python
+        raise error(
+            f"{where} must be {tp.__name__}, got {str(value).lower()}; booleans are not numbers"
+        )
+    if tp is float and isinstance(value, int):
+        return float(value)
+    if tp in (int, float, str) and not isinstance(value, tp):
+        raise bad
+    return value
+
+
+def keys(cls: type) -> list[str]:
+    """A dataclass's keys in a file (fields marked internal are not keys)."""
+    return [f.name for f in dataclasses.fields(cls) if not f.metadata.get("internal")]
+
+
+def build(cls: type, table: dict[str, Any], where: str, error: type[UserError] = UserError) -> Any:
+    """A dataclass from its TOML table: every value type-checked, every declared check run
+    ('-' in keys read as '_'); unknown keys are named with the valid ones."""
+    hints = get_type_hints(cls)
+    known = keys(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        dotted = f"{where}.{key}" if where else key
+        if name not in known:
+            section = f"[{where}]" if where else "the top level"
+            raise error(f"unknown key {dotted!r}; valid keys in {section}: {', '.join(known)}")
+        kwargs[name] = check_value(hints[name], value, dotted, error)
+        if not getattr(cls, "__backend_options__", False):
+            run_checks(cls, name, kwargs[name], dotted, error)
+    return cls(**kwargs)
+
+
+def run_checks(cls: type, name: str, value: Any, where: str, error: type[UserError]) -> None:
+    """The checks declared on field `name` of `cls` (metadata "checks"), on a typed value."""
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    for check in f.metadata.get("checks", ()):
+        problem = None if value is None else check(value, where)
+        if problem:
+            raise error(problem)
+
+
+def check_all(obj: Any, where: str, error: type[UserError] = UserError) -> None:
+    """Every declared check of a built dataclass (nested ones too): how a backend applies
+    the rules of its own options table (classes marked `__backend_options__ = True` are not
+    checked as they are built, so a bad [slurm] value never refuses a Kubernetes job)."""
+    for f in dataclasses.fields(obj):
+        value, key = getattr(obj, f.name), f"{where}.{f.name}" if where else f.name
+        if dataclasses.is_dataclass(value):
+            check_all(value, key, error)
+        else:
+            run_checks(type(obj), f.name, value, key, error)
+
+
+def parse_text(tp: Any, raw: str, error: type[UserError] = UserError) -> Any:
+    """A command-line string for a field of type tp: strings stay verbatim; `none`/`null`/''
+    clear an optional field; booleans take true/false/1/0/yes/no/on/off; the rest is a TOML
+    value (a list also as a,b,c)."""
+    base, optional = unwrap_optional(tp)
+    if optional and raw in ("", "none", "null"):
+        return None
+    if base is str or get_origin(base) is Literal:
+        return raw
+    if base is bool:
+        low = raw.lower()
+        if low in ("true", "1", "yes", "on"):
+            return True
+        if low in ("false", "0", "no", "off"):
+            return False
+        raise error(f"expected true or false, got {raw!r}")
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        if get_origin(base) is list:  # a,b,c as a list of strings
+            return [s for s in raw.split(",") if s]
+        raise error(f"cannot parse {raw!r} as {type_name(base)}") from None
+
+
+# --- validators declared on fields: field(default=..., metadata=checks(at_least(1))) --------
+
+
+def checks(*fns: Check, **more: Any) -> dict[str, Any]:
+    """Field metadata holding validators (each (value, key) -> None or the message)."""
+    return {"checks": fns, **more}
+
+
+def at_least(lo: float, label: str | None = None, fix: str | None = None) -> Check:
+    """value >= lo (finite). label replaces the key in the message; fix ends it."""
+
+    def check(value: Any, where: str) -> str | None:
+        if isinstance(value, float) and not math.isfinite(value) or value < lo:
+            tail = f"; {fix}" if fix else ""
+            return f"{label or where} must be >= {lo}, got {value}{tail}"
+        return None
+
+    return check
+
+
+def port(label: str | None = None, fix: str = "use 1-65535 (e.g. 29500)") -> Check:
+    """A TCP port, 1-65535."""
+
+    def check(value: Any, where: str) -> str | None:
+        if not 1 <= value <= 65535:
+            return f"{label or where} {value} is not a port; {fix}"
+        return None
+
+    return check
+
+
+def matches(pattern: str, message: str) -> Check:
+    """The whole value matches the regular expression; message may use {key} and {value!r}."""
+    rx = re.compile(pattern)
+
+    def check(value: Any, where: str) -> str | None:
+        if not rx.fullmatch(str(value)):
+            return message.format(key=where, value=value)
+        return None
+
+    return check
+
+
+def plain_path(example: str) -> Check:
+    """A path no shell or argument parser reads as something else: not empty, no leading
+    '-', no newline."""
+
+    def check(value: Any, where: str) -> str | None:
+        if not str(value).strip() or str(value).startswith("-") or "\n" in str(value):
+            return f"{where} {value!r} starts with '-' or contains a newline; use a plain path (e.g. {example})"
+        return None
+
+    return check
