@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 import sys
 import time
 from argparse import Namespace
+from pathlib import Path
 
 import pytest
 import torch
@@ -191,3 +193,20 @@ def test_plan_for_spec_refuses_in_one_line_what_the_cluster_would_refuse():
     small = {"model": "mlp", "synthetic_samples": 100, "batch_size": 32}
     line = plan_for_spec(JobSpec(nodes=2, nproc_per_node=4, train=small))
     assert line and "fewer than one global batch" in line and "\n" not in line
+
+
+def test_submit_plan_refuses_before_anything_runs_and_passes_a_job_that_plans(tmp_path):
+    """`ddpkit submit --plan`: the dry run at the job's world size first; a job the ranks
+    would refuse at start-up (here: less data than one global batch) is one line, exit 2,
+    and nothing runs or is written; a job that plans is rendered as usual."""
+    ddpkit = str(Path(sys.executable).with_name("ddpkit"))
+    bad = ["--gpus", "4", "--set", "train.synthetic_samples=100", "--set", "train.batch_size=32"]
+    r = subprocess.run([ddpkit, "submit", "local", "--plan", *bad], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stdout + r.stderr
+    assert "--plan: job 'default' at 4 ranks: the dataset has 100 samples" in r.stderr
+    assert list(tmp_path.iterdir()) == []  # no run dir, no job record
+    ok = ["--nodes", "2", "--gpus", "4", "--set", "train.parallel=fsdp", "--quiet"]
+    r = subprocess.run([ddpkit, "render", "slurm", "--plan", *ok], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert r.returncode == 0 and "--plan: job 'default' plans at 8 ranks" in r.stderr, r.stderr

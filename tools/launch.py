@@ -66,6 +66,13 @@ def build_parser(backend: object | None = None, prog: str | None = None) -> argp
         "--write", action="store_true", help="render: also write .ddpkit/rendered/<backend>/"
     )
     p.add_argument("--wait", action="store_true", help="submit: follow the job to its end")
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="render/submit: first build the job's model on the meta device at its world size "
+        "(ddpkit memory --dry-run) and refuse, in one line, what the nodes would refuse after "
+        "the queue wait (a mesh that does not divide, data smaller than one global batch)",
+    )
     p.add_argument("--print-spec", action="store_true", help="print the resolved spec, exit")
     p.add_argument(
         "-q",
@@ -170,6 +177,8 @@ def run(argv: list[str]) -> int:
 
 
 def _act(backend: Any, opts: argparse.Namespace, spec: JobSpec | None, members: list) -> int:
+    if opts.plan and opts.action in ("render", "submit"):
+        check_plan(members or [spec])
     if opts.action == "render":
         rc = 0
         for member in members or [spec]:
@@ -188,6 +197,18 @@ def _act(backend: Any, opts: argparse.Namespace, spec: JobSpec | None, members: 
     if opts.action == "list":
         return backend.list_jobs(opts)
     return getattr(backend, opts.action)(opts.job, opts)
+
+
+def check_plan(specs: list[JobSpec]) -> None:
+    """`--plan`: the planner's dry run of each job (ddpkit.tools.memory_dryrun.plan_for_spec)
+    before anything is rendered or queued; its refusal is one line (SpecError)."""
+    from ddpkit.tools.memory_dryrun import plan_for_spec
+
+    for spec in specs:
+        refusal = plan_for_spec(spec)
+        if refusal:
+            raise SpecError(f"--plan: job {spec.name!r} at {spec.world_size} ranks: {refusal}")
+        print(f"--plan: job {spec.name!r} plans at {spec.world_size} ranks", file=sys.stderr)
 
 
 def run_here(argv: list[str]) -> int:
