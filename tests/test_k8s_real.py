@@ -1,13 +1,20 @@
 """Rendered jobs against a REAL Kubernetes API server with the real Kubeflow controllers and
 their validating webhooks (make k8s-up: etcd, kube-apiserver, kube-controller-manager, the
 training operator v1.9, JobSet and Trainer v2.3, built from their Go modules). What the
-schema checks and the fake API server could only approximate, the real server decides."""
+schema checks and the fake API server could only approximate, the real server decides.
+
+The jobs also train: k8s/local/node_agent.py serves two nodes (advertising nvidia.com/gpu)
+whose pods run as local processes in their own mount and network namespaces, with
+`ddpkit:*` standing for this venv, the PVC for a directory under the state dir."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -36,7 +43,10 @@ def cluster(tmp_path_factory):
     if reason:
         pytest.skip(reason)
     state = tmp_path_factory.mktemp("k8s-state")
-    env = {**os.environ, "DDPKIT_K8S_STATE": str(state / "s"), "DDPKIT_K8S_NODES": "0"}
+    # A bridge and pod range of its own, so a developer's `make k8s-up` network stays.
+    n = os.getpid() % 10000
+    env = {**os.environ, "DDPKIT_K8S_STATE": str(state / "s"), "DDPKIT_K8S_NODES": "2",
+           "DDPKIT_K8S_BRIDGE": f"dkt{n}", "DDPKIT_K8S_POD_CIDR": f"10.245.{n % 250}.0/24"}  # fmt: skip
     up = subprocess.run(["bash", str(LOCAL / "up.sh")], env=env, capture_output=True,
                         text=True, timeout=300)  # fmt: skip
     try:
@@ -86,6 +96,22 @@ def test_a_trainjob_shaped_for_another_trainer_release_is_refused_by_the_real_se
     assert r.returncode != 0 and "unknown field" in r.stderr, r.stdout + r.stderr
 
 
+def test_submit_refuses_a_trainjob_for_another_release_in_one_line_and_creates_nothing(
+    cluster, tmp_path
+):
+    """submit reads the real server's TrainJob CRD (Trainer 2.3: runtimePatches) and refuses
+    a job shaped for 2.1 before anything is created, naming the setting to pass."""
+    args = ("submit", "k8s", "--set", "k8s.api=trainjob", "--set", "k8s.trainer_version=2.1",
+            "--set", "name=old", "--set", "k8s.pvc_size=1Gi")  # fmt: skip
+    r = subprocess.run([sys.executable, "-m", "ddpkit", *args], cwd=tmp_path, env=cluster,
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "k8s.trainer_version=2.3" in r.stderr, r.stderr
+    for kind in ("trainjob/old", "pvc/old-ckpt"):
+        got = subprocess.run(["kubectl", "get", kind], env=cluster, capture_output=True)
+        assert got.returncode != 0, kind
+
+
 def test_the_webhook_refuses_what_render_refuses_first(cluster, tmp_path):
     """A name the PyTorchJob webhook denies (a leading digit) is refused by render too, in
     one line, before anything reaches a server."""
@@ -95,3 +121,181 @@ def test_the_webhook_refuses_what_render_refuses_first(cluster, tmp_path):
     good = render(tmp_path, "--nodes", "2").replace("name: default", "name: 1bad")
     denied = server_dry_run(cluster, good)
     assert denied.returncode != 0 and "denied the request" in denied.stderr, denied.stderr
+
+
+# ---- jobs that train -------------------------------------------------------------------
+# 2 nodes x 2 processes, short enough for 2 busy cores; the PVC is mounted at the run dir
+# (ckpt_dir = the run dir) so summary.json lands on the volume, not on a pod's disk.
+STEPS = 200
+
+
+def tiny(name: str, *extra: str) -> list[str]:
+    return ["--nodes", "2", "--gpus", "2", "--set", f"name={name}", "--set", "k8s.pvc_size=1Gi",
+            "--set", f"ckpt_dir=runs/{name}", "--set", f"train.steps={STEPS}",
+            "--set", "train.ckpt_interval=100", "--set", "train.log_interval=10", *extra]  # fmt: skip
+
+
+def ddpkit(env: dict, cwd: Path, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ddpkit", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def kubectl(env: dict, *args: str, input: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["kubectl", *args], input=input, env=env, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+
+
+def wait_until(what: str, pred, timeout: float, env: dict) -> None:
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            pods = kubectl(env, "get", "pods", "-o", "wide").stdout
+            agent = (Path(env["DDPKIT_K8S_STATE"]) / "logs" / "node-agent.log").read_text()
+            pytest.fail(f"{what} not after {timeout}s\n{pods}\n{agent[-3000:]}")
+        time.sleep(1)
+
+
+def finished(env: dict, kind: str, name: str) -> str | None:
+    r = kubectl(env, "get", kind, name, "-o", "json")
+    conds = (
+        json.loads(r.stdout).get("status", {}).get("conditions", []) if r.returncode == 0 else []
+    )
+    done = [c["type"] for c in conds if c["status"] == "True"]
+    done = [t for t in done if t in ("Succeeded", "Complete", "Failed")]
+    return done[0] if done else None
+
+
+def summary(env: dict, claim: str) -> dict:
+    """summary.json on the claim's volume (the node agent's directory for it)."""
+    path = Path(env["DDPKIT_K8S_STATE"]) / "node" / "pvc" / "default" / claim / "summary.json"
+    return json.loads(path.read_text())
+
+
+WORLD = "world: 4 ranks (2 nodes x 2 processes), backend gloo on cpu, DDP"
+
+
+@pytest.fixture(scope="module")
+def jobs(cluster, tmp_path_factory):
+    """Four jobs started at once (most of a job's minute is waiting, not computing): the
+    README's way in, `ddpkit render k8s --nodes 2 --gpus 2 | kubectl apply -f -` (ref); the
+    same as a TrainJob through `ddpkit submit` (tj); one whose worker pod is deleted once it
+    trains (cut); an elastic one (workers only, c10d rendezvous on worker-0) whose second
+    worker is deleted (el). Name -> its workspace; "deleted" lists the pods deleted."""
+    out: dict = {name: tmp_path_factory.mktemp(name) for name in ("ref", "tj", "cut", "el")}
+    out["deleted"] = []
+    r = ddpkit(cluster, out["ref"], "render", "k8s", *tiny("ref"))
+    assert r.returncode == 0, r.stderr
+    assert "nvidia.com/gpu: '2'" in r.stdout  # the default render asks for GPUs
+    applied = kubectl(cluster, "apply", "-f", "-", input=r.stdout)
+    assert applied.returncode == 0, applied.stderr
+    elastic = ("--set", "k8s.elastic.min=1", "--set", "k8s.elastic.max=2")
+    for name, extra in (("tj", ("--set", "k8s.api=trainjob")), ("cut", ()), ("el", elastic)):
+        sub = ddpkit(cluster, out[name], "submit", "k8s", *tiny(name, *extra))
+        assert sub.returncode == 0 and f"/{name} in namespace" in sub.stdout, (
+            sub.stdout + sub.stderr
+        )
+
+    def delete_once_training(rank0: str, victim: str) -> None:
+        end = time.monotonic() + 540
+        while time.monotonic() < end:
+            if f" 40/{STEPS} " in kubectl(cluster, "logs", rank0).stdout:
+                if kubectl(cluster, "delete", "pod", victim, "--wait=false").returncode == 0:
+                    out["deleted"].append(victim)
+                return
+            time.sleep(0.5)
+
+    watchers = [
+        threading.Thread(target=delete_once_training, args=pods, daemon=True)
+        for pods in (("cut-master-0", "cut-worker-0"), ("el-worker-0", "el-worker-1"))
+    ]
+    for w in watchers:
+        w.start()
+    yield out
+    for w in watchers:
+        w.join(timeout=1)
+
+
+def test_kubectl_apply_of_the_default_render_trains_world_4_on_gpu_nodes(cluster, jobs):
+    wait_until("PyTorchJob ref finished", lambda: finished(cluster, "pytorchjob", "ref"), 600,
+               cluster)  # fmt: skip
+    assert finished(cluster, "pytorchjob", "ref") == "Succeeded"
+    summ = summary(cluster, "ref-ckpt")
+    gpus = kubectl(cluster, "get", "nodes", "-o",
+                   "jsonpath={.items[*].status.allocatable.nvidia\\.com/gpu}").stdout.split()  # fmt: skip
+    assert gpus == ["8", "8"]  # the nodes advertise GPUs; the pods train on the CPU
+    assert summ["world_size"] == 4 and summ["steps"] == STEPS and summ["backend"] == "gloo"
+    log = kubectl(cluster, "logs", "ref-master-0").stdout
+    assert WORLD in log, log[-2000:]
+    st = ddpkit(cluster, jobs["ref"], "status", "k8s", "ref")
+    assert st.returncode == 0 and "Succeeded=True" in st.stdout, st.stdout + st.stderr
+    assert "pod ref-master-0: Succeeded" in st.stdout, st.stdout
+    logs = ddpkit(cluster, jobs["ref"], "logs", "k8s", "ref")
+    assert logs.returncode == 0 and f"[ref-master-0] {WORLD}" in logs.stdout, logs.stderr
+
+
+def test_a_trainjob_submitted_to_trainer_2_3_trains_world_4(cluster, jobs):
+    wait_until("TrainJob tj finished", lambda: finished(cluster, "trainjob", "tj"), 600, cluster)
+    assert finished(cluster, "trainjob", "tj") == "Complete"
+    assert summary(cluster, "tj-ckpt")["world_size"] == 4
+    logs = ddpkit(cluster, jobs["tj"], "logs", "k8s")  # the job submitted from there
+    assert logs.returncode == 0 and WORLD in logs.stdout, logs.stdout[-2000:] + logs.stderr
+    st = ddpkit(cluster, jobs["tj"], "status", "k8s")
+    assert "TrainJob default/tj" in st.stdout and "Complete=True" in st.stdout, st.stdout
+
+
+def test_a_deleted_pod_saves_on_sigterm_and_the_job_resumes_to_the_same_weights(cluster, jobs):
+    wait_until("PyTorchJob cut finished", lambda: finished(cluster, "pytorchjob", "cut"), 600,
+               cluster)  # fmt: skip
+    assert "cut-worker-0" in jobs["deleted"], "cut-worker-0 was never deleted while training"
+    assert finished(cluster, "pytorchjob", "cut") == "Succeeded"
+    summ = summary(cluster, "cut-ckpt")
+    # Saved at the step SIGTERM stopped it (on a loaded machine that may be the periodic
+    # save's step 100: then that one is kept), and resumed from there.
+    step = int(str(summ["resumed_from"]).rsplit("-", 1)[-1])
+    assert 40 <= step < STEPS, summ["resumed_from"]
+    log = kubectl(cluster, "logs", "cut-master-0").stdout  # both of its containers' runs
+    assert f"SIGTERM received: saving a checkpoint at step {step}" in log, log[-3000:]
+    wait_until("PyTorchJob ref finished", lambda: finished(cluster, "pytorchjob", "ref"), 600,
+               cluster)  # fmt: skip
+    assert summ["param_digest"] == summary(cluster, "ref-ckpt")["param_digest"]
+
+
+def test_an_elastic_job_recovers_from_a_deleted_worker_to_the_same_weights(cluster, jobs):
+    """torchrun on worker-0 re-forms the rendezvous when worker-1 goes (its pod is not
+    restarted: --max-restarts at the torchrun level); the recreated worker-1 joins, and the
+    world of 4 resumes from the SIGTERM save."""
+    wait_until("PyTorchJob el finished", lambda: finished(cluster, "pytorchjob", "el"), 600,
+               cluster)  # fmt: skip
+    assert "el-worker-1" in jobs["deleted"], "el-worker-1 was never deleted while training"
+    assert finished(cluster, "pytorchjob", "el") == "Succeeded"
+    summ = summary(cluster, "el-ckpt")
+    step = int(str(summ["resumed_from"]).rsplit("-", 1)[-1])
+    assert 40 <= step < STEPS and summ["world_size"] == 4, summ["resumed_from"]
+    wait_until("PyTorchJob ref finished", lambda: finished(cluster, "pytorchjob", "ref"), 600,
+               cluster)  # fmt: skip
+    assert summ["param_digest"] == summary(cluster, "ref-ckpt")["param_digest"]
+    # Rank 0 after the new rendezvous may be either pod, and the operator may already have
+    # removed the other: read the node agent's log files, which outlive the pods.
+    pods = Path(cluster["DDPKIT_K8S_STATE"]) / "node" / "pods"
+    logs = "".join(f.read_text() for f in pods.glob("default_el-worker-*/pytorch.log"))
+    assert f"resumed from runs/el/step-{step} at step {step}" in logs, logs[-3000:]
+
+
+def test_cancel_deletes_a_running_job_and_its_pods(cluster, tmp_path):
+    r = ddpkit(cluster, tmp_path, "submit", "k8s", *tiny("gone", "--set", "train.steps=100000"))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    def running() -> bool:
+        phase = kubectl(cluster, "get", "pod", "gone-master-0", "-o", "jsonpath={.status.phase}")
+        return phase.stdout == "Running"
+
+    wait_until("gone-master-0 runs", running, 240, cluster)
+    c = ddpkit(cluster, tmp_path, "cancel", "k8s")
+    assert c.returncode == 0 and "deleted pytorchjob/gone" in c.stdout, c.stdout + c.stderr
+
+    def gone() -> bool:
+        pods = kubectl(cluster, "get", "pods", "-l", "training.kubeflow.org/job-name=gone",
+                       "-o", "name").stdout  # fmt: skip
+        return not pods.strip() and kubectl(cluster, "get", "pytorchjob", "gone").returncode != 0
+
+    wait_until("job and pods deleted", gone, 120, cluster)

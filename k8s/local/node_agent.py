@@ -2,18 +2,23 @@
 
 It registers Ready nodes (cpu, memory, pods and nvidia.com/gpu advertised),
 binds pending pods to them (there is no scheduler), runs each pod's containers
-as local processes (command + args, env incl. fieldRef / Secret / ConfigMap
-references, workingDir), reports phase, container states and exit codes,
-serves container logs to `kubectl logs` (the API server asks the node's
-kubelet port for them), and on delete sends SIGTERM, waits the pod's grace
-period, then SIGKILL.
+as local processes standing in for the image (command + args, env incl.
+fieldRef / Secret / ConfigMap references, workingDir), reports phase, container
+states, pod IP and exit codes, serves container logs to `kubectl logs` (the API
+server asks the node's kubelet port for them), and on delete sends SIGTERM,
+waits the pod's grace period, then SIGKILL.
 
-What a kubelet does and this does not: images (a container without a command
-cannot run: the image's entrypoint is unknown here), volumes and mounts
-(paths are the host's), /dev/shm sizing, network namespaces (every pod is on
-the host network, so two pods of one node cannot listen on one port),
-resource limits, probes, DNS (optionally it writes the pods' names to a hosts
-file instead), node-selector / affinity / taint checks when binding.
+A container runs in its own mount and UTS namespace (and, with --network netns,
+the pod's network namespace on a bridge): the image is a local Python
+environment (--image PATTERN=VENV[:WORKSPACE]: VENV/bin first on PATH, WORKSPACE
+copied to /workspace), volumes are local dirs bind-mounted at their mountPaths
+(PVC: a dir per claim under the state dir; emptyDir: per pod, medium Memory in
+/dev/shm; hostPath: itself), /etc/hosts is the agent's file of pod and Service
+names -> pod IPs, and the command runs as the securityContext's user where that
+user can start the environment's Python (else as root, with a warning).
+
+What a kubelet does and this does not: real images, resource limits, probes,
+DNS, PVC binding, node-selector / affinity / taint checks when binding.
 
 usage: python node_agent.py --kubeconfig K [--nodes 2] [--gpus 8] [--state DIR]
 """
@@ -24,17 +29,23 @@ import argparse
 import base64
 import contextlib
 import datetime as dt
+import fnmatch
 import http.server
+import ipaddress
 import logging
 import os
 import re
+import shlex
+import shutil
 import signal
 import socketserver
 import ssl
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse
+from dataclasses import dataclass
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
@@ -50,6 +61,99 @@ def now() -> dt.datetime:
 
 def iso(t: dt.datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Image:
+    """What stands in for an image here: a Python environment whose bin/ goes first on
+    PATH (as the image's PATH would put its interpreter first) and, optionally, a
+    directory whose contents play the image's working directory (a derived user image's
+    code), copied per pod so a pod's writes never reach it."""
+
+    pattern: str
+    venv: str | None
+    workspace: str | None = None
+    workdir: str = "/workspace"
+
+    @classmethod
+    def parse(cls, text: str) -> Image:
+        """PATTERN=VENV[:WORKSPACE] (PATTERN an fnmatch pattern of image names)."""
+        pattern, sep, rest = text.partition("=")
+        if not sep or not pattern or not rest:
+            raise argparse.ArgumentTypeError(f"--image {text!r}: want PATTERN=VENV[:WORKSPACE]")
+        venv, _, workspace = rest.partition(":")
+        return cls(
+            pattern, os.path.abspath(venv), os.path.abspath(workspace) if workspace else None
+        )
+
+    def path(self) -> str:
+        return f"{self.venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class Network:
+    """Pod addresses. netns: a bridge on the host and one network namespace per pod
+    (veth pair, an address from the pod CIDR), so pods of one node may listen on one
+    port; host: every pod on the host's network at 127.0.0.1."""
+
+    def __init__(self, mode: str, bridge: str, cidr: str):
+        self.mode, self.bridge = mode, bridge
+        self.net = ipaddress.ip_network(cidr)
+        hosts = [str(h) for h in self.net.hosts()]
+        self.gateway, self.free = hosts[0], hosts[1:]
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def ip(*args: str, check: bool = True) -> None:
+        r = subprocess.run(["ip", *args], capture_output=True, text=True)
+        if check and r.returncode:
+            raise RuntimeError(f"ip {' '.join(args)}: {r.stderr.strip()}")
+
+    def up(self) -> None:
+        if self.mode != "netns":
+            return
+        self.down()
+        self.ip("link", "add", self.bridge, "type", "bridge")
+        self.ip("addr", "add", f"{self.gateway}/{self.net.prefixlen}", "dev", self.bridge)
+        self.ip("link", "set", self.bridge, "up")
+        log.info("pod network %s on bridge %s (one netns per pod)", self.net, self.bridge)
+
+    def down(self) -> None:
+        """The bridge and every pod namespace of this bridge (also a crashed agent's)."""
+        if self.mode != "netns":
+            return
+        with contextlib.suppress(FileNotFoundError):
+            for ns in os.listdir("/run/netns"):
+                if ns.startswith(self.bridge + "-"):
+                    self.ip("netns", "del", ns, check=False)
+        self.ip("link", "del", self.bridge, check=False)
+
+    def attach(self, uid: str) -> tuple[str | None, str]:
+        """(netns name or None, pod IP)."""
+        if self.mode != "netns":
+            return None, "127.0.0.1"
+        with self.lock:
+            addr = self.free.pop(0)
+        key = uid.replace("-", "")[:10]
+        ns, veth = f"{self.bridge}-{key}", f"dk{key}"
+        try:
+            self.ip("netns", "add", ns)
+            self.ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            self.ip("link", "set", veth, "master", self.bridge, "up")
+            self.ip("-n", ns, "addr", "add", f"{addr}/{self.net.prefixlen}", "dev", "eth0")
+            self.ip("-n", ns, "link", "set", "eth0", "up")
+            self.ip("-n", ns, "link", "set", "lo", "up")
+            self.ip("-n", ns, "route", "add", "default", "via", self.gateway)
+        except RuntimeError:
+            self.detach(ns, addr)
+            raise
+        return ns, addr
+
+    def detach(self, ns: str | None, addr: str) -> None:
+        if ns is None:
+            return
+        self.ip("netns", "del", ns, check=False)  # takes its end of the veth pair along
+        with self.lock:
+            self.free.append(addr)
 
 
 class Container:
@@ -115,6 +219,12 @@ class PodRunner(threading.Thread):
         self.lock = threading.Lock()
         self.phase = "Pending"
         self.start_time = now()
+        self.netns: str | None = None
+        self.ip = "127.0.0.1"
+        self.addressed = False  # has its address (and names in the hosts file)
+        self.warned: set[str] = set()
+        self.volumes: dict[str, str] = {}
+        self.shm_dir = os.path.join("/dev/shm", f"ddpkit-pod-{self.uid}")
 
     # ---- environment -------------------------------------------------------
     def field(self, path: str) -> str:
@@ -130,8 +240,8 @@ class PodRunner(threading.Thread):
             "metadata.uid": meta.uid,
             "spec.nodeName": self.pod.spec.node_name or "",
             "spec.serviceAccountName": self.pod.spec.service_account_name or "",
-            "status.podIP": "127.0.0.1",
-            "status.podIPs": "127.0.0.1",
+            "status.podIP": self.ip,
+            "status.podIPs": self.ip,
             "status.hostIP": "127.0.0.1",
             "status.hostIPs": "127.0.0.1",
         }.get(path, "")
@@ -157,11 +267,19 @@ class PodRunner(threading.Thread):
         return data.get(key)
 
     def env_for(self, c: client.V1Container) -> dict:
+        img = self.image(c)
+        uid, gid, _ = self.user(c)
         env = {
-            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-            "HOME": os.environ.get("HOME", "/root"),
+            # The image's PATH: its Python environment first (no image: the host's).
+            "PATH": img.path() if img else os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "HOME": "/root" if not uid else os.path.join(self.dir, "home"),
             "HOSTNAME": self.pod.spec.hostname or self.name,
         }
+        if img is not None:
+            env["VIRTUAL_ENV"] = img.venv
+        if uid:
+            os.makedirs(env["HOME"], exist_ok=True)
+            os.chown(env["HOME"], uid, gid or 0)
         for src in c.env_from or []:
             prefix = src.prefix or ""
             if src.config_map_ref is not None:
@@ -196,6 +314,154 @@ class PodRunner(threading.Thread):
                 env[e.name] = value
         return env
 
+    # ---- the sandbox: volumes, network, image ------------------------------------
+    def setup(self) -> None:
+        """Volumes as local dirs and the pod's network namespace, before any container."""
+        self.netns, self.ip = self.agent.network.attach(self.uid)
+        self.addressed = True
+        sec = self.pod.spec.security_context
+        fs_group = sec.fs_group if sec is not None else None
+        for v in self.pod.spec.volumes or []:
+            own = False  # kubelets make emptyDirs and claims writable for the pod (fsGroup)
+            if v.empty_dir is not None:
+                if v.empty_dir.medium == "Memory" and os.path.isdir("/dev/shm"):
+                    path = os.path.join(self.shm_dir, v.name)  # memory-backed, like a tmpfs
+                else:
+                    path = os.path.join(self.dir, "volumes", v.name)
+                own = True
+            elif v.persistent_volume_claim is not None:
+                claim = v.persistent_volume_claim.claim_name
+                path = os.path.join(self.agent.state, "pvc", self.ns, claim)
+                own = True
+            elif v.host_path is not None:
+                path = v.host_path.path
+                if (v.host_path.type or "DirectoryOrCreate") == "DirectoryOrCreate":
+                    os.makedirs(path, exist_ok=True)
+            else:
+                path = os.path.join(self.dir, "volumes", v.name)
+                self.fill(v, path)
+            if own:
+                os.makedirs(path, exist_ok=True)
+                uid = self.run_as(None)[0]  # a later fallback to root can still write it
+                os.chown(path, uid or 0, fs_group if fs_group is not None else -1)
+                os.chmod(path, 0o2775 if fs_group is not None else 0o775)
+            self.volumes[v.name] = path
+
+    def fill(self, v: client.V1Volume, path: str) -> None:
+        """ConfigMap and Secret volumes as files; anything else (the service account's
+        projected token, ...) as an empty directory."""
+        os.makedirs(path, exist_ok=True)
+        data: dict = {}
+        if v.config_map is not None:
+            data = self.ref("configmap", v.config_map.name, None, bool(v.config_map.optional))
+        elif v.secret is not None:
+            data = self.ref("secret", v.secret.secret_name, None, bool(v.secret.optional))
+        elif v.projected is not None:
+            data = {"namespace": self.ns}
+        else:
+            log.info(
+                "%s: volume %s has a type the agent does not serve: empty dir", self.name, v.name
+            )
+        for k, val in (data or {}).items():
+            with open(os.path.join(path, k), "w") as f:
+                f.write(val)
+
+    def teardown(self) -> None:
+        self.addressed = False
+        self.agent.network.detach(self.netns, self.ip)
+        self.netns = None
+        shutil.rmtree(self.shm_dir, ignore_errors=True)
+
+    def run_as(self, spec: client.V1Container | None) -> tuple[int | None, int | None, int | None]:
+        """(uid, gid, fsGroup) from the pod's securityContext, the container's first."""
+        pod = self.pod.spec.security_context
+        ctr = spec.security_context if spec is not None else None
+        uid = (ctr and ctr.run_as_user) or (pod and pod.run_as_user)
+        gid = (ctr and ctr.run_as_group) or (pod and pod.run_as_group)
+        return uid, gid, pod.fs_group if pod is not None else None
+
+    def user(self, spec: client.V1Container) -> tuple[int | None, int | None, int | None]:
+        """run_as(), or root where that uid cannot start the image's Python (said in the
+        agent's log): the pods' user is only as good as the files allow on this host."""
+        uid, gid, fs_group = self.run_as(spec)
+        img = self.image(spec)
+        if uid and img is not None and not self.agent.can_run(img, uid, gid or 0):
+            if spec.name in self.warned:
+                return None, None, fs_group
+            self.warned.add(spec.name)
+            log.warning(
+                "%s/%s: uid %s cannot run python from %s (a directory on its way is not "
+                "searchable for it): running as root instead of the securityContext's user",
+                self.name, spec.name, uid, img.venv,
+            )  # fmt: skip
+            return None, None, fs_group
+        return uid, gid, fs_group
+
+    def image(self, spec: client.V1Container) -> Image | None:
+        for img in self.agent.images:
+            if fnmatch.fnmatchcase(spec.image or "", img.pattern):
+                return img
+        return None
+
+    def wrap(self, spec: client.V1Container, argv: list[str], env: dict) -> list[str]:
+        """The container's command inside its own mount (and UTS, and network) namespace:
+        volumes and the image's working directory bind-mounted at their paths, the agent's
+        hosts file as /etc/hosts, then the command as the securityContext's user."""
+        img = self.image(spec)
+        lines = ["set -eu", f"hostname {shlex.quote(self.pod.spec.hostname or self.name)}"]
+
+        def bind(src: str, dst: str, ro: bool = False) -> None:
+            # A missing mount point is made in the host's tree (an empty directory),
+            # as a runtime makes it in the image's root: the mount itself stays private.
+            lines.append(
+                f"mkdir -p {shlex.quote(dst)}; mount --bind {shlex.quote(src)} {shlex.quote(dst)}"
+            )
+            if ro:
+                lines.append(f"mount -o remount,bind,ro {shlex.quote(dst)}")
+
+        if img is not None:
+            ws = os.path.join(self.dir, "workspace")
+            if not os.path.isdir(ws):
+                if img.workspace:
+                    shutil.copytree(img.workspace, ws, symlinks=True,
+                                    ignore=shutil.ignore_patterns(".git", ".venv", "runs", "__pycache__"))  # fmt: skip
+                else:
+                    os.makedirs(ws)
+                uid, gid, _ = self.user(spec)
+                if uid:
+                    for root, dirs, files in os.walk(ws):
+                        for n in [root, *(os.path.join(root, f) for f in dirs + files)]:
+                            os.lchown(n, uid, gid or 0)
+            bind(ws, img.workdir)
+        for m in sorted(spec.volume_mounts or [], key=lambda m: m.mount_path.count("/")):
+            src = self.volumes.get(m.name)
+            if src is None:
+                continue
+            if m.sub_path:
+                src = os.path.join(src, m.sub_path)
+                os.makedirs(src, exist_ok=True)
+            bind(src, m.mount_path, bool(m.read_only))
+        lines.append(f"mount --bind {shlex.quote(self.agent.hosts)} /etc/hosts")
+        # No cluster DNS: names not in the hosts file fail at once, not after the host
+        # resolver's time-outs (unreachable from a pod's network namespace).
+        lines.append(f"mount --bind {shlex.quote(self.agent.resolv)} /etc/resolv.conf")
+        wd = spec.working_dir or (img.workdir if img is not None else self.dir)
+        lines.append(f"mkdir -p {shlex.quote(wd)}; cd {shlex.quote(wd)}")
+        uid, gid, fs_group = self.user(spec)
+        if uid:  # non-root: the kernel drops every capability on the uid change
+            groups = ",".join(str(g) for g in dict.fromkeys([gid or 0, fs_group]) if g is not None)
+            lines.append(f'exec setpriv --reuid={uid} --regid={gid or 0} --groups={groups} '
+                         '--inh-caps=-all --no-new-privs -- "$@"')  # fmt: skip
+        else:
+            lines.append('exec "$@"')
+        script = os.path.join(self.dir, f"{spec.name}.sh")
+        with open(script, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        # Every step execs: the process the agent signals is the container's command.
+        prefix = ["nsenter", f"--net=/run/netns/{self.netns}"] if self.netns else []
+        return [*prefix, "unshare", "--mount", "--uts", "--propagation", "private", "--",
+                "bash", script, *argv]  # fmt: skip
+
     # ---- processes -----------------------------------------------------------
     def launch(self, c: Container) -> None:
         spec = c.spec
@@ -213,13 +479,18 @@ class PodRunner(threading.Thread):
             c.message = "the node agent runs commands, not images: the container needs a command"
             c.exit_code, c.started, c.finished = 127, now(), now()
             return
-        cwd = spec.working_dir if spec.working_dir and os.path.isdir(spec.working_dir) else self.dir
+        try:
+            cmd = self.wrap(spec, argv, env)
+        except OSError as e:
+            c.reason, c.message = "CreateContainerError", str(e)
+            c.exit_code, c.started, c.finished = 128, now(), now()
+            return
         try:
             with open(os.path.join(self.dir, f"{spec.name}.log"), "ab") as logf:
                 c.proc = subprocess.Popen(
-                    argv,
+                    cmd,
                     env=env,
-                    cwd=cwd,
+                    cwd=self.dir,
                     stdin=subprocess.DEVNULL,
                     stdout=logf,
                     stderr=subprocess.STDOUT,
@@ -230,7 +501,8 @@ class PodRunner(threading.Thread):
             c.exit_code, c.started, c.finished = 128, now(), now()
             return
         c.started = now()
-        log.info("%s/%s: started %s (pid %d)", self.name, spec.name, argv[:3], c.proc.pid)
+        shown = " ".join(a if len(a) < 40 else a[:20] + "..." for a in argv[:12])
+        log.info("%s/%s: started %s (pid %d)", self.name, spec.name, shown, c.proc.pid)
 
     def wait_exit(self, c: Container) -> None:
         if c.proc is None:
@@ -260,6 +532,14 @@ class PodRunner(threading.Thread):
     # ---- the pod's life --------------------------------------------------------
     def run(self) -> None:
         try:
+            try:
+                self.setup()
+            except (OSError, RuntimeError, ApiException) as e:
+                log.error("%s: sandbox: %s", self.name, e)
+                for c in self.main:
+                    c.reason, c.message = "CreateContainerConfigError", str(e)
+                self.finish("Failed")
+                return
             self.report()
             policy = self.pod.spec.restart_policy or "Always"
             for c in self.init:
@@ -291,6 +571,7 @@ class PodRunner(threading.Thread):
         except Exception:  # a crash of one pod must not stop the agent
             log.exception("%s: runner failed", self.name)
         finally:
+            self.teardown()
             self.done.set()
 
     def keep(self, c: Container, policy: str) -> None:
@@ -327,8 +608,8 @@ class PodRunner(threading.Thread):
             "phase": self.phase,
             "hostIP": "127.0.0.1",
             "hostIPs": [{"ip": "127.0.0.1"}],
-            "podIP": "127.0.0.1",
-            "podIPs": [{"ip": "127.0.0.1"}],
+            "podIP": self.ip,
+            "podIPs": [{"ip": self.ip}],
             "startTime": iso(self.start_time),
             "conditions": [
                 {"type": "PodScheduled", "status": "True", "lastTransitionTime": t},
@@ -367,10 +648,37 @@ class Agent:
         self.state = args.state
         self.port = args.port
         self.hosts_file = args.hosts_file
+        # Mounted as every pod's /etc/hosts (rewritten in place: a bind mount keeps the inode).
+        self.hosts = os.path.join(self.state, "hosts")
+        self.images = list(args.image) or [Image("ddpkit:*", os.path.dirname(os.path.dirname(
+            os.path.abspath(sys.executable))))]  # fmt: skip
+        self.runnable: dict[tuple, bool] = {}
+        os.makedirs(os.path.join(self.state, "pods"), exist_ok=True)
+        self.resolv = os.path.join(self.state, "resolv.conf")
+        with open(self.resolv, "w") as f:
+            f.write("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+        self.network = Network(args.network, args.bridge, args.pod_cidr)
         self.runners: dict[str, PodRunner] = {}
         self.next_node = 0
         self.stop = threading.Event()
         os.makedirs(os.path.join(self.state, "pods"), exist_ok=True)
+
+    def can_run(self, img: Image, uid: int, gid: int) -> bool:
+        """Whether uid can start the image's Python (cached): a venv whose interpreter
+        links into root's home cannot run as the pods' non-root user."""
+        key = (img.venv, uid, gid)
+        if key not in self.runnable:
+            probe = [f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--inh-caps=-all"]
+            r = subprocess.run(
+                # Through a shell, as the pod does: setpriv's own exec still has root's
+                # capabilities, the shell's exec of python no longer has them.
+                ["setpriv", *probe, "bash", "-c", 'exec python -c "import ddpkit"'],
+                env={"PATH": img.path(), "HOME": "/"},
+                capture_output=True,
+                cwd="/",
+            )
+            self.runnable[key] = r.returncode == 0
+        return self.runnable[key]
 
     def resource_value(self, c, resource: str) -> str:
         if resource.endswith("cpu"):
@@ -573,27 +881,32 @@ class Agent:
                 log.warning("delete %s: %s", pod.metadata.name, e.reason)
 
     def write_hosts(self, pods) -> None:
-        """Names that pods reach each other by (`<job>-master-0`, JobSet's
-        `<pod-hostname>.<subdomain>`), all on this host, in a hosts file."""
+        """Names that pods reach each other by (the operator's headless Services
+        `<job>-master-0`, JobSet's `<pod-hostname>.<subdomain>`) -> the pods' addresses:
+        in the agent's own hosts file, every pod's /etc/hosts, and, if asked, the host's."""
+        entries: dict[str, str] = {}
+        for r in list(self.runners.values()):
+            if not r.addressed or r.done.is_set() or r.stopping.is_set():
+                continue
+            p, ns = r.pod, r.ns
+            host = p.spec.hostname or p.metadata.name
+            names = [p.metadata.name, host]
+            if p.spec.subdomain:
+                names.append(f"{host}.{p.spec.subdomain}")
+            for n in list(names):
+                names += [f"{n}.{ns}", f"{n}.{ns}.svc", f"{n}.{ns}.svc.cluster.local"]
+            entries.update({n: r.ip for n in names})
+        block = [f"{ip} {n}" for n, ip in sorted(entries.items())]
+        text = "\n".join(["127.0.0.1 localhost", "::1 localhost ip6-localhost", *block]) + "\n"
+        old = None
+        with contextlib.suppress(FileNotFoundError), open(self.hosts) as f:
+            old = f.read()
+        if old != text:
+            with open(self.hosts, "w") as f:  # in place: pods bind-mount this inode
+                f.write(text)
         if not self.hosts_file:
             return
-        names = set()
-        for p in pods:
-            if p.spec.node_name not in self.nodes or p.metadata.deletion_timestamp is not None:
-                continue
-            host = p.spec.hostname or p.metadata.name
-            names.update({p.metadata.name, host})
-            if p.spec.subdomain:
-                base = f"{host}.{p.spec.subdomain}"
-                names.update(
-                    {
-                        base,
-                        f"{base}.{p.metadata.namespace}",
-                        f"{base}.{p.metadata.namespace}.svc",
-                        f"{base}.{p.metadata.namespace}.svc.cluster.local",
-                    }
-                )
-        block = [HOSTS_BEGIN] + [f"127.0.0.1 {n}" for n in sorted(names)] + [HOSTS_END]
+        block = [HOSTS_BEGIN, *block, HOSTS_END]
         try:
             with open(self.hosts_file) as f:
                 lines = f.read().splitlines()
@@ -688,6 +1001,8 @@ class Agent:
 
     # ---- main loop ------------------------------------------------------------------
     def run(self, cert: str | None, key: str | None) -> None:
+        self.network.up()
+        self.write_hosts([])
         self.register()
         if cert and key:
             self.serve_logs(cert, key)
@@ -708,7 +1023,9 @@ class Agent:
             time.sleep(0.1)
         for r in runners:
             r.signal_all(signal.SIGKILL)
+            r.done.wait(2)
         self.clear_hosts()
+        self.network.down()
 
 
 def parse_quantity(q: str) -> int:
@@ -741,6 +1058,24 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=10250, help="kubelet port for `kubectl logs`")
     ap.add_argument("--tls-cert")
     ap.add_argument("--tls-key")
+    ap.add_argument(
+        "--image",
+        action="append",
+        type=Image.parse,
+        default=[],
+        metavar="PATTERN=VENV[:WORKSPACE]",
+        help="what stands in for images matching PATTERN (fnmatch): the Python environment "
+        "VENV (its bin/ first on PATH) and the directory copied to /workspace (a derived "
+        "image's code); repeatable, first match wins; default ddpkit:*=this agent's venv",
+    )
+    ap.add_argument(
+        "--network",
+        choices=("netns", "host"),
+        default="netns",
+        help="netns: one network namespace per pod on a bridge; host: all pods on 127.0.0.1",
+    )
+    ap.add_argument("--bridge", default="ddpkit0", help="bridge name (<= 8 chars: netns names)")
+    ap.add_argument("--pod-cidr", default="10.244.0.0/24")
     ap.add_argument(
         "--hosts-file", help="keep pod names -> 127.0.0.1 in this hosts file (e.g. /etc/hosts)"
     )

@@ -400,9 +400,18 @@ if ((NODES > 0)); then
     if [[ -n "${DDPKIT_K8S_HOSTS_FILE:-}" ]]; then
         hosts_args=(--hosts-file "$DDPKIT_K8S_HOSTS_FILE")
     fi
+    # Images the pods name -> local Python environments (PATTERN=VENV[:WORKSPACE], space
+    # separated); the default maps ddpkit:* to the venv that runs the agent.
+    # (read -ra: split on blanks without expanding the patterns' `*` as file names)
+    image_args=() images=()
+    read -ra images <<<"${DDPKIT_K8S_IMAGES:-}"
+    for m in "${images[@]}"; do
+        image_args+=(--image "$m")
+    done
     start node-agent "$PY" "$HERE/node_agent.py" --kubeconfig "$KUBECONFIG_FILE" \
         --state "$S/node" --nodes "$NODES" --tls-cert "$P/webhook.crt" --tls-key "$P/webhook.key" \
-        "${hosts_args[@]}"
+        --network "${DDPKIT_K8S_NETWORK:-netns}" --bridge "${DDPKIT_K8S_BRIDGE:-ddpkit0}" \
+        --pod-cidr "${DDPKIT_K8S_POD_CIDR:-10.244.0.0/24}" "${hosts_args[@]}" "${image_args[@]}"
     wait_for 30 "node agent" kc wait --for condition=Ready --timeout=1s node --all
     log "$NODES node(s) Ready"
 fi
