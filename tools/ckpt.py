@@ -7,8 +7,9 @@
 The export holds {"model": {name: tensor}, "meta": {...}} with full (unsharded) tensors and
 loads with `torch.load(path, weights_only=True)`. `--format hf` (for a model trained as
 `hf:DIR`) writes a directory that `AutoModelForCausalLM.from_pretrained(OUT)` loads
-(safetensors, DIR's config and tokenizer; `--model-dir` if DIR has moved). DCP's own metadata is pickled: inspect and
-export only checkpoints from storage you trust.
+(safetensors, DIR's config and tokenizer; `--model-dir` if DIR has moved). An existing OUT,
+or the OUT.tmp an interrupted export left, is refused unless `--force` replaces it. DCP's own
+metadata is pickled: inspect and export only checkpoints from storage you trust.
 """
 
 from __future__ import annotations
@@ -158,10 +159,17 @@ def export(path: Path, out: Path) -> dict[str, Any]:
         k: info[k] for k in ("step", "world_size", "parallel", "sharding", "model") if k in info
     }
     meta = {k: (v if isinstance(v, (int, float, str)) else str(v)) for k, v in meta.items()}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    torch.save({"model": model, "meta": meta}, tmp)
-    os.replace(tmp, out)  # never a half-written export under the final name
+    tmp = _tmp_path(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": model, "meta": meta}, tmp)
+        os.replace(tmp, out)  # never a half-written export under the final name
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UserError(
+            f"export: cannot write {out} ({e.strerror or e}); pass a path in a writable "
+            "directory with room for the model"
+        ) from None
     return {
         "out": str(out),
         "tensors": len(model),
@@ -189,6 +197,44 @@ def export_hf(path: Path, out: Path, model_dir: str | None) -> dict[str, Any]:
 
     r = hf.export(load_full_model(path), Path(model_dir), out)
     return {**r, "model": model}
+
+
+def _tmp_path(out: Path) -> Path:
+    return out.with_name(out.name + ".tmp")
+
+
+def check_export_target(out: Path, fmt: str, force: bool) -> None:
+    """Refuse, before anything is read or written, an output that would replace what is
+    there: an existing file or directory, or the <out>.tmp an interrupted export left (it may
+    be the only copy of something). --force replaces them; a directory never becomes the
+    single file of --format pt, nor a file the directory of --format hf."""
+    tmp = _tmp_path(out)
+    want = "a file" if fmt == "pt" else "a directory"
+    for parent in out.parents:
+        if parent.exists() and not parent.is_dir():
+            raise UserError(f"export: {out} is under {parent}, a file; pass another output path")
+    if out.exists() or out.is_symlink():
+        kind = "directory" if out.is_dir() else "file"
+        if (kind == "directory") != (fmt == "hf"):
+            raise UserError(
+                f"export: {out} is an existing {kind}, and --format {fmt} writes {want}; "
+                "pass another output path"
+            )
+        if not force:
+            raise UserError(
+                f"export: {out} already exists; pass another output path, or --force to replace it"
+            )
+    if (tmp.exists() or tmp.is_symlink()) and not force:
+        raise UserError(
+            f"export: {tmp} exists (left by an interrupted export?); remove it, or pass "
+            "--force to overwrite it"
+        )
+    if force and tmp.is_dir() and not tmp.is_symlink():
+        import shutil
+
+        shutil.rmtree(tmp)
+    elif force and (tmp.exists() or tmp.is_symlink()):
+        tmp.unlink()
 
 
 def _print_inspect(r: dict[str, Any]) -> None:
@@ -230,12 +276,18 @@ def _main(argv: list[str] | None) -> int:
         help="pt: one torch file; hf: a from_pretrained directory (safetensors)",
     )
     pe.add_argument("--model-dir", help="--format hf: the model's hf: directory (its config)")
+    pe.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing OUT (and a leftover OUT.tmp); without it, both are refused",
+    )
     args = ap.parse_args(argv)
     path = _checkpoint_dir(args.dir)
     if args.cmd == "inspect":
         r = inspect(path)
         print(json.dumps(r, indent=2)) if args.json else _print_inspect(r)
     else:
+        check_export_target(Path(args.out), args.format, args.force)
         if args.format == "hf":
             r = export_hf(path, Path(args.out), args.model_dir)
         else:

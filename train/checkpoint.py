@@ -36,6 +36,7 @@ from ddpkit.train.ckpt_files import (
     marker_files,
     no_space_message,
     share,
+    unwritable_message,
     verify_files,
 )
 
@@ -152,6 +153,10 @@ class DiskFull(ConfigError):
     """No space left for a checkpoint: one line (where, free, needed), exit 2."""
 
 
+class CheckpointDirUnwritable(ConfigError):
+    """The checkpoint dir refuses writes (read-only, permissions): one line, exit 2."""
+
+
 def _tensor_bytes(tree: Any) -> int:
     if isinstance(tree, torch.Tensor):
         return tree.numel() * tree.element_size()
@@ -203,13 +208,25 @@ class Checkpointer:
         self.wait()  # one save in flight at a time
         self._join_pruner()
         path = self.dir / f"{CKPT_STEP_PREFIX}{step}"
+        problem = None
         if self.rank == 0:
-            if path.is_dir():  # a leftover of an interrupted save (or an older run): replace
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
-            path.mkdir(parents=True)
-        dist.barrier(group=self.pg)
+            try:
+                if path.is_dir():  # a leftover of an interrupted save (or an older run)
+                    shutil.rmtree(path)
+                elif path.exists():
+                    path.unlink()
+                path.mkdir(parents=True)
+            except OSError as e:
+                problem = unwritable_message(e, path) or (
+                    no_space_message(path) if is_no_space(e) else None
+                )
+                if problem is None:
+                    raise
+        # Also the barrier before the ranks write into the dir: every rank leaves with rank
+        # 0's one line when it cannot make the dir, instead of waiting on it.
+        if (problem := first_problem(problem, self.pg)) is not None:
+            full = problem.startswith("no space left")  # no_space_message's opening words
+            raise (DiskFull if full else CheckpointDirUnwritable)(problem)
         # An empty part (a grad scaler never used) has nothing to save and nothing to miss.
         state = {name: sd for name, part in states.items() if (sd := part.state_dict())}
         self._local_bytes = _tensor_bytes(state)
@@ -236,7 +253,11 @@ class Checkpointer:
     def _raise_if_no_space(self, e: BaseException, path: Path, local: int | None) -> None:
         """A full disk: the partial step dir goes (it only takes space), DiskFull says where,
         how much is free and how much a checkpoint needs (the last one's size, else at
-        least this rank's state)."""
+        least this rank's state). A dir that refuses writes: CheckpointDirUnwritable."""
+        if (msg := unwritable_message(e, path)) is not None:
+            if self.rank == 0:  # what a refused save got down, where the filesystem lets it
+                shutil.rmtree(path, ignore_errors=True)
+            raise CheckpointDirUnwritable(msg) from None
         complete, _ = list_checkpoints(self.dir)
         share = local or self._local_bytes
         needed = sum(f.stat().st_size for f in complete[-1].iterdir()) if complete else share

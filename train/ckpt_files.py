@@ -120,9 +120,10 @@ def marker_files(step_dir: Path, written: dict[str, dict[str, Any]]) -> dict[str
 # --- a full disk ------------------------------------------------------------------------------
 
 
-def is_no_space(e: BaseException) -> bool:
-    """ENOSPC anywhere in an error: itself, its cause/context chain, or any rank's failure
-    that DCP gathered into a CheckpointException (`failures`: rank -> (exception, trace))."""
+def _errno_in(e: BaseException, codes: tuple[int, ...]) -> OSError | None:
+    """The first OSError with one of `codes` anywhere in an error: itself, its cause/context
+    chain, or any rank's failure that DCP gathered into a CheckpointException (`failures`:
+    rank -> (exception, trace))."""
     seen: set[int] = set()
     todo: list[BaseException | None] = [e]
     while todo:
@@ -130,13 +131,37 @@ def is_no_space(e: BaseException) -> bool:
         if x is None or id(x) in seen:
             continue
         seen.add(id(x))
-        if isinstance(x, OSError) and x.errno == errno.ENOSPC:
-            return True
+        if isinstance(x, OSError) and x.errno in codes:
+            return x
         todo += [x.__cause__, x.__context__]
         failures = getattr(x, "failures", None)
         if isinstance(failures, dict):
             todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
-    return False
+    return None
+
+
+def is_no_space(e: BaseException) -> bool:
+    """ENOSPC anywhere in an error (see _errno_in)."""
+    return _errno_in(e, (errno.ENOSPC,)) is not None
+
+
+# A checkpoint dir that was writable at start and is not now: a filesystem remounted
+# read-only (an NFS server's choice, a failing disk), permissions taken away.
+_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def unwritable_message(e: BaseException, path: Path) -> str | None:
+    """One line for a checkpoint write refused by the filesystem (read-only, permission), or
+    None when `e` is something else."""
+    found = _errno_in(e, _UNWRITABLE)
+    if found is None:
+        return None
+    where = f": {found.filename}" if found.filename not in (None, str(path)) else ""
+    return (
+        f"cannot write the checkpoint {path} ({found.strerror}{where}); the checkpoint dir "
+        f"is not writable now: make {path.parent} writable again (or pass another --ckpt-dir) "
+        "and resume from its last complete checkpoint"
+    )
 
 
 def no_space_message(path: Path, needed: int | None = None) -> str:

@@ -369,6 +369,11 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "dropout": (0.0, 0.999999, "in [0, 1)"),
     "seed": (0, SEED_MAX, f"in 0..{SEED_MAX} (2**63-1)"),
 }
+# Durations in seconds have a ceiling too: a collective timeout of 1e30 s overflows
+# datetime.timedelta deep in init_process_group, after the run dir was written. A week is
+# longer than any wait a job means, and far inside what timedelta and torchrun accept.
+DURATION_MAX_S = 7 * 24 * 3600
+_DURATIONS = ("timeout_s", "shutdown_timeout_s", "stop_check_s")
 _POSITIVE_SHAPE = ("synthetic_samples", "synthetic_classes", "seq_len", "vocab_size", "n_layer")
 _POSITIVE_SHAPE += ("n_head", "d_model")
 
@@ -411,6 +416,10 @@ def check_numbers(cfg: TrainConfig) -> None:
             lo, hi, text = _RANGES[f.name]
             if (lo is not None and v < lo) or (hi is not None and v > hi):
                 raise ConfigError(f"{_flag(f.name)} must be {text}, got {v}")
+        if f.name in _DURATIONS and v > DURATION_MAX_S:
+            raise ConfigError(
+                f"{_flag(f.name)} must be at most {DURATION_MAX_S} seconds (one week), got {v}"
+            )
     for name in _POSITIVE_SHAPE:
         if getattr(cfg, name) < 1:
             raise ConfigError(

@@ -13,24 +13,28 @@ uneven tail can never hang a collective.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import itertools
 import math
 import os
 import struct
+import weakref
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from ddpkit.train.config import ConfigError, TrainConfig
+from ddpkit.train.errors import UserError
 from ddpkit.train.permutation import epoch_key, permute
 from ddpkit.train.tokens import TokenChunks, WindowBatches, find_token_files, open_corpus
 from ddpkit.train.tokens import TokenFile as TokenFile  # re-exported: callers import it here
 from ddpkit.train.tokens import token_dtype as token_dtype
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 
 
 @dataclass
@@ -307,10 +311,128 @@ def bundle_from_user(out: object, path: str, contract: str) -> DataBundle:
         raise bad(f"items of type {type(first).__name__} (train[0]); items must be (x, y) pairs")
     if not isinstance(info, dict):
         raise bad(f"info of type {type(info).__name__}; info must be a dict")
-    x = torch.as_tensor(first[0])
-    tokens = int(info.get("tokens_per_sample", 0))
-    classes = int(info.get("num_classes", 0))
-    return DataBundle(train, val, tuple(x.shape), classes, tokens)
+    counts = {}
+    for key in ("tokens_per_sample", "num_classes"):
+        v = info.get(key, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise bad(f"info[{key!r}] = {v!r}; it must be an integer >= 0")
+        counts[key] = v
+    shapes = _item_shapes(first, f"--dataset {path}: train[0]")
+    for name, ds in (("train", train), ("val", val)):
+        if ds is not None:
+            _probe_items(ds, name, shapes, f"--dataset {path}")
+    for ds in (train, val):
+        _name_dataset(ds, f"--dataset {path}")
+    x_shape = shapes[0]
+    return DataBundle(train, val, x_shape, counts["num_classes"], counts["tokens_per_sample"])
+
+
+# A user's samples must stack into batches: every x of one shape, every y of one shape. A
+# handful of items spread over each split is checked before training, so the usual mistakes
+# (a short last sample, a val split of another width, a string label) are one line up front,
+# not a collate traceback on some rank mid-epoch; the rest are checked as batches form.
+_PROBES = 8
+_DATASET_NAMES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def _name_dataset(ds: object, name: str) -> None:
+    with contextlib.suppress(TypeError):  # not weak-referenceable or not hashable: unnamed
+        _DATASET_NAMES[ds] = name
+
+
+def _dataset_name(ds: object) -> str:
+    try:
+        return _DATASET_NAMES.get(ds, "the dataset")
+    except TypeError:
+        return "the dataset"
+
+
+def _item_shapes(item: object, where: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(x shape, y shape) of one (x, y) item, or a ConfigError naming what it holds."""
+    if not (isinstance(item, (tuple, list)) and len(item) == 2):
+        raise ConfigError(
+            f"{where} is a {type(item).__name__}"
+            + (f" of {len(item)}" if isinstance(item, (tuple, list)) else "")
+            + "; every item must be an (x, y) pair"
+        )
+    out = []
+    for part, v in zip(("x", "y"), item, strict=True):
+        try:
+            t = torch.as_tensor(v)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise ConfigError(
+                f"{where}: its {part} is a {type(v).__name__} that is not a tensor of numbers "
+                f"({e}); return tensors, arrays or numbers"
+            ) from None
+        out.append(tuple(t.shape))
+    return out[0], out[1]
+
+
+def _show(shapes: tuple[tuple[int, ...], tuple[int, ...]]) -> str:
+    return f"x {list(shapes[0])}, y {list(shapes[1])}"
+
+
+def _probe_items(ds, split: str, want: tuple, name: str) -> None:
+    n = len(ds)
+    picks = sorted({min(n - 1, (n - 1) * k // (_PROBES - 1)) for k in range(_PROBES)} | {1})
+    for i in (i for i in picks if 0 <= i < n):
+        try:
+            item = ds[i]
+        except UserError:
+            raise
+        except Exception as e:  # the user's __getitem__ may raise anything
+            raise ConfigError(
+                f"{name}: {split}[{i}] raised {type(e).__name__}: {e}; len({split}) is {n}, "
+                "so every index below it must load"
+            ) from None
+        got = _item_shapes(item, f"{name}: {split}[{i}]")
+        if got != want:
+            raise ConfigError(
+                f"{name}: {split}[{i}] has {_show(got)}, train[0] has {_show(want)}; every "
+                "sample must have the same shapes to stack into a batch (pad or crop them in "
+                "the dataset)"
+            )
+
+
+def _collate_checked(items: list[tuple[int, object]]) -> object:
+    """default_collate of (index, item) pairs; a batch that does not stack comes back as a
+    _BadBatch naming the first item whose shapes differ (raised by the main process: an
+    exception raised in a DataLoader worker arrives as a multi-line re-raise)."""
+    try:
+        return default_collate([item for _, item in items])
+    except (RuntimeError, TypeError, ValueError) as e:
+        i0, first = items[0]
+        try:
+            want = _item_shapes(first, f"item {i0}")
+            for i, item in items[1:]:
+                got = _item_shapes(item, f"item {i}")
+                if got != want:
+                    return _BadBatch(
+                        f"item {i} has {_show(got)}, item {i0} of the same batch has "
+                        f"{_show(want)}; every sample must have the same shapes to stack into "
+                        "a batch (pad or crop them in the dataset)"
+                    )
+        except ConfigError as bad_item:
+            return _BadBatch(str(bad_item))
+        return _BadBatch(f"items {i0}.. do not stack into a batch ({type(e).__name__}: {e})")
+
+
+@dataclass
+class _BadBatch:
+    why: str
+
+
+class _Indexed(Dataset):
+    """The user's dataset, each item with its index (for _collate_checked's message)."""
+
+    def __init__(self, ds: Dataset):
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return len(self.ds)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int) -> tuple[int, object]:
+        return i, self.ds[i]
 
 
 # --- iteration --------------------------------------------------------------------------------
@@ -376,12 +498,15 @@ def _epoch_batches(
         return
     # Workers: DataLoader keeps batch_sampler order (in_order), so batch k is index_lists[k].
     loader = DataLoader(
-        ds,
+        _Indexed(ds),
         batch_sampler=index_lists,
         num_workers=num_workers,
         pin_memory=device.type == "cuda",
+        collate_fn=_collate_checked,
     )
     for batch in loader:
+        if isinstance(batch, _BadBatch):
+            raise ConfigError(f"{_dataset_name(ds)}: {batch.why}")
         yield tuple(x.to(device, non_blocking=True) for x in batch)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from ddpkit.tools.backends import (
     last_job,
     record_job,
 )
-from ddpkit.tools.spec import ENV_NAME_RE, JobSpec, SpecError
+from ddpkit.tools.spec import ENV_NAME_RE, JobSpec, SpecError, parse_time_minutes
 from ddpkit.tools.templating import render_template, shell_quote
 from ddpkit.train.contract import EXIT_REQUEUE
 
@@ -417,6 +418,130 @@ def check_secrets(spec: JobSpec) -> None:
         )
 
 
+# --- the partition's limits (submit only: render never probes the cluster) ------------------
+
+# sinfo's fields, one line per group of alike nodes: partition (default marked *), node
+# count, generic resources, time limit, job size in nodes (MIN-MAX).
+SINFO_FORMAT = "%P|%D|%G|%l|%s"
+_UNLIMITED = ("infinite", "unlimited", "n/a", "none", "")
+
+
+@dataclass
+class PartitionLimits:
+    name: str
+    nodes: int  # nodes in the partition, whatever their state
+    gpus_per_node: list[int]  # one entry per node
+    time_minutes: int | None  # None: no limit
+    max_job_nodes: int | None  # None: no limit
+
+
+def _gpus(gres: str) -> int:
+    """GPUs of one node from sinfo's %G: gpu:4, gpu:a100:8(S:0-1), gpu:a:2,gpu:b:2, (null)."""
+    gres = re.sub(r"\([^)]*\)", "", gres)
+    total = 0
+    for item in gres.split(","):
+        fields = item.strip().split(":")
+        if fields[0] != "gpu":
+            continue
+        total += int(fields[-1]) if len(fields) > 1 and fields[-1].isdigit() else 1
+    return total
+
+
+def _limit_minutes(text: str) -> int | None:
+    if text.strip().lower() in _UNLIMITED:
+        return None
+    try:
+        return parse_time_minutes(text)
+    except ValueError:
+        return None  # a form not known here: sbatch has the last word
+
+
+def parse_sinfo(out: str, partition: str | None) -> PartitionLimits | None:
+    """The limits of `partition` (None: the default one, marked *) from `sinfo -h -o
+    SINFO_FORMAT`; None when sinfo does not list it."""
+    groups = []
+    for line in out.splitlines():
+        cols = line.strip().split("|")
+        if len(cols) != 5 or not cols[1].isdigit():
+            continue
+        name, default = cols[0].rstrip("*"), cols[0].endswith("*")
+        if (partition is None and default) or name == partition:
+            groups.append((name, int(cols[1]), _gpus(cols[2]), cols[3], cols[4]))
+    if not groups:
+        return None
+    sizes = [g[4].partition("-")[2] for g in groups]
+    max_job = [int(x) for x in sizes if x.isdigit()]
+    limits = [_limit_minutes(g[3]) for g in groups]
+    return PartitionLimits(
+        name=groups[0][0],
+        nodes=sum(g[1] for g in groups),
+        gpus_per_node=[g[2] for g in groups for _ in range(g[1])],
+        time_minutes=None if None in limits else max(limits),  # type: ignore[type-var]
+        max_job_nodes=max(max_job) if len(max_job) == len(groups) else None,
+    )
+
+
+def partition_limits(spec: JobSpec) -> PartitionLimits | None:
+    """The partition the job goes to, as sinfo reports it; None without sinfo or when it
+    does not answer (sbatch then has the last word). An unknown partition: SpecError."""
+    if shutil.which("sinfo") is None:
+        return None
+    part = spec.slurm.partition
+    argv = ["sinfo", "-h", "-o", SINFO_FORMAT] + (["-p", part] if part else [])
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    limits = parse_sinfo(out.stdout, part)
+    if limits is None and part and not out.stdout.strip():
+        raise SpecError(
+            f"slurm.partition {part!r} is not a partition of this cluster (sinfo lists none "
+            "by that name); pass one that `sinfo -s` shows (PARTITION=...), or unset it"
+        )
+    return limits
+
+
+def check_partition(spec: JobSpec) -> None:
+    """Refuse, before anything is queued, a job the partition can never run: it would
+    stay PENDING (Reason=PartitionConfig / Resources) with no hint."""
+    lim = partition_limits(spec)
+    if lim is None:
+        return
+    where = f"partition {lim.name}"
+    fix = "or pick another partition (slurm.partition, PARTITION=)"
+    most = min(lim.nodes, lim.max_job_nodes or lim.nodes)
+    if spec.nodes > most:
+        why = (
+            f"has {lim.nodes} node(s)"
+            if most == lim.nodes
+            else f"takes jobs of at most {most} node(s)"
+        )
+        raise SpecError(
+            f"{where} {why}, the job asks {spec.nodes} (--nodes {spec.nodes}): it would wait "
+            f"in the queue forever; pass --nodes {most} or fewer (NODES=), {fix}"
+        )
+    if spec.accelerator == "gpu":
+        want = spec.nproc_per_node
+        able = sorted(lim.gpus_per_node, reverse=True)
+        if sum(1 for g in able if g >= want) < spec.nodes:
+            have = able[spec.nodes - 1] if able else 0
+            raise SpecError(
+                f"{where}: its nodes have at most {max(able, default=0)} GPU(s) each (sinfo "
+                f"gres), the job asks {spec.nodes} node(s) x {want} (--gpus {want}): it would "
+                f"wait in the queue forever; pass --gpus {have} or fewer (GPUS=)"
+                + (', or accelerator = "cpu"' if not have else "")
+                + f", {fix}"
+            )
+    if lim.time_minutes is not None and spec.time_minutes > lim.time_minutes:
+        raise SpecError(
+            f"{where} allows jobs of at most {lim.time_minutes} min, the job asks "
+            f"{spec.time_minutes} min (time = {spec.time!r}): it would wait in the queue "
+            f"forever; lower time (--set time=...), {fix}"
+        )
+
+
 def _check_job_id(job: str) -> str:
     if not re.fullmatch(r"\d+(_\d+)?", job):
         raise SpecError(
@@ -435,6 +560,7 @@ class SlurmBackend(Backend):
         parser.add_argument("--follow", action="store_true", help="logs: keep following")
 
     def validate(self, spec: JobSpec) -> None:
+        super().validate(spec)  # the [slurm] table's field checks (SlurmSpec)
         validate(spec)
 
     def render(self, spec: JobSpec) -> str:
@@ -451,6 +577,7 @@ class SlurmBackend(Backend):
                 "use `make slurm-render` and `sbatch out/slurm/<name>.sbatch`"
             )
         check_secrets(spec)
+        check_partition(spec)
         if spec.slurm.container == "none":
             check_node_env(spec, node_python(spec), "slurm.python")
         logs.mkdir(parents=True, exist_ok=True)
@@ -492,6 +619,7 @@ class SlurmBackend(Backend):
         if specs[0].slurm.container == "pyxis":
             raise SpecError("submit cannot run pyxis jobs; render each member and sbatch it")
         check_secrets(specs[0])
+        check_partition(specs[0])  # the members share their resources (checked above)
         logs.mkdir(parents=True, exist_ok=True)
         executor = submitit.SlurmExecutor(folder=str(logs))
         executor.update_parameters(**params[0])
