@@ -60,6 +60,13 @@ def workspace(tmp_path_factory):
     shutil.copytree(REPO / "examples", ws / "examples")
     for job in (ws / "configs").glob("*.toml"):  # their workspace is the kit's root: here
         job.write_text(job.read_text().replace('workspace = ".."', f'workspace = "{ws}"'))
+    # "your job" of the planner's examples: the ~350M gpt the README's plan was made for,
+    # with data for a 512-rank global batch (its example file has 1,024 samples)
+    job = (ws / "configs" / "gpt_350m.toml").read_text()
+    assert "synthetic_samples = 1024" in job
+    (ws / "job.toml").write_text(
+        job.replace("synthetic_samples = 1024", "synthetic_samples = 65536")
+    )
     return ws
 
 
