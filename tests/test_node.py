@@ -3,7 +3,12 @@ which exit status a scheduler sees, and the one forgiven teardown abort."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from ddpkit.train.contract import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_REQUEUE
@@ -75,9 +80,6 @@ def test_a_teardown_abort_after_the_summary_exits_0_and_before_it_fails(tmp_path
     summary.json that is forgiven (exit 0, one line naming the rank); the same abort in a
     plain script, which leaves no summary, fails and names rank 1, not the rank torchrun
     stopped afterwards."""
-    import subprocess
-    import sys
-
     (tmp_path / "abortpkg.py").write_text(ABORT_AT_EXIT)
     node = [sys.executable, "-m", "ddpkit.train.node", "--standalone", "--nproc-per-node", "2"]
     train = ["-m", "ddpkit.train", "--model", "abortpkg:build", "--steps", "3", "--no-eval"]
@@ -99,3 +101,174 @@ def test_a_teardown_abort_after_the_summary_exits_0_and_before_it_fails(tmp_path
     )
     assert r.returncode == 1, r.stdout + r.stderr
     assert "rank 1 failed (signal SIGABRT)" in r.stderr, r.stderr
+
+
+# --- the launcher's own flags ---------------------------------------------------------------
+
+NODE = [sys.executable, "-m", "ddpkit.train.node"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "named", "accepted"),
+    [
+        (["--nnodes", "abc"], "--nnodes abc", "MIN:MAX"),
+        (["--nnodes", "0"], "--nnodes 0", ">= 1"),
+        (["--nnodes", "3:2"], "--nnodes 3:2", "MIN <= MAX"),
+        (["--shutdown-timeout", "nan"], "--shutdown-timeout nan", "(0, 604800]"),
+        (["--shutdown-timeout", "-5"], "--shutdown-timeout -5", "(0, 604800]"),
+        (["--shutdown-timeout", "inf"], "--shutdown-timeout inf", "(0, 604800]"),
+        (["--shutdown-timeout", "1e30"], "--shutdown-timeout 1e+30", "(0, 604800]"),
+        (["--nproc-per-node", "0"], "--nproc-per-node 0", ">= 1"),
+        (["--nproc-per-node", "two"], "--nproc-per-node two", "gpu, cpu, auto"),
+        (["--max-restarts", "-1"], "--max-restarts -1", ">= 0"),
+        (["--max-restarts", "x"], "--max-restarts", "invalid int value"),
+        (["--monitor-interval", "0"], "--monitor-interval 0", "(0, 3600]"),
+        (["--node-rank", "-1"], "--node-rank -1", "0..0"),
+        (["--nnodes", "2", "--node-rank", "2"], "--node-rank 2", "0..1"),
+        (["--master-port", "70000"], "--master-port 70000", "1..65535"),
+    ],
+)
+def test_a_bad_number_for_a_node_flag_is_one_line_and_starts_nothing(
+    tmp_path, one_line_error, flags, named, accepted
+):
+    (tmp_path / "s.py").write_text("open('started', 'w').close()\n")
+    r = subprocess.run(
+        [*NODE, "--standalone", *flags, "--", "s.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    line = one_line_error(r)
+    assert named in line and accepted in line, line
+    assert not (tmp_path / "started").exists()
+
+
+def test_a_bad_node_flag_from_torchruns_environment_names_the_variable(tmp_path, one_line_error):
+    env = {**os.environ, "PET_NNODES": "abc"}
+    r = subprocess.run(
+        [*NODE, "--", "s.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "--nnodes (from PET_NNODES) abc" in one_line_error(r)
+
+
+def test_a_bad_node_flag_is_named_even_without_an_entry_point(tmp_path, one_line_error):
+    r = subprocess.run(
+        [*NODE, "--nnodes", "abc"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert "--nnodes abc" in one_line_error(r)
+
+
+# --- a SIGKILLed launcher leaves no workers ---------------------------------------------------
+
+SLEEPER = """
+import os, sys, time
+from pathlib import Path
+Path(f"pid{os.environ['RANK']}.tmp").write_text(str(os.getpid()))
+os.replace(f"pid{os.environ['RANK']}.tmp", f"pid{os.environ['RANK']}")
+time.sleep(300)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for a reaper that may never come, as PID 1 in a container
+    often is, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_for(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
+@pytest.mark.slow
+def test_the_workers_of_a_user_script_die_with_a_sigkilled_launcher(tmp_path):
+    """torchrun starts every worker in a session of its own: without the parent-death
+    signal the launcher sets, a user script (which knows nothing of ddpkit) trains on after
+    the launcher is SIGKILLed, holding its port and GPU."""
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    proc = subprocess.Popen(
+        [*NODE, "--standalone", "--nproc-per-node", "2", "--", "sleeper.py"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    pids: list[int] = []
+    try:
+        files = [tmp_path / "pid0", tmp_path / "pid1"]
+        assert _wait_for(lambda: all(f.exists() for f in files), 120), "workers never started"
+        pids = [int(f.read_text()) for f in files]
+        assert all(_alive(p) for p in pids)
+        proc.kill()
+        proc.wait(timeout=10)
+        assert _wait_for(lambda: not any(_alive(p) for p in pids), 5), (
+            f"workers {[p for p in pids if _alive(p)]} outlived the SIGKILLed launcher"
+        )
+    finally:
+        proc.kill()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+# --- Ctrl-C -----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_the_launcher_saves_and_stops_with_130_in_one_line_no_requeue(tmp_path):
+    """SIGINT (Ctrl-C) reaches the launcher alone (torchrun's workers have sessions of their
+    own); torchrun forwards it. Every rank used to print a KeyboardInterrupt traceback: now
+    the trainer saves on the way out, writes no requeue marker, and the launch exits 130."""
+    out = tmp_path / "out.txt"
+    with out.open("w") as sink:
+        proc = subprocess.Popen(
+            [*NODE, "--standalone", "--nproc-per-node", "2", "--", "-m", "ddpkit.train",
+             "--steps", "100000", "--no-eval", "--progress", "plain", "--log-interval", "1",
+             "--run-dir", "runs/t"],
+            cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        metrics = tmp_path / "runs/t/metrics.jsonl"
+        assert _wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 180), (
+            out.read_text()
+        )
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = out.read_text()
+    assert code == 130, text
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
+    assert "ddpkit node: stopped by SIGINT (Ctrl-C); exit 130, not requeued" in text
+    assert list((tmp_path / "runs/t/checkpoints").glob("step-*/.complete")), text
+    assert not (tmp_path / "runs/t/requeue.json").exists()
+
+
+def test_the_rank_another_rank_waited_for_is_blamed_not_the_one_that_timed_out():
+    # rank 0 timed out in a collective rank 1 never reached; torchrun then stopped rank 1
+    # (its watchdog gives up: stuck) or it had died by SIGKILL.
+    waited = Failure(1, 10.0, missing=(1,), phase="final barrier after the last step (6)")
+    for rank1 in (Failure(1, 12.0, stuck=True), Failure(KILL, 9.0), Failure(TERM, 11.0)):
+        code, line = outcome({0: waited, 1: rank1}, marker_fresh=False)
+        assert code == EXIT_FAILED
+        assert line.startswith("ddpkit node: rank 1 never reached the collective final barrier")
+    # a missing rank that failed of its own accord (a Python error): its own exit is the clue
+    code, line = outcome({0: waited, 1: Failure(1, 9.0)}, marker_fresh=False)
+    assert "rank 1 failed (exit code 1)" in line
+
+
+def test_a_rank_that_took_another_path_is_blamed_as_its_diagnosis_says():
+    said = "rank 0 called barrier() at m.py:3 (in forward), while rank 1 was in the ..."
+    failures = {0: Failure(1, 5.0, blame=said), 1: Failure(1, 5.0, blame=said)}
+    assert outcome(failures, marker_fresh=False) == (EXIT_FAILED, f"ddpkit node: {said}")
+
+
+def test_a_rank_stuck_after_torchruns_sigterm_is_not_the_culprit():
+    # rank 1 was SIGKILLed; torchrun SIGTERMed rank 0, whose watchdog left with exit 1
+    failures = {0: Failure(1, 12.0, stuck=True), 1: Failure(KILL, 9.0)}
+    assert outcome(failures, marker_fresh=False)[1].startswith("ddpkit node: rank 1 failed")

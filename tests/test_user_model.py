@@ -29,6 +29,15 @@ def data_list(cfg):
     return [1, 2, 3]
 def data_not_pairs(cfg):
     return [1, 2, 3], None
+def frozen(cfg):
+    m = torch.nn.Linear(784, 10)
+    for p in m.parameters():
+        p.requires_grad_(False)
+    return m
+def vec_loss(out, y):
+    return torch.nn.functional.cross_entropy(out, y, reduction="none")
+def float_loss(out, y):
+    return 1.0
 """
 
 BAD_CASES = [
@@ -60,6 +69,10 @@ BAD_CASES = [
         r"^error: argument --model-args: '\[1\]' is not a JSON object",
     ),
     (["--model", "no path"], r"^error: --model no path: not a built-in \(mlp, mlp-deep"),
+    (
+        ["--model", "badpkg:frozen"],
+        r"^error: --model badpkg:frozen returned a Linear without a parameter that requires grad",
+    ),
     (["--loss", "badpkg:nothing"], r"^error: --loss badpkg:nothing: module badpkg has no attr"),
     (
         ["--dataset", "badpkg:data_list"],
@@ -91,6 +104,28 @@ def test_bad_paths_and_factories_exit_2_with_one_line(args, pattern, tmp_path):
     assert len(lines) == 1 and re.search(pattern, lines[0]), p.stderr
     assert "Traceback" not in p.stdout + p.stderr
     assert not run_dir.exists()  # nothing written
+
+
+@pytest.mark.parametrize(
+    "loss, got",
+    [("vec_loss", "a float32 tensor of shape [64]"), ("float_loss", "a float")],
+)
+def test_a_loss_that_breaks_its_contract_is_one_line_at_the_first_step(loss, got, tmp_path):
+    (tmp_path / "badpkg.py").write_text(BAD_PKG)
+    p = subprocess.run(
+        [PY, "-m", "ddpkit.train", "--run-dir", str(tmp_path / "run"), "--steps", "2",
+         "--loss", f"badpkg:{loss}"],
+        cwd=ROOT, env=clean_env(PYTHONPATH=str(tmp_path)), capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 2 and "Traceback" not in p.stdout + p.stderr, p.stderr
+    assert p.stderr.strip() == (
+        f"error: --loss badpkg:{loss} returned {got}; expected a function (output, target) "
+        "-> scalar tensor"
+    )
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any(
+        (tmp_path / "run" / "checkpoints").glob("step-*")
+    )  # nothing saved from a step that never trained
 
 
 def test_the_package_through_its_job_file_learns_with_its_own_loss(tmp_path):

@@ -11,6 +11,12 @@
 Run the script as you would `python -m ddpkit.train` (alone or under torchrun): it takes the same
 flags (`--parallel fsdp`, `--config job.toml`, ...), which win over the keywords given to
 fit(). The contracts for the callables are in train/registry.py and the README.
+
+fit() may run more than once in a process (say, a sweep in one script under torchrun): the
+process group of the first run stays up for the next ones (torch's process group cannot be
+re-created from the same rendezvous: the second one would hang in its first barrier) and is
+destroyed at exit. After a run that failed, the group may be broken: a later fit() says so
+in one line and returns 1 instead of hanging.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from ddpkit.train.config import TrainConfig
 from ddpkit.train.errors import UserError
 
 __all__ = ["TrainConfig", "UserError", "fit"]
+
+_group = {"kept": False, "gone": False}  # this process's group across fit() calls
 
 
 def fit(
@@ -42,6 +50,7 @@ def fit(
     state_dict()/load_state_dict() (an EMA, a curriculum), saved in every checkpoint as the
     part `user_<name>` and restored on resume (a checkpoint without it: one warning, the
     object keeps its value)."""
+    import os
     import sys
 
     from ddpkit.train import registry
@@ -60,4 +69,41 @@ def fit(
                 file=sys.stderr,
             )
             return 2
-    return main(list(sys.argv[1:] if argv is None else argv), defaults=config, states=states)
+    if _group["gone"]:
+        if os.environ.get("RANK", "0") == "0":
+            print(
+                "error: fit() after a failed fit() in the same process: its process group "
+                "was torn down and cannot be formed again from this launch; run the next "
+                "training in a new process (a new torchrun)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return 1
+    return _keeping_the_group(
+        lambda: main(list(sys.argv[1:] if argv is None else argv), defaults=config, states=states)
+    )
+
+
+def _keeping_the_group(run: Callable[[], int]) -> int:
+    """Run `python -m ddpkit.train`'s main() without its teardown of the process group when
+    it succeeds (the next fit() trains in the same group; atexit destroys it)."""
+    import atexit
+
+    from ddpkit.train import distributed
+
+    shutdown = distributed.shutdown
+    distributed.shutdown = lambda: None  # main() calls it in its finally
+    code: int | None = None
+    try:
+        code = run()
+    finally:
+        distributed.shutdown = shutdown
+        import torch.distributed as dist
+
+        if code != 0 and dist.is_available() and dist.is_initialized():
+            shutdown()
+            _group["gone"] = True
+        elif code == 0 and not _group["kept"] and dist.is_initialized():
+            _group["kept"] = True
+            atexit.register(shutdown)
+    return code

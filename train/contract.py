@@ -22,6 +22,9 @@ EXIT_BAD_INPUT = 2  # the user's mistake: one line on stderr naming the problem 
 EXIT_DIVERGED = 3  # a non-finite loss or gradient norm: nothing was saved from that state
 # "Saved a checkpoint after a preemption signal, please requeue" (EX_TEMPFAIL, sysexits.h).
 EXIT_REQUEUE = 75
+# Ctrl-C (SIGINT): the user stopped the run by hand. The kit's trainer saves on the way out
+# and exits 128 + SIGINT; the launcher never requeues it (whatever marker a script wrote).
+EXIT_INTERRUPTED = 130
 
 # --- files in the run dir / checkpoint dir ----------------------------------------------------
 REQUEUE_MARKER = "requeue.json"  # rank 0 writes it after a preemption save (torchrun exits 1)
@@ -30,9 +33,13 @@ CKPT_MARKER = ".complete"  # a step dir counts only once this file is in it
 CKPT_STEP_PREFIX = "step-"  # <ckpt_dir>/step-<N>/
 
 # --- signals -----------------------------------------------------------------------------------
-# What the trainer treats as "save and requeue": SLURM preemption/time limit (TERM, or the
-# --signal a site configures: USR1/USR2), Kubernetes pod deletion and docker stop (TERM).
-STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
+# What means "save and requeue": SLURM preemption/time limit (TERM, or the --signal a site
+# configures: USR1/USR2), Kubernetes pod deletion and docker stop (TERM). ddpkit.train.preempt
+# catches these for a user's script.
+PREEMPT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
+# What the kit's trainer stops on at a step boundary (ddpkit.train.early records them from its
+# first line): the preemption signals, and Ctrl-C, which saves and stops without a requeue.
+STOP_SIGNALS = (*PREEMPT_SIGNALS, "SIGINT")
 # What torchrun must forward to its workers (--signals-to-handle). Its default lacks USR1/USR2,
 # and a USR1 sent to an agent that does not handle it kills the agent.
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from ddpkit.train import contract
 
 # SIGTERM: SLURM preemption and time limits, Kubernetes pod deletion, docker stop, torchrun's
 # shutdown. SIGUSR1/SIGUSR2: what sites configure with `#SBATCH --signal` (submitit uses USR2).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+# SIGINT: Ctrl-C (torchrun forwards it): saved too, but a stop, not a requeue.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in contract.STOP_SIGNALS)
 
 
 class StopRequest:
@@ -54,6 +59,7 @@ class StopRequest:
                 file=sys.stderr,
                 flush=True,
             )
+            tell_launcher(f"stuck when {name} came", stuck=True)
             os._exit(1)
 
     def agreed(self, group: dist.ProcessGroup | None = None) -> int:
@@ -109,30 +115,41 @@ def _store() -> dist.Store | None:
         return None
 
 
-def diagnose_collective_failure(phase: str, step: int, timeout_s: float, err: BaseException) -> str:
-    """Build the message for a collective that failed or timed out.
+def diagnose_collective_failure(
+    phase: str, step: int, timeout_s: float, err: BaseException, when: str | None = None
+) -> str:
+    """Build the message for a collective that failed or timed out (`when`: where in the run,
+    default "at step <step>"; `step` also keys the ranks' reports, the same on every rank).
 
     Each rank that sees the failure records itself in the rendezvous store; after a short
     grace period the ranks that never reported are the ones that stopped participating.
+    Each also records where it was: a collective the user's own code called directly
+    (`if rank == 0: dist.barrier()` in a forward) names the ranks that took another path.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     store = _store()
     reported: list[int] = []
+    sites: dict[int, str] = {}
     if store is not None:
         try:
-            store.set(f"ddpkit/failed/{step}/{rank}", phase)
+            key = f"ddpkit/failed/{step}"
+            store.set(f"{key}/{rank}", json.dumps({"phase": phase, "site": user_call_site(err)}))
             deadline = time.time() + min(5.0, timeout_s)
             while time.time() < deadline:
-                reported = [r for r in range(world) if store.check([f"ddpkit/failed/{step}/{r}"])]
+                reported = [r for r in range(world) if store.check([f"{key}/{r}"])]
                 if len(reported) == world:
                     break
                 time.sleep(0.2)
+            for r in reported:
+                with contextlib.suppress(ValueError, AttributeError):
+                    sites[r] = str(json.loads(store.get(f"{key}/{r}")).get("site") or "")
         except Exception:
             reported = []
     missing = [r for r in range(world) if r not in reported] if reported else []
+    blame = _other_path(sites, phase, when or f"at step {step}")
     first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
     msg = (
-        f"collective {phase} at step {step} failed on rank {rank} of {world} "
+        f"collective {phase} {when or f'at step {step}'} failed on rank {rank} of {world} "
         f"(--timeout-s {timeout_s:g}): {first}."
     )
     if missing:
@@ -140,11 +157,69 @@ def diagnose_collective_failure(phase: str, step: int, timeout_s: float, err: Ba
             f" Ranks {missing} never reached it (stuck, crashed, or on a different code path);"
             f" ranks {reported} did."
         )
+    if blame:
+        msg += f" The ranks took different paths: {blame}."
     msg += (
         " Check those ranks' logs; rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL"
         " (and NCCL_DEBUG=INFO on GPUs) to see every rank's collective sequence."
     )
+    tell_launcher(msg, phase=f"{phase} {when or f'at step {step}'}", missing=missing, blame=blame)
     return msg
+
+
+_KIT_DIR = os.path.dirname(os.path.abspath(__file__))
+_C10D = os.path.join("torch", "distributed", "distributed_c10d.py")
+
+
+def user_call_site(err: BaseException) -> str:
+    """`barrier() at model.py:12 (in forward)` when the collective that failed was called
+    by the user's own code directly, not by the trainer, DDP or FSDP; "" otherwise."""
+    frames = traceback.extract_tb(err.__traceback__)
+    for i in range(len(frames) - 1, -1, -1):
+        if not frames[i].filename.endswith(_C10D):
+            continue
+        for caller in reversed(frames[:i]):
+            path = os.path.abspath(caller.filename)
+            if f"{os.sep}torch{os.sep}" in path:
+                continue  # torch's own wrappers (c10d_logger)
+            if path.startswith(_KIT_DIR):
+                return ""
+            return (
+                f"{frames[i].name}() at {os.path.basename(path)}:{caller.lineno} (in {caller.name})"
+            )
+        return ""
+    return ""
+
+
+def _other_path(sites: dict[int, str], phase: str, when: str) -> str:
+    """One sentence naming the ranks whose own code called a collective the others did not,
+    from every rank's report; "" when all were in the same place."""
+    odd = {r: s for r, s in sites.items() if s}
+    if not odd or len(set(sites.values())) == 1:
+        return ""
+    rest = sorted(r for r in sites if r not in odd)
+    where = "; ".join(f"rank {r} called {s}" for r, s in sorted(odd.items()))
+    if rest:
+        ranks = f"rank {rest[0]} was" if len(rest) == 1 else f"ranks {rest} were"
+        where += f", while {ranks} in the {phase} {when}"
+    return where + (
+        ": every rank must call the same collectives in the same order (docs/troubleshooting.md)"
+    )
+
+
+def tell_launcher(message: str, **facts: object) -> None:
+    """Leave this worker's diagnosis where torchrun's agent reads it (its error file,
+    TORCHELASTIC_ERROR_FILE): the node launcher then blames the rank that never reached a
+    collective, not the one that timed out waiting for it. Best effort; a no-op elsewhere."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.path.exists(path):
+        return
+    body = {"message": message, "timestamp": int(time.time()), "ddpkit": facts}
+    try:
+        with open(path, "w") as f:
+            json.dump(body, f)
+    except OSError:
+        pass
 
 
 # --- fault injection (tests and drills only) --------------------------------------------------
@@ -155,13 +230,16 @@ class Fault:
     """DDPKIT_FAULT=kind@step[:rank[:arg]]: kill (SIGKILL itself), hang (sleep arg seconds),
     signal (send SIGNAME to the torchrun agent, or to itself without torchrun), nan (that
     rank's loss becomes NaN for that step: its gradients, all-reduced, poison every rank),
-    usererror (a ConfigError on that rank only).
+    usererror (a ConfigError on that rank only). `step` "end": after the last step, before
+    the end-of-run collectives (the stop check, final save, evaluation, summary, barrier).
     Fires once per job: only in the first torchrun attempt (TORCHELASTIC_RESTART_COUNT=0)."""
 
     kind: str
     step: int
     rank: int
     arg: str
+
+    END = -1  # the step number of the "end" point
 
     @staticmethod
     def from_env() -> Fault | None:
@@ -172,7 +250,7 @@ class Fault:
         parts = rest.split(":")
         return Fault(
             kind,
-            int(parts[0]),
+            Fault.END if parts[0] == "end" else int(parts[0]),
             int(parts[1]) if len(parts) > 1 else 0,
             parts[2] if len(parts) > 2 else "",
         )
@@ -183,8 +261,9 @@ class Fault:
     def maybe_fire(self, step: int, rank: int) -> None:
         if step != self.step or rank != self.rank or self.kind == "nan":
             return
+        where = "the end of the run" if step == Fault.END else f"step {step}"
         print(
-            f"[fault injection] {self.kind} on rank {rank} at step {step}",
+            f"[fault injection] {self.kind} on rank {rank} at {where}",
             file=sys.stderr,
             flush=True,
         )

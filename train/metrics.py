@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,7 @@ class Reporter:
                 total=total_steps, unit="step", file=sys.stdout, dynamic_ncols=True, leave=True
             )
         self.file = open(run_dir / "metrics.jsonl", "a") if enabled else None  # noqa: SIM115
+        self._since: tuple[float, int] | None = None  # (monotonic time, step) of the first log
         self.backends = (
             [_BACKEND_CLASSES[b](run_dir, config or {}) for b in backends] if enabled else []
         )
@@ -181,14 +183,29 @@ class Reporter:
         values = {
             k: float(v)
             for k, v in rec.items()
-            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+            if k not in ("step", "eta_s")
+            and isinstance(v, (int, float))
+            and not isinstance(v, bool)
         }
         for b in self.backends:
             b.log(values, rec["step"])
 
+    def eta_s(self, step: int) -> float | None:
+        """Seconds to the last step at the pace since the first logged step of this process
+        (a resumed run counts from its own start); None until a pace is known."""
+        now = time.monotonic()
+        if self._since is None or step <= self._since[1]:
+            self._since = self._since or (now, step)
+            return None
+        t0, s0 = self._since
+        return max(0.0, (now - t0) / (step - s0) * (self.total - step))
+
     def log(self, rec: dict[str, Any]) -> None:
         if not self.enabled:
             return
+        eta = self.eta_s(rec["step"])
+        if eta is not None:  # for the launcher's status line (`WAIT=1`): step and ETA
+            rec = {**rec, "eta_s": round(eta, 1)}
         self._write(rec)
         values = (
             f"loss {rec['loss']:.4f} lr {rec['lr']:.3e} "
@@ -199,7 +216,8 @@ class Reporter:
             self.tick(rec["step"])
             self.bar.set_postfix_str(values, refresh=True)
         else:
-            print(f"step {rec['step']:>6}/{self.total} {values}", flush=True)
+            eta = f" eta {format_duration(rec['eta_s'])}" if "eta_s" in rec else ""
+            print(f"step {rec['step']:>6}/{self.total} {values}{eta}", flush=True)
 
     def log_eval(self, rec: dict[str, Any]) -> None:
         """A held-out evaluation: its own record in metrics.jsonl (eval_* keys, no loss)."""
@@ -219,6 +237,16 @@ class Reporter:
         for b in self.backends:
             b.close()
         self.backends = []
+
+
+def format_duration(seconds: float) -> str:
+    """42s, 3m05s, 2h07m: what a progress line needs, no more."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def memory_bytes(device: torch.device) -> int:

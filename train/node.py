@@ -18,7 +18,8 @@ ddpkit.train.contract, so no backend retypes it:
   - for the default entry point, the training flags are checked BEFORE torchrun starts, with
     the world size this launch will have: a bad flag is one line + exit 2, no process group.
 Exit status (one, whatever torchrun's): a worker's 2 (bad input) -> 2, 3 (diverged) -> 3; a
-requeue marker of this launch -> 75; a stop signal without one -> 128 + signal, unless the
+requeue marker of this launch -> 75; Ctrl-C (SIGINT) -> 130, never a requeue (the kit's
+trainer saves on the way out); another stop signal without a marker -> 128 + signal, unless the
 run finished in this launch anyway (summary.json with its id) -> 0; other worker failures
 -> 1, naming the first rank that failed of its own accord (not one torchrun stopped after
 it); success -> 0. One failure is forgiven: the kit trainer wrote this launch's summary.json
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sys
@@ -37,12 +39,14 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ddpkit.train.contract import (
     DEFAULT_SHUTDOWN_TIMEOUT_S,
     EXIT_BAD_INPUT,
     EXIT_DIVERGED,
     EXIT_FAILED,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_REQUEUE,
     LAUNCH_ID_ENV,
@@ -81,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--shutdown-timeout",
+        "--shutdown_timeout",
         type=float,
         help="seconds the workers get after a stop signal (rounded up); default: "
         f"train's --shutdown-timeout-s, else {DEFAULT_SHUTDOWN_TIMEOUT_S:g}",
@@ -96,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     """(launcher flags, entry point argv) around the first `--`."""
     if "--" not in argv:
+        parse_flags(argv, ["entry.py"])  # a bad flag is named first, as with an entry point
         raise NodeError(
             "no entry point: put it after `--`, e.g. python -m ddpkit.train.node --standalone "
             "--nproc-per-node 2 -- -m ddpkit.train --steps 10"
@@ -105,6 +111,68 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     if not entry or entry == ["-m"]:
         raise NodeError("empty entry point after `--`; give -m MODULE [args] or SCRIPT [args]")
     return argv[:i], entry
+
+
+def parse_flags(flags: list[str], entry: list[str]) -> tuple[argparse.Namespace, Any]:
+    """(the launcher's own flags, torchrun's args), every number checked: a bad one is one
+    line naming the flag and what it accepts (exit 2), before anything starts."""
+    own, torchrun_flags = build_parser().parse_known_args(flags)
+    from torch.distributed import run as torchrun
+
+    if any(f.split("=")[0] in ("--signals-to-handle", "--signals_to_handle") for f in flags):
+        raise NodeError(
+            "--signals-to-handle is set by the launcher (ddpkit.train.contract); drop it"
+        )
+    parser = torchrun.get_args_parser()
+
+    def refuse(message: str) -> None:  # argparse's usage dump + SystemExit -> one line
+        raise NodeError(f"torchrun flags: {message} (see torchrun --help)")
+
+    parser.error = refuse  # type: ignore[method-assign]
+    args = parser.parse_args([*torchrun_flags, *entry])
+    check_numbers(own, args, torchrun_flags)
+    return own, args
+
+
+def _flag(name: str, given: list[str]) -> str:
+    """`--name`, or `--name (PET_NAME)` when the value came from torchrun's environment."""
+    spelled = (f"--{name}", f"--{name.replace('-', '_')}")
+    if any(f.split("=")[0] in spelled for f in given):
+        return spelled[0]
+    env = f"PET_{name.replace('-', '_').upper()}"
+    return f"{spelled[0]} (from {env})" if env in os.environ else spelled[0]
+
+
+def check_numbers(own: argparse.Namespace, args: argparse.Namespace, given: list[str]) -> None:
+    """Every numeric flag in its range; torchrun itself would assert deep inside (a
+    traceback), take the nonsense (a negative --node-rank), or hang on it."""
+    from ddpkit.train.config import DURATION_MAX_S
+
+    def bad(name: str, value: object, accepted: str) -> NodeError:
+        shown = f"{value:g}" if isinstance(value, float) else value
+        return NodeError(f"{_flag(name, given)} {shown}: must be {accepted}")
+
+    nnodes = str(args.nnodes)
+    parts = nnodes.split(":")
+    if not (1 <= len(parts) <= 2 and all(p.strip().isdigit() for p in parts)) or not (
+        1 <= int(parts[0]) <= int(parts[-1])
+    ):
+        raise bad("nnodes", nnodes, "a whole number >= 1, or MIN:MAX with 1 <= MIN <= MAX")
+    max_nodes = int(parts[-1])
+    nproc = str(args.nproc_per_node)
+    if not (nproc in ("gpu", "cpu", "auto", "xpu") or (nproc.isdigit() and int(nproc) >= 1)):
+        raise bad("nproc-per-node", nproc, "a whole number >= 1, or gpu, cpu, auto")
+    if args.max_restarts < 0:
+        raise bad("max-restarts", args.max_restarts, "a whole number >= 0")
+    if not (math.isfinite(args.monitor_interval) and 0 < args.monitor_interval <= 3600):
+        raise bad("monitor-interval", args.monitor_interval, "in (0, 3600] seconds")
+    if not 0 <= int(args.node_rank) < max_nodes:
+        raise bad("node-rank", args.node_rank, f"in 0..{max_nodes - 1} (--nnodes {nnodes})")
+    if args.master_port is not None and not 1 <= int(args.master_port) <= 65535:
+        raise bad("master-port", args.master_port, "a TCP port in 1..65535")
+    timeout = own.shutdown_timeout
+    if timeout is not None and not (math.isfinite(timeout) and 0 < timeout <= DURATION_MAX_S):
+        raise bad("shutdown-timeout", timeout, f"in (0, {DURATION_MAX_S}] seconds (a week)")
 
 
 def is_default_entry(entry: list[str]) -> bool:
@@ -139,17 +207,77 @@ COLLATERAL = (-signal.SIGTERM, -signal.SIGKILL)
 @dataclass(frozen=True)
 class Failure:
     """One worker's end as torchrun reports it: its exit code (-N: killed by signal N)
-    and when it ended (seconds since the epoch; 0 when unknown)."""
+    and when it ended (seconds since the epoch; 0 when unknown). `missing` and `phase`: what
+    the kit trainer's diagnosis of a failed collective left in its error file (the ranks
+    that never reached it, and which collective: ddpkit.train.fault.tell_launcher)."""
 
     code: int
     when: float = 0.0
+    missing: tuple[int, ...] = ()
+    phase: str = ""
+    stuck: bool = False  # its step never finished after a stop signal (the trainer's watchdog)
+    blame: str = ""  # the ranks whose own code called a collective the others did not
+
+    @classmethod
+    def of(cls, f: Any) -> Failure:
+        """From torchrun's ProcessFailure."""
+        data = getattr(f, "error_file_data", None)
+        facts = (data.get("ddpkit") if isinstance(data, dict) else None) or {}
+        missing = facts.get("missing") if isinstance(facts, dict) else None
+        ok = isinstance(missing, list) and all(isinstance(r, int) for r in missing)
+        facts = facts if isinstance(facts, dict) else {}
+        return cls(
+            int(f.exitcode),
+            float(getattr(f, "timestamp", 0) or 0),
+            tuple(missing) if ok else (),
+            str(facts.get("phase", "")),
+            facts.get("stuck") is True,
+            str(facts.get("blame") or ""),
+        )
 
 
 def culprit(failures: dict[int, Failure]) -> tuple[int, Failure]:
     """The rank to blame: the first to fail for a reason of its own, not one the agent
-    stopped afterwards (torchrun SIGTERMs the rest as soon as one rank fails)."""
-    own = {r: f for r, f in failures.items() if f.code not in COLLATERAL} or failures
+    stopped afterwards (torchrun SIGTERMs the rest as soon as one rank fails; a rank whose
+    step did not finish after that signal leaves through the trainer's watchdog: stuck)."""
+    own = {
+        r: f for r, f in failures.items() if f.code not in COLLATERAL and not f.stuck
+    } or failures
     return min(own.items(), key=lambda item: (item[1].when or float("inf"), item[0]))
+
+
+def _stalled(failures: dict[int, Failure]) -> str | None:
+    """The line for ranks that took another path (their own code called a collective the
+    others did not: the workers' diagnosis names them), or for a rank that never reached a
+    collective another rank timed out in: the rank that waited fails first, but the one it
+    waited for is the cause. None when no rank reported either, or when a missing rank
+    failed of its own accord here (its own exit is the better clue: the standard line
+    names it)."""
+    blamed = sorted((r, f.blame) for r, f in failures.items() if f.blame)
+    if blamed:
+        return f"{PREFIX}: {blamed[0][1]}"
+    reports = sorted(
+        ((f.when or float("inf"), r, f) for r, f in failures.items() if f.missing),
+        key=lambda item: item[:2],
+    )
+    if not reports:
+        return None
+    _, reporter, report = reports[0]
+    own = [
+        r
+        for r in report.missing
+        if r in failures
+        and failures[r].code not in COLLATERAL
+        and not (failures[r].missing or failures[r].stuck)  # waiting, or stuck: no own cause
+    ]
+    if own:
+        return None
+    ranks = ", ".join(map(str, report.missing))
+    who = f"rank {ranks}" if len(report.missing) == 1 else f"ranks {ranks}"
+    return (
+        f"{PREFIX}: {who} never reached the collective {report.phase} (stuck, crashed, or on "
+        f"another code path); rank {reporter} failed waiting for it: see its line above"
+    )
 
 
 def outcome(
@@ -168,6 +296,7 @@ def outcome(
         return EXIT_OK, None
     rank, failure = culprit(failures)
     how = _how(failure.code)
+    stalled = _stalled(failures)
     if finished and all(c in (-signal.SIGABRT, *COLLATERAL) for c in codes):
         # The one forgiven case: the run wrote its summary (every step, the last checkpoint
         # and the metrics are on disk), then a worker aborted in interpreter teardown (a
@@ -178,7 +307,7 @@ def outcome(
             f"{PREFIX}: rank {rank} ended by {how} after the run finished (summary.json of "
             "this launch is written); exit 0"
         )
-    return EXIT_FAILED, f"{PREFIX}: rank {rank} failed ({how}); see its output above"
+    return EXIT_FAILED, stalled or f"{PREFIX}: rank {rank} failed ({how}); see its output above"
 
 
 def _how(code: int) -> str:
@@ -190,6 +319,50 @@ def _signame(num: int) -> str:
         return signal.Signals(num).name
     except ValueError:
         return str(num)
+
+
+def workers_die_with_launcher() -> bool:
+    """Every worker torchrun starts gets SIGKILL when this process dies (Linux
+    PR_SET_PDEATHSIG, set in the child between fork and exec, kept across exec).
+
+    torchrun starts each worker in a session of its own (start_new_session), so nothing
+    else reaches them when the launcher is SIGKILLed (an OOM kill, SLURM's final KILL, a
+    `kill -9`): a user script would live on holding its port and GPU. The kit's trainer
+    sets the same signal on itself (ddpkit.train.early); this covers every entry point.
+    The signal follows the forking thread: torchrun starts its workers from its main
+    thread, which lives as long as the launcher. True when installed."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    import subprocess
+
+    try:
+        from torch.distributed.elastic.multiprocessing.subprocess_handler import (
+            subprocess_handler as handler,
+        )
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (ImportError, OSError, AttributeError):
+        return False
+    parent = os.getpid()
+
+    def in_child() -> None:  # async-signal-safe work only: two syscalls
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died before prctl: go now
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    class Popen(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("preexec_fn", in_child)
+            super().__init__(*args, **kwargs)
+
+    if getattr(handler, "Popen", None) is not subprocess.Popen:
+        return False  # a torch whose handler changed: leave it alone
+    handler.Popen = Popen  # type: ignore[misc]
+    return True
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _quiet_torch_logs() -> None:
@@ -211,18 +384,9 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().print_help()
         return EXIT_OK
     flags, entry = split_argv(argv)
-    own, torchrun_flags = build_parser().parse_known_args(flags)
+    own, args = parse_flags(flags, entry)
+    from torch.distributed import run as torchrun
 
-    from torch.distributed import run as torchrun  # after the cheap checks above
-
-    if any(f.split("=")[0] in ("--signals-to-handle", "--signals_to_handle") for f in flags):
-        raise NodeError(
-            "--signals-to-handle is set by the launcher (ddpkit.train.contract); drop it"
-        )
-    try:
-        args = torchrun.parse_args([*torchrun_flags, *entry])
-    except SystemExit:
-        raise NodeError(f"torchrun rejected the flags {torchrun_flags}") from None
     world_size, nnodes = _world(args.nnodes, args.nproc_per_node)
 
     run_dir, timeout_s = own.run_dir, own.shutdown_timeout
@@ -257,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     _quiet_torch_logs()
+    workers_die_with_launcher()
 
     failures: dict[int, Failure] = {}
     stopped_by: int | None = None
@@ -264,16 +429,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         torchrun.run(args)
     except ChildFailedError as e:
-        failures = {
-            int(rank): Failure(int(f.exitcode), float(getattr(f, "timestamp", 0) or 0))
-            for rank, f in e.failures.items()
-        }
+        failures = {int(rank): Failure.of(f) for rank, f in e.failures.items()}
     except SignalException as e:
         stopped_by = int(e.sigval)
     except Exception as e:  # rendezvous timeouts, a closed store: one line, not a dump
         print(f"{PREFIX}: torchrun failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return EXIT_FAILED
     fresh = fresh_requeue_marker(run_dir, launch_id, started)
+    if stopped_by == signal.SIGINT:  # Ctrl-C: the user's stop, never a requeue
+        finished = is_default_entry(entry) and finished_in_launch(run_dir, launch_id, started)
+        for name in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2"):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+        if finished:
+            print(f"{PREFIX}: SIGINT arrived after the run finished; exit 0", file=sys.stderr)
+            return EXIT_OK
+        print(
+            f"{PREFIX}: stopped by SIGINT (Ctrl-C); exit {EXIT_INTERRUPTED}, not requeued",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_INTERRUPTED
     if stopped_by is not None and not fresh and not args.standalone:
         # Rank 0 may sit on another node and write the marker just after this node's
         # workers left: give it a moment before calling this a plain stop.

@@ -34,9 +34,9 @@ from typing import Any
 
 from ddpkit.train.contract import (
     DEFAULT_SHUTDOWN_TIMEOUT_S,
+    PREEMPT_SIGNALS,
     RUN_DIR_ENV,
     SHUTDOWN_ENV,
-    STOP_SIGNALS,
     write_requeue_marker,
 )
 
@@ -53,7 +53,7 @@ def install() -> None:
     """Catch the stop signals (record them, do not die). Call once, from the main thread."""
     global _installed
     if not _installed:
-        for name in STOP_SIGNALS:
+        for name in PREEMPT_SIGNALS:
             signal.signal(getattr(signal, name), _handler)
         _installed = True
 

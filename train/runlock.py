@@ -8,6 +8,10 @@ agent pid, launch id and a heartbeat (its mtime, touched every LOCK_HEARTBEAT_S)
 - takes over with a warning when the owner is dead: same host and its pid is gone, or no
   heartbeat for LOCK_STALE_S (another host: it waits that long before deciding);
 - otherwise refuses: ConfigError naming the owner (one line, exit 2, nothing written).
+A lock that names no owner is never waited on forever: an empty one older than
+LOCK_SETTLE_S (a newcomer writes its owner right after creating it) or one that holds
+garbage is a dead job's, taken over with a warning; a directory or an unreadable file in
+its place is refused in one line (it is not the kit's to delete).
 Torch-free: it runs before the run dir is written.
 """
 
@@ -28,6 +32,7 @@ from ddpkit.train.contract import LAUNCH_ID_ENV
 LOCK_FILE = ".lock"
 LOCK_HEARTBEAT_S = 5.0
 LOCK_STALE_S = 30.0  # no heartbeat for this long: the owner is gone (any host)
+LOCK_SETTLE_S = 2.0  # an empty lock younger than this is a newcomer about to write its owner
 
 
 def _me() -> dict[str, Any]:
@@ -50,11 +55,25 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _read(path: Path) -> tuple[dict[str, Any] | None, float]:
+def _read(path: Path) -> tuple[dict[str, Any] | None, float, str]:
+    """(owner, mtime, what): what is "none" (no lock), "owner" (a readable one), "empty",
+    "garbage" (not a JSON object), "dir" or "unreadable" (then owner is None)."""
     try:
-        return json.loads(path.read_text()), path.stat().st_mtime
-    except (OSError, ValueError):
-        return None, 0.0
+        mtime = path.stat().st_mtime
+        if path.is_dir():
+            return None, mtime, "dir"
+        text = path.read_text()
+    except FileNotFoundError:
+        return None, 0.0, "none"
+    except OSError:
+        return None, 0.0, "unreadable"
+    if not text.strip():
+        return None, mtime, "empty"
+    try:
+        owner = json.loads(text)
+    except ValueError:
+        return None, mtime, "garbage"
+    return (owner, mtime, "owner") if isinstance(owner, dict) else (None, mtime, "garbage")
 
 
 class RunLock:
@@ -65,10 +84,20 @@ class RunLock:
         self._thread: threading.Thread | None = None
 
     def _verdict(self) -> tuple[str, str]:
-        """("free" | "ours" | "dead" | "live" | "wait", who)."""
-        owner, mtime = _read(self.path)
-        if owner is None:
+        """("free" | "ours" | "dead" | "live" | "wait" | "settle", who)."""
+        owner, mtime, what = _read(self.path)
+        if what == "none":
             return "free", ""
+        if what in ("dir", "unreadable"):
+            kind = "a directory" if what == "dir" else "unreadable"
+            raise ConfigError(
+                f"the lock {self.path} is {kind}, not a lock file this kit wrote; remove it if "
+                "no job uses this checkpoint dir, or use another --ckpt-dir / --run-dir"
+            )
+        if owner is None:  # empty or garbage: it names no owner to ask
+            if what == "empty" and time.time() - mtime < LOCK_SETTLE_S:
+                return "settle", ""
+            return "dead", f"an owner-less lock: {what}"
         me = _me()
         who = f"pid {owner.get('pid')} on {owner.get('host')}" + (
             f", launch {owner['launch_id']}" if owner.get("launch_id") else ""
@@ -92,10 +121,14 @@ class RunLock:
             if verdict == "wait" and time.time() < deadline:
                 time.sleep(1.0)  # another host: alive only while its heartbeat moves
                 continue
+            if verdict == "settle":
+                time.sleep(0.2)  # a newcomer's lock, about to name its owner
+                continue
             if verdict == "free":
                 try:  # O_EXCL: of two jobs starting at once, one wins; the other looks again
                     os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
                 except FileExistsError:
+                    time.sleep(0.05)
                     continue
             break
         if verdict in ("live", "wait"):
@@ -127,6 +160,6 @@ class RunLock:
             return
         self._stop.set()
         self._thread = None
-        owner, _ = _read(self.path)
+        owner, _, _ = _read(self.path)
         if owner is not None and owner.get("pid") == os.getpid():
             self.path.unlink(missing_ok=True)

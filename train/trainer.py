@@ -32,7 +32,13 @@ from ddpkit.train.config import (
     log_backends,
     profile_range,
 )
-from ddpkit.train.contract import EXIT_DIVERGED, LAUNCH_ID_ENV, SUMMARY_FILE, write_requeue_marker
+from ddpkit.train.contract import (
+    EXIT_DIVERGED,
+    EXIT_INTERRUPTED,
+    LAUNCH_ID_ENV,
+    SUMMARY_FILE,
+    write_requeue_marker,
+)
 from ddpkit.train.data import DataBundle, GlobalBatchSampler, iterate_batches
 from ddpkit.train.distributed import World
 from ddpkit.train.fault import (
@@ -117,7 +123,7 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "requeue.json").unlink(missing_ok=True)
             (self.run_dir / "config.json").write_text(dump(cfg) + "\n")
-        dist.barrier()
+        self.barrier("start-up barrier", when="at start-up")
         # Control messages (the stop flag) go over gloo on the CPU: no GPU sync per step.
         self.control_pg = dist.new_group(backend="gloo") if world.backend != "gloo" else None
         self.stop_every = 1  # steps between stop-signal agreements; set at each logging step
@@ -237,7 +243,7 @@ class Trainer:
         w, cfg = self.world, self.cfg
         how = "DDP" if cfg.parallel == "ddp" else f"FSDP2 {cfg.sharding}"
         return (
-            f"world: {w.size} ranks ({w.nnodes} node{'s' if w.nnodes != 1 else ''} x "
+            f"world: {w.size} rank{'s' if w.size != 1 else ''} ({w.nnodes} node{'s' if w.nnodes != 1 else ''} x "
             f"{w.local_size} process{'es' if w.local_size != 1 else ''}), backend {w.backend} "
             f"on {w.device.type}, {how}; model {cfg.model} ({self.num_params:,} parameters), "
             f"global batch {self.global_batch}, {self.total_steps} steps"
@@ -279,6 +285,12 @@ class Trainer:
                     return self.preempted(signum)
         # A signal in the last steps, not yet delivered by the pipelined check: the run is
         # finished anyway; finish() says so (summary "signal") instead of ignoring it.
+        if self.fault:
+            self.fault.maybe_fire(Fault.END, self.world.rank)
+        return self.guarded(self._end, when=f"after the last step ({self.step})")
+
+    def _end(self) -> int:
+        self.phase = "stop-signal all_reduce"
         self.late_signal = self.stop.agree_now(self.control_pg)
         if self.cfg.ckpt_final and self.last_saved != self.step:
             self.save(force_sync=True)
@@ -347,16 +359,25 @@ class Trainer:
             return "DDP gradient all_reduce"
         return f"FSDP2 {self.cfg.sharding} all_gather/reduce_scatter"
 
-    def guarded(self, fn, *args):
-        """Run a step; turn a failed or timed-out collective into one clear message."""
+    def guarded(self, fn, *args, when: str | None = None):
+        """Run a step (or the start or end of the run: `when` says which); turn a failed or
+        timed-out collective into one clear message naming the phase and the missing ranks."""
         try:
             return fn(*args)
+        except CollectiveFailure:
+            raise  # diagnosed already (a guarded barrier inside)
         except (RuntimeError, dist.DistError) as e:
             if not is_collective_error(e):
                 raise
             raise CollectiveFailure(
-                diagnose_collective_failure(self.phase, self.step + 1, self.cfg.timeout_s, e)
+                diagnose_collective_failure(
+                    self.phase, self.step + 1, self.cfg.timeout_s, e, when=when
+                )
             ) from None
+
+    def barrier(self, phase: str, when: str) -> None:
+        self.phase = phase
+        self.guarded(dist.barrier, when=when)
 
     def log_step(self, loss: torch.Tensor, gnorm: torch.Tensor | None, step_time: float) -> None:
         self.phase = "loss all_reduce (logging)"
@@ -476,6 +497,13 @@ class Trainer:
         self.ckpt.close()
         took = time.time() - self.stop.received_at
         budget = self.cfg.shutdown_timeout_s
+        if signum == _signal.SIGINT:  # Ctrl-C: the user's stop, never a requeue
+            self.reporter.info(
+                f"stopped by {name} at step {self.step} (checkpoint saved, {took:.1f} s); "
+                f"exit {EXIT_INTERRUPTED}, not requeued: --resume auto continues"
+            )
+            self.reporter.close()
+            return EXIT_INTERRUPTED
         if took <= budget:
             self.reporter.info(
                 f"preemption save finished {took:.1f} s after {name}, within the "
@@ -565,6 +593,7 @@ class Trainer:
             else:  # the user's loss is a mean over the batch: weight it by the batch size
                 stats[0] += self.loss_fn(out, y).float() * len(batch)
                 stats[2] += len(batch)
+        self.phase = "evaluation all_reduce"
         dist.all_reduce(stats)
         self.model.train()
         ev = {"eval_loss": float(stats[0] / stats[2])}
@@ -579,6 +608,7 @@ class Trainer:
         every = self.cfg.eval_interval
         if trained and every and self.step % every:
             self.log_eval(ev)  # the eval curve's last point (unless the interval just logged it)
+        self.phase = "summary gather"
         per_rank = gather_objects(state_bytes(self.model, self.optimizer))
         digest = param_digest(self.raw_model)
         if self.world.is_main and (trained or not (self.run_dir / "summary.json").exists()):
@@ -634,7 +664,8 @@ class Trainer:
                     "records it)"
                 )
         self.reporter.close()
-        dist.barrier()  # leave together: gloo can abort a rank whose peer tore down first
+        self.phase = "final barrier"  # leave together: gloo can abort a rank whose peer left
+        dist.barrier()
         return 0
 
 

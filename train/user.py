@@ -73,6 +73,11 @@ def _model(path: str, data_kind: DataKind) -> ModelSpec:
             raise ConfigError(
                 f"--model {path} returned a {type(model).__name__}; expected {MODEL_CONTRACT}"
             )
+        if not any(p.requires_grad for p in model.parameters()):
+            raise ConfigError(
+                f"--model {path} returned a {type(model).__name__} without a parameter that "
+                "requires grad (nothing to train); give it at least one trainable parameter"
+            )
         return model
 
     def flops(cfg: TrainConfig, model: nn.Module) -> float | None:
@@ -106,7 +111,29 @@ def dataset_spec(cfg: TrainConfig) -> DatasetSpec:
 
 
 def loss(name: str) -> Callable[..., Any]:
-    return load_object(name, "--loss", LOSS_CONTRACT)
+    """The user's loss, its first result checked: a 0-dim floating tensor (metadata only, no
+    device sync); anything else is one line naming the loss, not a traceback from backward."""
+    fn = load_object(name, "--loss", LOSS_CONTRACT)
+    checked = False
+
+    def checked_loss(output: Any, target: Any) -> Any:
+        nonlocal checked
+        value = fn(output, target)
+        if not checked:
+            import torch
+
+            if not isinstance(value, torch.Tensor):
+                got = f"a {type(value).__name__}"
+            elif value.dim() != 0 or not value.is_floating_point():
+                got = f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {list(value.shape)}"
+            else:
+                got = None
+            if got:
+                raise ConfigError(f"--loss {name} returned {got}; expected {LOSS_CONTRACT}")
+            checked = True
+        return value
+
+    return checked_loss
 
 
 register_source("import", Source(model_spec, dataset_spec, loss))

@@ -1,0 +1,230 @@
+"""What must never hang: a lock that names no owner, a second fit() in one process, a rank
+that dies or stalls before a barrier. Each ends within its bound, with one line that names
+the cause."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from ddpkit.train.config import ConfigError
+from ddpkit.train.runlock import LOCK_SETTLE_S, RunLock
+
+from tests.trainrun import clean_env, train
+
+
+def _lock_of(ckpt: Path, body: str | None) -> Path:
+    """<ckpt>/.lock with `body` (None: a directory), made old enough to be no newcomer's."""
+    lock = ckpt / ".lock"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    if body is None:
+        lock.mkdir()
+    else:
+        lock.write_text(body)
+    old = time.time() - 10 * LOCK_SETTLE_S
+    os.utime(lock, (old, old))
+    return lock
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("body", ["", "\n", "{not json", "[1, 2]", '"a string"', "\x00\xff"])
+def test_a_lock_that_names_no_owner_is_taken_over_with_a_warning(tmp_path, body):
+    lock = _lock_of(tmp_path, body)
+    said: list[str] = []
+    run_lock = RunLock(tmp_path, log=said.append)
+    run_lock.acquire()
+    try:
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+        assert len(said) == 1 and "taking over the stale lock" in said[0], said
+        assert "owner-less lock" in said[0]
+    finally:
+        run_lock.release()
+    assert not lock.exists()
+
+
+@pytest.mark.timeout(30)
+def test_a_directory_in_place_of_the_lock_is_refused_in_one_line(tmp_path):
+    lock = _lock_of(tmp_path, None)
+    with pytest.raises(ConfigError, match="is a directory, not a lock file") as e:
+        RunLock(tmp_path).acquire()
+    assert "\n" not in str(e.value) and str(lock) in str(e.value)
+    assert lock.is_dir()  # not the kit's to delete
+
+
+@pytest.mark.timeout(30)
+def test_an_empty_lock_of_a_newcomer_is_given_time_to_name_its_owner(tmp_path):
+    """Between its O_EXCL create and its write, a starting job's lock is empty: a second job
+    waits for it (briefly) instead of taking it over."""
+    lock = tmp_path / ".lock"
+    lock.write_text("")
+    # a live job on this host (this test's parent process)
+    owner = {"host": socket.gethostname(), "pid": os.getppid(), "agent_pid": None}
+
+    threading.Timer(0.5, lambda: lock.write_text(json.dumps(owner))).start()
+    with pytest.raises(ConfigError, match="in use by another job"):
+        RunLock(tmp_path).acquire()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("body", ["", "garbage", None])
+def test_the_trainer_never_spins_on_an_owner_less_lock(tmp_path, body):
+    """The campaign's case: an empty, garbage or directory .lock made the trainer spin at
+    100% CPU forever. Now: taken over with a warning (and trained), or one line + exit 2."""
+    rd = tmp_path / "run"
+    _lock_of(rd / "checkpoints", body)
+    run = train(rd, "--steps", "2", "--no-eval", check=False, timeout=240)
+    if body is None:
+        assert run.rc == 2, run.out
+        assert "is a directory, not a lock file" in run.out and "Traceback" not in run.out
+    else:
+        assert run.rc == 0, run.out
+        assert "warning: taking over the stale lock" in run.out
+        assert (rd / "summary.json").is_file()
+
+
+# --- a rank that stalls or dies before the end-of-run collectives ------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("fault", ["hang@end:1:900", "kill@end:1"])
+def test_a_rank_missing_at_the_end_of_run_collectives_is_the_one_blamed(tmp_path, fault):
+    """Rank 1 stalls (or dies) after the last step: rank 0 waits in the first end-of-run
+    collective. Rank 0's line names the phase and rank 1; the launcher's line blames rank 1
+    (it used to blame rank 0, the first to exit, and the collective had no name at all when
+    it came after the loop). Within the timeout, not the 900 s stall."""
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-m", "ddpkit.train.node", "--standalone", "--nproc-per-node", "2",
+         "--", "-m", "ddpkit.train", "--steps", "4", "--no-eval", "--timeout-s", "5",
+         "--progress", "plain", "--run-dir", "runs/t"],
+        cwd=tmp_path, env=clean_env(DDPKIT_FAULT=fault), capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    elapsed = time.monotonic() - t0
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    last = r.stderr.splitlines()[-1]
+    if fault.startswith("hang"):
+        assert "collective stop-signal all_reduce after the last step (4) failed on rank 0" in out
+        assert "Ranks [1] never reached it" in out
+        assert last.startswith(
+            "ddpkit node: rank 1 never reached the collective stop-signal all_reduce after the "
+            "last step (4)"
+        ), out
+    else:  # torchrun SIGTERMs rank 0 at once: its diagnosis or its watchdog, whichever is first
+        assert last.startswith("ddpkit node: rank 1 "), out
+    assert "Traceback" not in out, out
+    assert elapsed < 240, elapsed  # start-up + the 5 s timeout + teardown, not the 900 s stall
+
+
+# --- fit() twice in one process ---------------------------------------------------------------
+
+TWO_FITS = """
+import sys
+from ddpkit.train import fit
+a = fit(steps=3, eval=False, run_dir="runs/a", argv=[])
+print(f"first {a}", flush=True)
+b = fit(steps=3, eval=False, run_dir="runs/b", argv=[])
+print(f"second {b}", flush=True)
+sys.exit(a or b)
+"""
+
+
+def _node(tmp_path: Path, script: str, env: dict[str, str] | None = None):
+    (tmp_path / "two.py").write_text(script)
+    return subprocess.run(
+        [sys.executable, "-m", "ddpkit.train.node", "--standalone", "--nproc-per-node", "2",
+         "--", "two.py"],
+        cwd=tmp_path, env=clean_env(**(env or {})), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_second_fit_in_one_process_trains_in_the_same_group(tmp_path):
+    """The second fit() used to re-create the process group from the same rendezvous and
+    hang in its first barrier until the 600 s timeout."""
+    r = _node(tmp_path, TWO_FITS)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert out.count("first 0") == 2 and out.count("second 0") == 2, out
+    for run in ("a", "b"):
+        assert json.loads((tmp_path / "runs" / run / "summary.json").read_text())["steps"] == 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_fit_after_a_failed_fit_is_one_line_not_a_hang(tmp_path):
+    r = _node(tmp_path, TWO_FITS, env={"DDPKIT_FAULT": "usererror@2:1"})
+    out = r.stdout + r.stderr
+    assert "first 2" in out, out
+    assert out.count("error: fit() after a failed fit() in the same process") == 1, out
+    assert "second 1" in out and "Traceback" not in out, out
+    assert r.returncode == 2, out
+
+
+# --- the README's own hang: a collective only one rank calls -----------------------------------
+
+ODD_PATH = """
+import torch
+import torch.distributed as dist
+
+
+class Odd(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10))
+
+    def forward(self, x):
+        if dist.get_rank() == 0:
+            dist.barrier()
+        return self.net(x)
+
+
+def build(cfg):
+    return Odd()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_barrier_only_rank_0_calls_names_rank_0_and_the_line_of_the_call(tmp_path):
+    """docs/troubleshooting.md's example. Both ranks time out and both report, so no rank is
+    missing: both used to blame the DDP all_reduce and neither named the one that took the
+    other path."""
+    (tmp_path / "oddpath.py").write_text(ODD_PATH)
+    r = subprocess.run(
+        [sys.executable, "-m", "ddpkit.train.node", "--standalone", "--nproc-per-node", "2",
+         "--", "-m", "ddpkit.train", "--model", "oddpath:build", "--steps", "3", "--no-eval",
+         "--timeout-s", "5", "--progress", "plain", "--run-dir", "runs/t"],
+        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    said = (
+        "rank 0 called barrier() at oddpath.py:13 (in forward), while rank 1 was in the "
+        "forward/backward (DDP gradient all_reduce) at step 1"
+    )
+    assert out.count(said) == 3, out  # each rank's error line, and the launcher's
+    assert r.stderr.splitlines()[-1].startswith(f"ddpkit node: {said}"), out
+    assert "Traceback" not in out, out
+
+
+def test_the_other_path_sentence_names_only_the_ranks_whose_own_code_called():
+    from ddpkit.train.fault import _other_path
+
+    phase, when = "forward/backward (DDP gradient all_reduce)", "at step 1"
+    assert _other_path({0: "", 1: ""}, phase, when) == ""  # all in the kit's collective
+    assert _other_path({0: "barrier() at m.py:3 (in f)", 1: "barrier() at m.py:3 (in f)"},
+                       phase, when) == ""  # fmt: skip
+    text = _other_path({0: "barrier() at m.py:3 (in f)", 1: "", 2: ""}, phase, when)
+    assert text.startswith("rank 0 called barrier() at m.py:3 (in f), while ranks [1, 2] were")
