@@ -250,11 +250,9 @@ def test_a_read_only_checkpoint_dir_is_one_line_and_writes_nothing(tmp_path, one
     assert not (tmp_path / "r").exists() and not list(ckpt.iterdir())
 
 
-# The trainer's own part passes: the failed save is CheckpointDirUnwritable, one line. What
-# fails is the lock's release on the way out (train/runlock.py RunLock.release unlinks the
-# lock in the now read-only dir, and its OSError replaces the one line with a traceback).
+# A failed save is CheckpointDirUnwritable, one line; the lock's release on the way out
+# (RunLock.release) leaves the lock in the now read-only dir instead of raising over it.
 @needs_mounts
-@pytest.mark.xfail(reason="RunLock.release raises on a read-only dir (runlock.py)", strict=True)
 def test_a_checkpoint_dir_that_turns_read_only_is_one_line(tmp_path, one_line_error):
     ckpt = tmp_path / "ck"
     ckpt.mkdir()

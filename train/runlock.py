@@ -162,4 +162,7 @@ class RunLock:
         self._thread = None
         owner, _, _ = _read(self.path)
         if owner is not None and owner.get("pid") == os.getpid():
-            self.path.unlink(missing_ok=True)
+            # A dir that turned read-only keeps the lock: the next run takes it over as a
+            # dead job's; the error that ended this run is the one the user sees.
+            with contextlib.suppress(OSError):
+                self.path.unlink(missing_ok=True)
