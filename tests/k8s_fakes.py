@@ -128,6 +128,7 @@ class Pod:
             rel = os.path.relpath(m["mountPath"], workdir)
             assert not rel.startswith(".."), f"mount {m['mountPath']} is outside {workdir}"
             shared = root / "pvc" / vol["persistentVolumeClaim"]["claimName"]
+            shared = shared / m.get("subPath", "")
             shared.mkdir(parents=True, exist_ok=True)
             link = self.workspace(root) / rel
             link.parent.mkdir(parents=True, exist_ok=True)

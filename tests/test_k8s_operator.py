@@ -43,8 +43,11 @@ def rendered_job(*sets: str, nodes: int, gpus: int) -> dict:
 
 
 def summary_of(root: Path) -> dict:
-    found = list((root / "pods").glob("*/workspace/runs/emu/summary.json"))
-    assert len(found) == 1, found  # rank 0 writes it, in its own pod
+    """rank 0 writes it into the run dir, which is on the claim: one file, seen by every pod."""
+    found = list((root / "pvc").glob("*/runs/emu/summary.json"))
+    assert len(found) == 1, found
+    seen = list((root / "pods").glob("*/workspace/runs/emu/summary.json"))
+    assert seen and all(p.resolve() == found[0].resolve() for p in seen), seen
     return json.loads(found[0].read_text())
 
 
@@ -70,7 +73,7 @@ def _static(tmp_path, master, worker):
     assert s["world_size"] == 4 and s["steps"] == 12
     assert s["final_loss"] < s["first_loss"]
     # Checkpoints went to the shared claim (the mount path is the checkpoint path).
-    ckpts = tmp_path / "pvc" / "ckpt"
+    ckpts = tmp_path / "pvc" / "ckpt" / "runs" / "emu" / "checkpoints"  # the run dir on the claim
     assert (ckpts / "step-12" / ".complete").is_file(), sorted(ckpts.rglob("*"))
 
 
@@ -92,7 +95,7 @@ def test_trainjob_trains_on_the_torch_distributed_runtime(tmp_path):
         assert wait_all([node0, node1], timeout=240) == [0, 0], node1.log() + node0.log()
     s = summary_of(tmp_path)
     assert s["world_size"] == 4 and s["steps"] == 12
-    assert (tmp_path / "pvc" / "ckpt" / "step-12" / ".complete").is_file()
+    assert (tmp_path / "pvc" / "ckpt" / "runs/emu/checkpoints/step-12/.complete").is_file()
 
 
 @pytest.mark.slow

@@ -124,14 +124,14 @@ def test_the_webhook_refuses_what_render_refuses_first(cluster, tmp_path):
 
 
 # ---- jobs that train -------------------------------------------------------------------
-# 2 nodes x 2 processes, short enough for 2 busy cores; the PVC is mounted at the run dir
-# (ckpt_dir = the run dir) so summary.json lands on the volume, not on a pod's disk.
+# 2 nodes x 2 processes, short enough for 2 busy cores; the rendered PVC is mounted at the run
+# dir (subPath runs/<name>), so summary.json and the checkpoints below it land on the volume.
 STEPS = 200
 
 
 def tiny(name: str, *extra: str) -> list[str]:
     return ["--nodes", "2", "--gpus", "2", "--set", f"name={name}", "--set", "k8s.pvc_size=1Gi",
-            "--set", f"ckpt_dir=runs/{name}", "--set", f"train.steps={STEPS}",
+            "--set", f"train.steps={STEPS}",
             "--set", "train.ckpt_interval=100", "--set", "train.log_interval=10", *extra]  # fmt: skip
 
 
@@ -165,10 +165,10 @@ def finished(env: dict, kind: str, name: str) -> str | None:
     return done[0] if done else None
 
 
-def summary(env: dict, claim: str) -> dict:
-    """summary.json on the claim's volume (the node agent's directory for it)."""
-    path = Path(env["DDPKIT_K8S_STATE"]) / "node" / "pvc" / "default" / claim / "summary.json"
-    return json.loads(path.read_text())
+def summary(env: dict, name: str) -> dict:
+    """Job `name`'s summary.json on its claim's volume (the node agent's directory for it)."""
+    claim = Path(env["DDPKIT_K8S_STATE"]) / "node" / "pvc" / "default" / f"{name}-ckpt"
+    return json.loads((claim / "runs" / name / "summary.json").read_text())
 
 
 WORLD = "world: 4 ranks (2 nodes x 2 processes), backend gloo on cpu, DDP"
@@ -219,7 +219,7 @@ def test_kubectl_apply_of_the_default_render_trains_world_4_on_gpu_nodes(cluster
     wait_until("PyTorchJob ref finished", lambda: finished(cluster, "pytorchjob", "ref"), 600,
                cluster)  # fmt: skip
     assert finished(cluster, "pytorchjob", "ref") == "Succeeded"
-    summ = summary(cluster, "ref-ckpt")
+    summ = summary(cluster, "ref")
     gpus = kubectl(cluster, "get", "nodes", "-o",
                    "jsonpath={.items[*].status.allocatable.nvidia\\.com/gpu}").stdout.split()  # fmt: skip
     assert gpus == ["8", "8"]  # the nodes advertise GPUs; the pods train on the CPU
@@ -236,7 +236,7 @@ def test_kubectl_apply_of_the_default_render_trains_world_4_on_gpu_nodes(cluster
 def test_a_trainjob_submitted_to_trainer_2_3_trains_world_4(cluster, jobs):
     wait_until("TrainJob tj finished", lambda: finished(cluster, "trainjob", "tj"), 600, cluster)
     assert finished(cluster, "trainjob", "tj") == "Complete"
-    assert summary(cluster, "tj-ckpt")["world_size"] == 4
+    assert summary(cluster, "tj")["world_size"] == 4
     logs = ddpkit(cluster, jobs["tj"], "logs", "k8s")  # the job submitted from there
     assert logs.returncode == 0 and WORLD in logs.stdout, logs.stdout[-2000:] + logs.stderr
     st = ddpkit(cluster, jobs["tj"], "status", "k8s")
@@ -248,7 +248,7 @@ def test_a_deleted_pod_saves_on_sigterm_and_the_job_resumes_to_the_same_weights(
                cluster)  # fmt: skip
     assert "cut-worker-0" in jobs["deleted"], "cut-worker-0 was never deleted while training"
     assert finished(cluster, "pytorchjob", "cut") == "Succeeded"
-    summ = summary(cluster, "cut-ckpt")
+    summ = summary(cluster, "cut")
     # Saved at the step SIGTERM stopped it (on a loaded machine that may be the periodic
     # save's step 100: then that one is kept), and resumed from there.
     step = int(str(summ["resumed_from"]).rsplit("-", 1)[-1])
@@ -257,7 +257,7 @@ def test_a_deleted_pod_saves_on_sigterm_and_the_job_resumes_to_the_same_weights(
     assert f"SIGTERM received: saving a checkpoint at step {step}" in log, log[-3000:]
     wait_until("PyTorchJob ref finished", lambda: finished(cluster, "pytorchjob", "ref"), 600,
                cluster)  # fmt: skip
-    assert summ["param_digest"] == summary(cluster, "ref-ckpt")["param_digest"]
+    assert summ["param_digest"] == summary(cluster, "ref")["param_digest"]
 
 
 def test_an_elastic_job_recovers_from_a_deleted_worker_to_the_same_weights(cluster, jobs):
@@ -268,12 +268,12 @@ def test_an_elastic_job_recovers_from_a_deleted_worker_to_the_same_weights(clust
                cluster)  # fmt: skip
     assert "el-worker-1" in jobs["deleted"], "el-worker-1 was never deleted while training"
     assert finished(cluster, "pytorchjob", "el") == "Succeeded"
-    summ = summary(cluster, "el-ckpt")
+    summ = summary(cluster, "el")
     step = int(str(summ["resumed_from"]).rsplit("-", 1)[-1])
     assert 40 <= step < STEPS and summ["world_size"] == 4, summ["resumed_from"]
     wait_until("PyTorchJob ref finished", lambda: finished(cluster, "pytorchjob", "ref"), 600,
                cluster)  # fmt: skip
-    assert summ["param_digest"] == summary(cluster, "ref-ckpt")["param_digest"]
+    assert summ["param_digest"] == summary(cluster, "ref")["param_digest"]
     # Rank 0 after the new rendezvous may be either pod, and the operator may already have
     # removed the other: read the node agent's log files, which outlive the pods.
     pods = Path(cluster["DDPKIT_K8S_STATE"]) / "node" / "pods"

@@ -196,11 +196,12 @@ def test_static_job_shape() -> None:
     assert cmd[i + 1 : i + 3] == ["-m", "ddpkit.train"] and cmd[i + 3 :] == spec.train_argv()
     assert not {"--nnodes", "--node-rank", "--master-addr", "--rdzv-endpoint"} & set(cmd)
     assert cmd[4] == "default-master-0"  # the pod the others wait for
-    # /dev/shm in memory; checkpoints on the claim, at the checkpoint path.
+    # /dev/shm in memory; the run dir (checkpoints below it) on the claim, at its own subPath.
     vols = {v["name"]: v for v in pod["volumes"]}
     assert vols["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
-    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
-    assert mounts == {"dshm": "/dev/shm", "checkpoints": "/workspace/runs/default/checkpoints"}
+    mounts = {m["name"]: (m["mountPath"], m.get("subPath")) for m in c["volumeMounts"]}
+    assert mounts == {"dshm": ("/dev/shm", None),
+                      "checkpoints": ("/workspace/runs/default", "runs/default")}  # fmt: skip
     assert vols["checkpoints"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
     assert pvc["spec"]["resources"]["requests"]["storage"] == "100Gi"
@@ -259,7 +260,7 @@ def test_trainjob_shape() -> None:
     assert not [e for e in t["env"] if e["name"].startswith("PET_")]  # v2 rejects them
     (pod,) = pods_of(job)  # runtimePatches: test_k8s_trainjob.py checks every release's shape
     assert {m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]} == {
-        "/dev/shm", "/workspace/runs/default/checkpoints"}  # fmt: skip
+        "/dev/shm", "/workspace/runs/default"}  # fmt: skip
     assert pod["spec"]["terminationGracePeriodSeconds"] == 60
     assert pod["spec"]["securityContext"]["fsGroup"] == 1000
     assert s["activeDeadlineSeconds"] == 3600
@@ -368,3 +369,10 @@ def test_the_users_script_is_the_entry_point_of_every_pod() -> None:
         args = r["template"]["spec"]["containers"][0]["args"]
         assert args[args.index("--") :] == ["--", "ddp_fit.py",
                                             *spec.args]  # fmt: skip
+
+
+def test_a_checkpoint_dir_outside_the_run_dir_gets_its_own_path_on_the_same_claim() -> None:
+    spec = load_spec(REPO / "configs/default.toml", ["k8s.pvc=shared", "ckpt_dir=/ckpt/a"])
+    _, mounts = k8s.volumes(spec)
+    on_claim = {m["mountPath"]: m["subPath"] for m in mounts if m["name"] == "checkpoints"}
+    assert on_claim == {"/workspace/runs/default": "runs/default", "/ckpt/a": "ckpt/a"}

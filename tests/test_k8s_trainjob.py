@@ -63,7 +63,7 @@ def test_each_release_gets_its_own_field_and_what_it_supports(version: str) -> N
     (c,) = pod["containers"]
     assert c["name"] == "node"
     assert {m["mountPath"] for m in c["volumeMounts"]} == {
-        "/dev/shm", "/workspace/runs/default/checkpoints"}  # fmt: skip
+        "/dev/shm", "/workspace/runs/default"}  # fmt: skip
     assert {v["name"] for v in pod["volumes"]} == {"dshm", "checkpoints"}
     can = k8s_crds.supports(version)
     # The grace covers the save: the shutdown budget (30 s default) plus the margin.

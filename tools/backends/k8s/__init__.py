@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import posixpath
 import sys
+from pathlib import PurePosixPath
 from typing import Any
 
 import yaml
@@ -51,6 +52,19 @@ def ckpt_path(spec: JobSpec) -> str:
     """Where checkpoints land inside the container (absolute)."""
     path = spec.ckpt_dir or spec.train.get("ckpt_dir") or f"{spec.run_dir}/checkpoints"
     return posixpath.normpath(posixpath.join(WORKDIR, str(path)))
+
+
+def run_path(spec: JobSpec) -> str:
+    """The run dir inside the container (absolute): summary.json, metrics, node logs."""
+    return posixpath.normpath(posixpath.join(WORKDIR, spec.run_dir))
+
+
+def claim_sub_path(path: str) -> str:
+    """Where a container path lives on the claim: its path below the work dir (or below /),
+    so jobs sharing one claim keep their run dirs apart."""
+    below = PurePosixPath(path)
+    rel = below.relative_to(WORKDIR) if below.is_relative_to(WORKDIR) else below.relative_to("/")
+    return str(rel)
 
 
 def pvc_name(spec: JobSpec) -> str | None:
@@ -144,14 +158,20 @@ def command(spec: JobSpec) -> tuple[list[str], list[str]]:
 
 
 def volumes(spec: JobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(volumes, volumeMounts): /dev/shm in memory, checkpoints on the PVC."""
+    """(volumes, volumeMounts): /dev/shm in memory; the run dir on the PVC (summary.json,
+    metrics and node logs outlive the pods; checkpoints too, below it by default, or at
+    their own path on the same claim)."""
     vols: list[dict[str, Any]] = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.k8s.shm_size}}
     ]
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     if claim := pvc_name(spec):
         vols.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}})
-        mounts.append({"name": "checkpoints", "mountPath": ckpt_path(spec)})
+        run, ckpt = run_path(spec), ckpt_path(spec)
+        mounts.append({"name": "checkpoints", "mountPath": run, "subPath": claim_sub_path(run)})
+        if not PurePosixPath(ckpt).is_relative_to(run):
+            sub = claim_sub_path(ckpt)
+            mounts.append({"name": "checkpoints", "mountPath": ckpt, "subPath": sub})
     return vols, mounts
 
 
