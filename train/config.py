@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from ddpkit.train import lookup
+from ddpkit.train import lookup, typed
 from ddpkit.train.contract import EXIT_BAD_INPUT, EXIT_REQUEUE
 from ddpkit.train.errors import CliParser, ConfigError
 
@@ -128,8 +128,7 @@ TRAIN_KEYS = [f.name for f in fields(TrainConfig) if f.name != "extra"]
 # --- parsing -------------------------------------------------------------------------------
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+_flag = typed.flag  # the one spelling of a field as a flag
 
 
 def _base_type(tp: Any) -> tuple[type, tuple[str, ...] | None]:

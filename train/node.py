@@ -50,8 +50,10 @@ from ddpkit.train.contract import (
     EXIT_OK,
     EXIT_REQUEUE,
     LAUNCH_ID_ENV,
+    PREEMPT_SIGNALS,
     RUN_DIR_ENV,
     SHUTDOWN_ENV,
+    STOP_SIGNALS,
     TORCHRUN_SIGNALS,
     finished_in_launch,
     fresh_requeue_marker,
@@ -438,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     fresh = fresh_requeue_marker(run_dir, launch_id, started)
     if stopped_by == signal.SIGINT:  # Ctrl-C: the user's stop, never a requeue
         finished = is_default_entry(entry) and finished_in_launch(run_dir, launch_id, started)
-        for name in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2"):
+        for name in STOP_SIGNALS:
             signal.signal(getattr(signal, name), signal.SIG_IGN)
         if finished:
             print(f"{PREFIX}: SIGINT arrived after the run finished; exit 0", file=sys.stderr)
@@ -475,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     # The outcome is decided: a late stop signal (srun stopping the step once a node exited)
     # must not turn it into a death by signal while the interpreter shuts down.
-    for name in ("SIGTERM", "SIGUSR1", "SIGUSR2"):
+    for name in PREEMPT_SIGNALS:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     if line:
         print(line, file=sys.stderr, flush=True)

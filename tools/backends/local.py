@@ -29,9 +29,10 @@ from ddpkit.tools.backends import (
 )
 from ddpkit.tools.spec import JobSpec, SpecError
 from ddpkit.tools.templating import shell_join, shell_quote
-from ddpkit.train.contract import EXIT_REQUEUE
+from ddpkit.train.contract import EXIT_REQUEUE, STOP_SIGNALS
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+# To the node launcher: the stop signals (train.contract) and a closing terminal's SIGHUP.
+FORWARDED = tuple(getattr(signal, name) for name in (*STOP_SIGNALS, "SIGHUP"))
 
 
 def node_argv(spec: JobSpec) -> list[str]:

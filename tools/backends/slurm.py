@@ -33,7 +33,8 @@ from ddpkit.tools.backends import (
 )
 from ddpkit.tools.spec import ENV_NAME_RE, JobSpec, SpecError, parse_time_minutes
 from ddpkit.tools.templating import render_template, shell_quote
-from ddpkit.train.contract import EXIT_REQUEUE
+from ddpkit.train import typed
+from ddpkit.train.contract import EXIT_REQUEUE, PREEMPT_SIGNALS
 
 # Values that land on `#SBATCH` lines, which sbatch (not a shell) parses: no quoting there,
 # so only plain tokens are allowed.
@@ -99,9 +100,7 @@ def grace_s(spec: JobSpec) -> int:
 
 def validate(spec: JobSpec) -> None:
     """The SLURM backend's own rules (launch applies them to SLURM jobs only)."""
-    s = spec.slurm
-    if s.requeue_limit < 0:
-        raise SpecError(f"slurm.requeue_limit must be >= 0, got {s.requeue_limit}")
+    s = spec.slurm  # single-value rules: declared on SlurmSpec's fields (check_options)
     grace = grace_s(spec)
     if not spec.shutdown_budget_s <= grace <= MAX_SLURM_GRACE_S:
         raise SpecError(
@@ -116,10 +115,6 @@ def validate(spec: JobSpec) -> None:
                 f"slurm.secret_env {name!r}: give variable names only, not in env (a value in "
                 'env is written into the script), e.g. secret_env = ["WANDB_API_KEY"]'
             )
-    if s.rdzv_port is not None and not 1 <= s.rdzv_port <= 65535:
-        raise SpecError(f"slurm.rdzv_port {s.rdzv_port} is not a port; use 1-65535, or unset")
-    if s.log_dir is not None and (s.log_dir.startswith("-") or not s.log_dir.strip()):
-        raise SpecError(f"slurm.log_dir {s.log_dir!r} starts with '-'; use a plain path")
     for line in s.extra_sbatch:
         if "\n" in line or not line.startswith("--"):
             raise SpecError(
@@ -165,7 +160,7 @@ def sbatch_options(spec: JobSpec) -> list[str]:
     """The `#SBATCH` options, in the order they are written."""
     opts = []
     for key, value in sbatch_params(spec).items():
-        flag = "--" + key.replace("_", "-")
+        flag = typed.flag(key)  # sbatch's long options: the kit's one spelling rule
         opts.append(flag if value is True else f"{flag}={value}")
         if key == "time":
             # sbatch opens --output before the script runs, so it must be a directory that
@@ -364,8 +359,8 @@ class NodeCommand:
     script: str
 
     def __call__(self) -> int:
-        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
-            signal.signal(sig, _note_signal)
+        for name in PREEMPT_SIGNALS:
+            signal.signal(getattr(signal, name), _note_signal)
         rc = subprocess.run(["bash", "-c", self.script], check=False).returncode
         if rc != 0:
             # Not an exception: submitit would write an "error" result before the requeue,
