@@ -171,10 +171,18 @@ class Trainer:
     # --- setup helpers -----------------------------------------------------------------
 
     def _load_data(self) -> DataBundle:
-        # Rank 0 downloads (where allowed) while the others wait, then everyone reads.
+        # Rank 0 downloads (where allowed) while the others wait, then everyone reads. A bad
+        # dataset on rank 0 reaches every rank as the same one line: the others never die
+        # in a barrier whose peer left (with a second traceback).
+        box: list[str | None] = [None]
         if self.world.is_main:
-            data = self._build_data(rank0_download=True)
-        dist.barrier()
+            try:
+                data = self._build_data(rank0_download=True)
+            except ConfigError as e:
+                box[0] = str(e)
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is not None:
+            raise ConfigError(box[0])
         if not self.world.is_main:
             data = self._build_data(rank0_download=False)
         return data
