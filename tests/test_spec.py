@@ -298,3 +298,11 @@ def test_the_run_dir_in_the_raw_flags_is_the_jobs_run_dir(train_args, expect) ->
     spec = load_spec(None, None, train_args=train_args)
     assert spec.run_dir == expect
     assert spec.node_argv([])[spec.node_argv([]).index("--run-dir") + 1] == expect
+
+
+def test_a_job_file_with_a_utf8_byte_order_mark_loads(tmp_path) -> None:
+    """Some Windows editors save UTF-8 with a BOM; tomllib alone reads it as a bad statement."""
+    job = tmp_path / "ddpkit.toml"
+    job.write_bytes(b'\xef\xbb\xbfname = "bom"\nnodes = 2\n')
+    spec = load_spec(job)
+    assert (spec.name, spec.nodes) == ("bom", 2)

@@ -280,7 +280,8 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"--config {path}: no such file; pass an existing TOML file")
     try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
+        # utf-8-sig: a byte-order mark (what some Windows editors write) is read as nothing
+        return tomllib.loads(p.read_text(encoding="utf-8-sig"))
     except UnicodeDecodeError as e:
         raise ConfigError(
             f"--config {path}: not UTF-8 text (byte {e.start}); save the file as UTF-8"
