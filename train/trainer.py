@@ -90,6 +90,7 @@ class Trainer:
         self.sampler = GlobalBatchSampler(
             len(self.data.train), cfg.batch_size, world.size, world.rank, cfg.seed
         )
+        check_same_length(len(self.data.train), world)
         per_epoch = self.sampler.batches_per_epoch() // cfg.grad_accum
         if per_epoch < 1:
             raise ConfigError(
@@ -234,6 +235,9 @@ class Trainer:
             "global_batch": self.global_batch,
             "epoch": self.sampler.epoch,
             "consumed": self.sampler.consumed,
+            # what the epoch's order depends on: a resume that changes them is told so
+            "seed": c.seed,
+            "samples": self.sampler.n,
         }
 
     # --- the loop ----------------------------------------------------------------------
@@ -449,7 +453,7 @@ class Trainer:
             return
         if self.cfg.reset_optimizer:
             self.reporter.info("--reset-optimizer: the optimizer state starts fresh")
-        path, _ = got
+        path, info = got
         state = self._resumed
         self.step = int(state["step"])
         first = float(state.get("first_loss", float("nan")))
@@ -472,7 +476,29 @@ class Trainer:
                 f"{self.peak_lr:.3e} (--lr-scaling {self.cfg.lr_scaling})"
             )
         self.reporter.info(msg)
+        warning = self._order_change(info)
+        if warning:
+            self.reporter.info(f"warning: {warning}")
         self._settle_ddp_buckets()
+
+    def _order_change(self, info: dict[str, Any]) -> str | None:
+        """What breaks exactly-once when a resume changes the epoch's order: another --seed
+        or a dataset of another size, mid-epoch (checkpoints without the fields: nothing)."""
+        seed, samples = info.get("seed"), info.get("samples")
+        s = self.sampler
+        changes = []
+        if seed is not None and seed != self.cfg.seed:
+            changes.append(f"--seed {self.cfg.seed} (the checkpoint's: {seed})")
+        if samples is not None and samples != s.n:
+            changes.append(f"{s.n} training samples (the checkpoint's: {samples})")
+        if not changes or s.consumed == 0:
+            return None  # at an epoch boundary: the next epoch is a new order anyway
+        return (
+            f"resumed with {' and '.join(changes)} in the middle of epoch {s.epoch}: the rest "
+            f"of that epoch ({s.n - s.consumed} samples) is drawn in another order, so some of "
+            "its samples repeat and others are skipped (exactly-once holds again from the next "
+            "epoch); resume with the checkpoint's values to keep it"
+        )
 
     def _settle_ddp_buckets(self) -> None:
         """Make a resumed DDP run add gradients in the same order as an uninterrupted one.
@@ -675,6 +701,23 @@ class Trainer:
         self.phase = "final barrier"  # leave together: gloo can abort a rank whose peer left
         dist.barrier()
         return 0
+
+
+def check_same_length(n: int, world: World) -> None:
+    """Every rank must see the same dataset: the global order is drawn over `n` samples, so
+    ranks of different lengths would train on different permutations (duplicates and gaps)
+    without a word. One small collective at start-up; every rank raises the same line."""
+    if world.size == 1:
+        return
+    t = torch.tensor([n, -n], dtype=torch.int64, device=world.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    hi, lo = int(t[0]), -int(t[1])
+    if hi != lo:
+        raise ConfigError(
+            f"the training dataset has {lo} samples on some ranks and {hi} on others: every "
+            "rank must build the same dataset (the same files, or the same seed for generated "
+            "data); the global order is drawn over one length"
+        )
 
 
 def _signal_name(signum: int) -> str:

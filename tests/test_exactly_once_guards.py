@@ -1,0 +1,63 @@
+"""What breaks exactly-once is said, not done silently (issue 18 item 18): ranks that build
+datasets of different lengths are refused in one line; a resume that changes the epoch's
+order mid-epoch (another --seed, another dataset size) says which samples it affects."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.trainrun import PY, clean_env, train
+
+PER_RANK = """
+import os, torch
+def data(cfg):
+    n = 256 + 64 * int(os.environ.get("RANK", "0"))  # rank 1 sees more samples
+    g = torch.Generator().manual_seed(0)
+    xs = torch.randn(n, 8, generator=g)
+    ys = (xs.sum(1) > 0).long()
+    train = [(xs[i], ys[i]) for i in range(n)]
+    return train, train[:32]
+"""
+
+
+@pytest.mark.slow
+def test_ranks_with_datasets_of_different_lengths_are_refused_in_one_line(tmp_path):
+    (tmp_path / "perrank.py").write_text(PER_RANK)
+    run = str(tmp_path / "r")
+    p = subprocess.run(
+        [PY, "-m", "ddpkit.train.node", "--standalone", "--nproc-per-node", "2", "--run-dir", run,
+         "--", "-m", "ddpkit.train", "--run-dir", run, "--dataset", "perrank:data", "--steps", "2"],
+        cwd=tmp_path, env=clean_env(PYTHONPATH=str(tmp_path)), capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    out = p.stdout + p.stderr
+    assert p.returncode == 2 and "Traceback" not in out, out[-3000:]
+    lines = [x for x in p.stderr.splitlines() if x.startswith("error:")]
+    assert lines == [
+        "error: the training dataset has 256 samples on some ranks and 320 on others: every "
+        "rank must build the same dataset (the same files, or the same seed for generated "
+        "data); the global order is drawn over one length"
+    ], out[-3000:]
+
+
+@pytest.mark.parametrize(
+    "again, warned",
+    [
+        (["--seed", "7"], "--seed 7 (the checkpoint's: 0)"),
+        (["--synthetic-samples", "4096"], "4096 training samples (the checkpoint's: 8192)"),
+        ([], None),
+    ],
+)
+def test_a_resume_that_changes_the_order_mid_epoch_says_what_it_breaks(tmp_path, again, warned):
+    base = ["--steps", "3", "--synthetic-samples", "8192", "--seed", "0", "--no-eval"]
+    train(tmp_path / "r", *base)
+    run = train(tmp_path / "r", *base, "--steps", "5", *again)
+    assert "resumed from" in run.out
+    line = next((x for x in run.out.splitlines() if x.startswith("warning: resumed with")), None)
+    if warned is None:
+        assert line is None, line
+    else:
+        assert line is not None and warned in line, run.out[-2000:]
+        assert "in the middle of epoch 0" in line and "exactly-once holds again" in line
