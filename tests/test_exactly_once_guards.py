@@ -4,7 +4,10 @@ order mid-epoch (another --seed, another dataset size) says which samples it aff
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
+import time
 
 import pytest
 
@@ -61,3 +64,24 @@ def test_a_resume_that_changes_the_order_mid_epoch_says_what_it_breaks(tmp_path,
     else:
         assert line is not None and warned in line, run.out[-2000:]
         assert "in the middle of epoch 0" in line and "exactly-once holds again" in line
+
+
+def test_a_second_run_in_a_live_run_dir_is_refused_even_with_its_own_checkpoint_dir(tmp_path):
+    """Two runs in one run dir would interleave metrics.jsonl and overwrite each other's
+    config.json and summary.json: the run dir is locked like the checkpoint dir."""
+    rd = tmp_path / "run"
+    rd.mkdir()
+    other = subprocess.Popen(["sleep", "300"])
+    try:
+        owner = {"host": socket.gethostname(), "pid": other.pid, "agent_pid": None,
+                 "launch_id": "old", "time": time.time()}  # fmt: skip
+        (rd / ".lock").write_text(json.dumps(owner))
+        run = train(rd, "--steps", "2", "--ckpt-dir", str(tmp_path / "ck"), check=False)
+    finally:
+        other.kill()
+        other.wait()
+    assert run.rc == 2 and "Traceback" not in run.out, run.out
+    [line] = run.out.splitlines()
+    assert line.startswith(f"error: {rd} is in use by another job (pid {other.pid} on "), line
+    assert sorted(p.name for p in rd.iterdir()) == [".lock"]  # nothing of this run written
+    assert not any((tmp_path / "ck").iterdir())  # its own checkpoint dir's lock is gone too

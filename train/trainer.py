@@ -104,19 +104,29 @@ class Trainer:
         self.step = 0
         self.phase = "startup"
         check_resume_path(cfg.resume)  # a broken --resume PATH: one line, nothing written
-        self.lock = RunLock(cfg.ckpt_dir)
+        # One job per checkpoint dir, and per run dir when it is another directory (two runs
+        # in one run dir would interleave metrics.jsonl and overwrite each other's summary).
+        dirs = [cfg.ckpt_dir]
+        if Path(cfg.run_dir).resolve() != Path(cfg.ckpt_dir).resolve():
+            dirs.append(cfg.run_dir)
+        self.locks = [RunLock(d) for d in dirs]
+        self.lock = self.locks[0]
         box: list[str | None] = [None]
-        if world.is_main:  # one job per checkpoint dir (another live one: one line, exit 2)
-            try:
-                self.lock.acquire()
-            except ConfigError as e:
-                box[0] = str(e)
-            except OSError as e:  # a full disk, a read-only one: every rank leaves with it
-                box[0] = (
-                    no_space_message(self.lock.path)
-                    if is_no_space(e)
-                    else f"{cfg.ckpt_dir}: cannot write the lock file ({e.strerror})"
-                )
+        if world.is_main:  # another live job on either: one line, exit 2
+            for lock, where in zip(self.locks, dirs, strict=True):
+                try:
+                    lock.acquire()
+                except ConfigError as e:
+                    box[0] = str(e)
+                except OSError as e:  # a full disk, a read-only one: every rank leaves with it
+                    box[0] = (
+                        no_space_message(lock.path)
+                        if is_no_space(e)
+                        else f"{where}: cannot write the lock file ({e.strerror})"
+                    )
+                if box[0] is not None:
+                    self.release_locks()
+                    break
         dist.broadcast_object_list(box, src=0)
         if box[0] is not None:
             raise ConfigError(box[0])
@@ -248,7 +258,11 @@ class Trainer:
         except Diverged as e:
             return self.diverged(e)
         finally:
-            self.lock.release()
+            self.release_locks()
+
+    def release_locks(self) -> None:
+        for lock in reversed(self.locks):
+            lock.release()
 
     def world_line(self) -> str:
         """The run's first log line: the world it trains in (a pod's or a node's log shows it)."""
