@@ -148,38 +148,12 @@ def _hints() -> dict[str, Any]:
 
 
 def convert_value(name: str, value: Any, where: str) -> Any:
-    """Check a TOML value against the field type (the CLI path is checked by argparse)."""
-    tp, choices = _base_type(_hints()[name])
+    """Check a TOML (or fit()) value against the field's type with the one typed engine
+    (ddpkit.train.typed; the CLI path is checked by argparse). None stays None (fit()'s
+    "unset")."""
     if value is None:
         return None
-    if choices is not None:
-        if value not in choices:
-            raise ConfigError(
-                f"{where}: {name} = {value!r} is not one of {', '.join(choices)}; pick one of them"
-            )
-        return value
-    if tp is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(
-                f"{where}: {name} must be a table ([train.{name}] or {{key = value}}), got {value!r}"
-            )
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: {name} must be true or false, got {value!r}")
-        return value
-    if tp in (int, float) and isinstance(value, bool):  # bool is an int subclass in Python
-        raise ConfigError(
-            f"{where}: {name} must be {tp.__name__}, got {str(value).lower()}; "
-            "booleans are not numbers"
-        )
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp in (int, float, str) and not isinstance(value, tp):
-        raise ConfigError(
-            f"{where}: {name} must be {tp.__name__}, got {value!r}; fix the value in the file"
-        )
-    return value
+    return typed.check_value(_hints()[name], value, f"{where}: {name}", ConfigError)
 
 
 def field_help() -> dict[str, str]:
