@@ -12,6 +12,14 @@ import pytest
 
 from tests.trainrun import PY, ROOT
 
+try:  # hypothesis keeps an example database in ./.hypothesis: tests write nothing into the checkout
+    from hypothesis import settings
+
+    settings.register_profile("ddpkit", database=None)
+    settings.load_profile("ddpkit")
+except ImportError:
+    pass
+
 
 @pytest.fixture(scope="session")
 def one_line_error() -> Callable[[subprocess.CompletedProcess[str]], str]:

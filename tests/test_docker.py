@@ -180,10 +180,10 @@ def test_poll_running_then_the_recorded_exit_status(tmp_path, monkeypatch, fake_
     assert (st.state, st.exit_code) == (JobState.FAILED, 75)
 
 
-def test_a_sweep_runs_n_named_containers_one_after_the_other(fake_bin, launcher):
+def test_a_sweep_runs_n_named_containers_one_after_the_other(fake_bin, launcher, tmp_path):
     fake_bin.add("docker", RECORDING_ENGINE + "sys.exit(3 if 'sw-1' in sys.argv else 0)\n")
     args = ["--sweep", "train.steps=5,7", "--set", "name=sw", "--set", "accelerator=cpu"]
-    r = launcher("submit", "docker", *args)
+    r = launcher("submit", "docker", *args, cwd=tmp_path)  # its job records: tmp, not the checkout
     assert r.returncode == 3, r.stderr  # a member's failure is the sweep's status
     runs = [json.loads(x) for x in (fake_bin.path / "docker.log").read_text().splitlines()]
     runs = [a for a in runs if a[0] == "run"]
