@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +13,12 @@ import pytest
 
 from tests.trainrun import PY, ROOT
 
-try:  # hypothesis keeps an example database in ./.hypothesis: tests write nothing into the checkout
+# hypothesis keeps its example database and caches in ./.hypothesis: tests write nothing into
+# the checkout, so they go to the temp dir (and no database is kept).
+os.environ.setdefault(
+    "HYPOTHESIS_STORAGE_DIRECTORY", os.path.join(tempfile.gettempdir(), "ddpkit-hypothesis")
+)
+try:
     from hypothesis import settings
 
     settings.register_profile("ddpkit", database=None)
