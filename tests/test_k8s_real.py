@@ -278,7 +278,7 @@ def test_an_elastic_job_recovers_from_a_deleted_worker_to_the_same_weights(clust
     # removed the other: read the node agent's log files, which outlive the pods.
     pods = Path(cluster["DDPKIT_K8S_STATE"]) / "node" / "pods"
     logs = "".join(f.read_text() for f in pods.glob("default_el-worker-*/pytorch.log"))
-    assert f"resumed from runs/el/step-{step} at step {step}" in logs, logs[-3000:]
+    assert f"resumed from runs/el/checkpoints/step-{step} at step {step}" in logs, logs[-3000:]
 
 
 def test_cancel_deletes_a_running_job_and_its_pods(cluster, tmp_path):
