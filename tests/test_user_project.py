@@ -177,6 +177,21 @@ def test_init_writes_a_job_file_that_runs_the_detected_script(tmp_path):
     assert (proj / "ddpkit.toml").read_text() == text  # nothing overwritten
 
 
+def venv_with(venv: Path, wheel: Path) -> tuple[Path, Path]:
+    """A fresh venv with `wheel` installed without its dependencies, which it finds in this
+    venv's site-packages; returns (venv, its site-packages)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    here = next(p for p in sys.path if p.endswith("site-packages") and "ddpkit" not in p)
+    (site / "deps.pth").write_text(here + "\n")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), "install", "-q",
+         "--no-deps", str(wheel)],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    return venv, site
+
+
 def test_the_wheel_holds_only_the_ddpkit_namespace_and_its_command_runs(tmp_path):
     wheels = tmp_path / "wheels"
     subprocess.run(
@@ -191,16 +206,7 @@ def test_the_wheel_holds_only_the_ddpkit_namespace_and_its_command_runs(tmp_path
     assert "ddpkit/slurm/sbatch.sh.j2" in names and "ddpkit/k8s/launch.sh" in names
     assert "ddpkit/docker/Dockerfile" in names and "ddpkit/configs/default.toml" in names
     # A fresh venv, the wheel without its dependencies beside the ones this venv has.
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = next((venv / "lib").glob("python3*/site-packages"))
-    here = next(p for p in sys.path if p.endswith("site-packages") and "ddpkit" not in p)
-    (site / "deps.pth").write_text(here + "\n")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), "install", "-q",
-         "--no-deps", str(wheel)],
-        check=True, capture_output=True, timeout=600,
-    )  # fmt: skip
+    venv, site = venv_with(tmp_path / "venv", wheel)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([str(venv / "bin/ddpkit"), "--help"], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -236,15 +242,7 @@ def test_the_wheel_holds_only_the_ddpkit_namespace_and_its_command_runs(tmp_path
     again = set(zipfile.ZipFile(repacked).namelist())
     assert {n for n in names if not n.endswith("RECORD")} <= again
     # ... and it installs (what the Dockerfile does with it) into another fresh venv.
-    venv2 = tmp_path / "venv2"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv2)], check=True)
-    site2 = next((venv2 / "lib").glob("python3*/site-packages"))
-    (site2 / "deps.pth").write_text(here + "\n")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(venv2 / "bin/python"), "install", "-q",
-         "--no-deps", str(repacked)],
-        check=True, capture_output=True, timeout=600,
-    )  # fmt: skip
+    venv2, _ = venv_with(tmp_path / "venv2", repacked)
     r = subprocess.run([str(venv2 / "bin/ddpkit"), "render", "local"], cwd=proj, env=env,
                        capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 0 and "ddpkit.train.node" in r.stdout, r.stderr

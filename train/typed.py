@@ -186,7 +186,7 @@ def at_least(lo: float, label: str | None = None, fix: str | None = None) -> Che
     """value >= lo (finite). label replaces the key in the message; fix ends it."""
 
     def check(value: Any, where: str) -> str | None:
-        if isinstance(value, float) and not math.isfinite(value) or value < lo:
+        if (isinstance(value, float) and not math.isfinite(value)) or value < lo:
             tail = f"; {fix}" if fix else ""
             return f"{label or where} must be >= {lo}, got {value}{tail}"
         return None
