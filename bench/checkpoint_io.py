@@ -2,7 +2,7 @@
 
 Two parts, both on 2 gloo ranks:
 
-1. `torchrun ... -m bench.checkpoint_io --worker ...` drives ddpkit.train.checkpoint.Checkpointer (the
+1. `torchrun ... -m bench.checkpoint_io --worker ...` drives ddpkit.train.ckpt.Checkpointer (the
    kit's DCP manager) directly on a model with AdamW state, and per repetition, in a rotated
    order, measures:
    - sync:    Checkpointer.save(force_sync) wall time on rank 0 (rank 0 finishes last: it
@@ -65,7 +65,7 @@ def worker(args: argparse.Namespace) -> int:
     import torch.distributed as dist
     import torch.nn.functional as F
     from ddpkit.train import distributed
-    from ddpkit.train.checkpoint import Checkpointer, ModelState, OptimizerState
+    from ddpkit.train.ckpt import Checkpointer, ModelState, OptimizerState
     from ddpkit.train.config import TrainConfig, validate
     from ddpkit.train.distributed import set_threads_from_env
     from ddpkit.train.metrics import state_bytes
@@ -217,7 +217,7 @@ def checksum_cost(step_dir: Path, reps: int = 3) -> dict[str, Any]:
     0 did after every save and before every load before the checksums were taken while
     writing; tools/ckpt.py inspect still does it) against a plain read of the same bytes,
     with the files in the page cache and dropped from it."""
-    from ddpkit.train.ckpt_files import checksum_files
+    from ddpkit.train.ckpt.files import checksum_files
 
     files = [p for p in sorted(step_dir.iterdir()) if p.is_file()]
     nbytes = sum(p.stat().st_size for p in files)
@@ -250,7 +250,7 @@ def checksum_cost(step_dir: Path, reps: int = 3) -> dict[str, Any]:
 def blocked_breakdown(states) -> dict[str, float]:
     """Where an async save's blocked time goes: get_state_dict, then the staging copy into
     new buffers (a first save, or a stager made per save) or into reused ones (a stager kept
-    across saves, as ddpkit.train.checkpoint does since f408bf2)."""
+    across saves, as ddpkit.train.ckpt does since f408bf2)."""
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
     t0 = time.perf_counter()

@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--variants: need at least one kit variant; unknown: {sorted(unknown)}")
 
     import ddpkit.train.__main__ as train_main
-    from ddpkit.train import fault, trainer
+    from ddpkit.train import fault
+    from ddpkit.train.loop import trainer
 
     from bench.common import write_json
     from bench.plain_ddp import PlainLoop

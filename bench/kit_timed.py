@@ -50,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
 
     t_torch = time.time()
     import ddpkit.train.__main__ as train_main
-    from ddpkit.train import checkpoint, distributed, fault, trainer
+    from ddpkit.train import distributed, fault
+    from ddpkit.train.ckpt import manager as checkpoint
+    from ddpkit.train.loop import trainer
 
     t_torch_done = time.time()
     phases: list[tuple[str, float, float]] = [("import torch+train", t_torch, t_torch_done)]

@@ -1,4 +1,4 @@
-"""Checksums taken while writing and verified while reading (ddpkit.train.ckpt_io): the sums
+"""Checksums taken while writing and verified while reading (ddpkit.train.ckpt.io): the sums
 equal a read-back's, each rank verifies only its share, and damage is caught wherever it is."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
-from ddpkit.train.ckpt_files import checksum_files, owner, share, verify_files
+from ddpkit.train.ckpt.files import checksum_files, owner, share, verify_files
 
 
 def _xor(path: Path, offset: int, n: int) -> None:
@@ -57,8 +57,8 @@ def _state() -> dict[str, torch.Tensor]:
 
 
 def test_sums_taken_while_writing_equal_a_read_back(one_rank, tmp_path, monkeypatch):
-    from ddpkit.train import ckpt_io
-    from ddpkit.train.ckpt_io import HashingWriter
+    from ddpkit.train.ckpt import io as ckpt_io
+    from ddpkit.train.ckpt.io import HashingWriter
 
     monkeypatch.setattr(ckpt_io, "WRITEBACK_AHEAD", 1 << 14)  # fdatasyncs during the write
     for threads in (1, 2):  # two writer threads: two files
@@ -70,14 +70,14 @@ def test_sums_taken_while_writing_equal_a_read_back(one_rank, tmp_path, monkeypa
 
 
 def _load(path: Path, marker: dict, keys: dict) -> None:
-    from ddpkit.train.ckpt_io import VerifyingReader
+    from ddpkit.train.ckpt.io import VerifyingReader
 
     dcp.load(keys, storage_reader=VerifyingReader(path, share(marker, 0, 1)))
 
 
 @pytest.fixture
 def saved(one_rank, tmp_path) -> tuple[Path, dict]:
-    from ddpkit.train.ckpt_io import HashingWriter
+    from ddpkit.train.ckpt.io import HashingWriter
 
     path = tmp_path / "ck"
     writer = HashingWriter(path, thread_count=2)
@@ -95,7 +95,7 @@ def test_a_clean_checkpoint_loads_and_verifies(saved):
 
 @pytest.mark.parametrize("offset", [0, 100, -5000, -30])  # zip header, data, zip directory
 def test_damage_anywhere_in_a_read_file_is_a_checksum_error(saved, offset):
-    from ddpkit.train.ckpt_io import ChecksumError
+    from ddpkit.train.ckpt.io import ChecksumError
 
     path, marker = saved
     f = path / "__0_0.distcp"
@@ -122,8 +122,8 @@ def test_a_file_of_the_share_that_nothing_is_read_from_is_still_verified(saved):
 
 
 def _two_ranks(rank: int, root: str, damage: str | None) -> None:
-    from ddpkit.train.checkpoint import Checkpointer, UnusableCheckpoint, Values
-    from ddpkit.train.ckpt_io import _VerifyingStream
+    from ddpkit.train.ckpt import Checkpointer, UnusableCheckpoint, Values
+    from ddpkit.train.ckpt.io import _VerifyingStream
 
     root_p = Path(root)
     dist.init_process_group("gloo", init_method=f"file://{root_p / 'pg'}", rank=rank, world_size=2)

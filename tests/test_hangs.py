@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from ddpkit.train.config import ConfigError
-from ddpkit.train.runlock import LOCK_SETTLE_S, RunLock
+from ddpkit.train.loop.runlock import LOCK_SETTLE_S, RunLock
 
 from tests.trainrun import clean_env, train
 

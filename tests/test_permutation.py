@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 from ddpkit.train.data import GlobalBatchSampler
-from ddpkit.train.permutation import domain, epoch_key, permute
+from ddpkit.train.data.permutation import domain, epoch_key, permute
 
 
 def test_the_order_is_pinned():

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def record(step: int, loss: float, **extra) -> dict:
-    # The keys train/trainer.py logs per step.
+    # The keys train/loop/trainer.py logs per step.
     rec = {
         "step": step,
         "loss": loss,

@@ -150,7 +150,7 @@ def test_two_ranks_a_damaged_shard_of_rank_1_is_caught_by_its_checksum(base2, tm
 def test_a_part_missing_from_an_older_checkpoint_keeps_its_fresh_value(tmp_path):
     """In-process (world size 1, gloo): save without a part, load with it: one warning."""
     import torch.distributed as dist
-    from ddpkit.train.checkpoint import Checkpointer, ModelState, Values
+    from ddpkit.train.ckpt import Checkpointer, ModelState, Values
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:

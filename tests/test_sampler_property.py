@@ -1,6 +1,6 @@
 """Property tests of the resumable sampler and its stateless permutation.
 
-The permutation (train/permutation.py): for every n, seed and epoch it is a bijection on
+The permutation (train/data/permutation.py): for every n, seed and epoch it is a bijection on
 [0, n); an epoch's shards over the ranks are disjoint and, with the dropped tail, complete.
 
 Across a world-size change: random (dataset size, per-rank batch, world size before/after,
@@ -18,7 +18,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 from ddpkit.train.data import GlobalBatchSampler, iterate_batches
-from ddpkit.train.permutation import epoch_key, permute
+from ddpkit.train.data.permutation import epoch_key, permute
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import TensorDataset

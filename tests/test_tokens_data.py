@@ -9,7 +9,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-from ddpkit.train import tokens
 from ddpkit.train.config import ConfigError, TrainConfig
 from ddpkit.train.data import (
     GlobalBatchSampler,
@@ -17,6 +16,7 @@ from ddpkit.train.data import (
     TokenFile,
     iterate_batches,
     token_file,
+    tokens,
 )
 
 from tests.trainrun import ROOT, clean_env

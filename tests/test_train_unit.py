@@ -7,7 +7,7 @@ import math
 import pytest
 from ddpkit.train.config import ConfigError, parse_config
 from ddpkit.train.data import GlobalBatchSampler
-from ddpkit.train.schedule import lr_multiplier, scaled_lr
+from ddpkit.train.loop.schedule import lr_multiplier, scaled_lr
 
 
 def epoch_of(n, batch, world, seed=0, epoch=0):

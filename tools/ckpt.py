@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ddpkit.train.ckpt.files import METADATA
 from ddpkit.train.contract import CKPT_MARKER as MARKER
 from ddpkit.train.contract import CKPT_STEP_PREFIX
 from ddpkit.train.errors import CliParser, UserError, run_cli
@@ -44,13 +45,13 @@ def _checkpoint_dir(path: str) -> Path:
         raise UserError(
             f"{path}: no such directory; pass a run dir, its checkpoints dir or a step-N dir"
         )
-    if (p / ".metadata").is_file():
+    if (p / METADATA).is_file():
         return p
     steps = _step_dirs(p) or _step_dirs(p / "checkpoints")
     # The trainer's own definition of complete (a marker that parses, and .metadata).
-    from ddpkit.train.checkpoint import read_marker
+    from ddpkit.train.ckpt import is_complete
 
-    complete = [q for _, q in steps if read_marker(q) is not None and (q / ".metadata").is_file()]
+    complete = [q for _, q in steps if is_complete(q)]
     if complete:
         return complete[-1]
     if steps:
@@ -94,7 +95,7 @@ def inspect(path: Path) -> dict[str, Any]:
             )
         else:
             entries.append({"key": key, "shape": None, "dtype": "object", "bytes": None})
-    from ddpkit.train.ckpt_files import verify_files
+    from ddpkit.train.ckpt.files import verify_files
 
     return {
         "path": str(path),
@@ -114,8 +115,8 @@ def inspect(path: Path) -> dict[str, Any]:
 
 def verified(path: Path) -> None:
     """Refuse a checkpoint whose files fail their recorded checksums, the check a resume
-    makes (ddpkit.train.checkpoint.verify): every reader of a checkpoint trusts it alike."""
-    from ddpkit.train.checkpoint import read_marker, verify
+    makes (ddpkit.train.ckpt.verify): every reader of a checkpoint trusts it alike."""
+    from ddpkit.train.ckpt import read_marker, verify
 
     if "files" not in (read_marker(path) or {}):
         return  # a checkpoint from before the checksums (or a bare DCP dir): nothing to check

@@ -47,7 +47,7 @@ MODEL_FLAGS = (
     "synthetic_samples",
 )
 
-# Input shape and classes per dataset, as train/data.py builds them.
+# Input shape and classes per dataset, as train/data/ builds them.
 DATASET_SHAPES: dict[str, tuple[tuple[int, ...], int | None]] = {
     "synthetic": ((1, 28, 28), None),  # classes: cfg.synthetic_classes
     "mnist": ((1, 28, 28), 10),

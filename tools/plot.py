@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddpkit.train.contract import METRICS_FILE, SUMMARY_FILE
 from ddpkit.train.errors import CliParser, UserError, run_cli
 
 # chart file -> (title, y label, metric keys to draw, scale applied to the values)
@@ -60,7 +61,7 @@ class Run:
 
 
 def load_run(path: Path) -> Run:
-    metrics = path / "metrics.jsonl"
+    metrics = path / METRICS_FILE
     if not metrics.is_file():
         raise PlotError(
             f"{metrics} not found; pass a run directory written by python -m ddpkit.train (its --run-dir)"
@@ -85,9 +86,9 @@ def load_run(path: Path) -> Run:
     if not by_step:
         raise PlotError(f"{metrics} holds no step records yet; wait for the first logged step")
     summary = None
-    if (path / "summary.json").is_file():
+    if (path / SUMMARY_FILE).is_file():
         try:
-            summary = json.loads((path / "summary.json").read_text())
+            summary = json.loads((path / SUMMARY_FILE).read_text())
         except json.JSONDecodeError:
             summary = None
     records = [by_step[s] for s in sorted(by_step)]
@@ -210,9 +211,9 @@ def _main(argv: list[str] | None) -> int:
     args = p.parse_args(argv)
     dirs = [Path(d) for d in args.run_dirs]
     if len(dirs) > 1:  # `ddpkit.tools.plot runs/*` also matches runs/compare (charts, no metrics)
-        for d in [d for d in dirs if not (d / "metrics.jsonl").is_file()]:
+        for d in [d for d in dirs if not (d / METRICS_FILE).is_file()]:
             print(f"skipped {d}: no metrics.jsonl (not a run dir)", file=sys.stderr)
-        dirs = [d for d in dirs if (d / "metrics.jsonl").is_file()] or dirs[:1]
+        dirs = [d for d in dirs if (d / METRICS_FILE).is_file()] or dirs[:1]
     runs = [load_run(d) for d in dirs]
     x = "step" if args.x == "step" else "time_s"
     if x == "time_s" and any(not r.series("loss", "time_s")[0] for r in runs):

@@ -46,7 +46,7 @@ def main(
     import torch.distributed as dist
     from ddpkit.train import distributed
     from ddpkit.train.distributed import set_threads_from_env
-    from ddpkit.train.trainer import CollectiveFailure, Trainer
+    from ddpkit.train.loop.trainer import CollectiveFailure, Trainer
 
     set_threads_from_env()
     world = None
@@ -67,7 +67,7 @@ def main(
     except OSError as e:  # a full run dir (metrics, summary, config): one line, not a traceback
         from pathlib import Path
 
-        from ddpkit.train.ckpt_files import is_no_space, no_space_message
+        from ddpkit.train.ckpt.files import is_no_space, no_space_message
 
         if not is_no_space(e):
             raise

@@ -29,6 +29,8 @@ EXIT_INTERRUPTED = 130
 # --- files in the run dir / checkpoint dir ----------------------------------------------------
 REQUEUE_MARKER = "requeue.json"  # rank 0 writes it after a preemption save (torchrun exits 1)
 SUMMARY_FILE = "summary.json"  # rank 0 writes it when a run ends (with the launch id)
+CONFIG_FILE = "config.json"  # rank 0 writes the run's resolved TrainConfig at start-up
+METRICS_FILE = "metrics.jsonl"  # rank 0 appends one JSON line per logged step and eval
 CKPT_MARKER = ".complete"  # a step dir counts only once this file is in it
 CKPT_STEP_PREFIX = "step-"  # <ckpt_dir>/step-<N>/
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from ddpkit.train.contract import METRICS_FILE
 from torch import nn
 
 
@@ -150,7 +151,7 @@ class Reporter:
             self.bar = tqdm(
                 total=total_steps, unit="step", file=sys.stdout, dynamic_ncols=True, leave=True
             )
-        self.file = open(run_dir / "metrics.jsonl", "a") if enabled else None  # noqa: SIM115
+        self.file = open(run_dir / METRICS_FILE, "a") if enabled else None  # noqa: SIM115
         self._since: tuple[float, int] | None = None  # (monotonic time, step) of the first log
         self.backends = (
             [_BACKEND_CLASSES[b](run_dir, config or {}) for b in backends] if enabled else []

@@ -29,7 +29,7 @@ from ddpkit.tools.backends import (
 )
 from ddpkit.tools.spec import JobSpec, SpecError
 from ddpkit.tools.templating import shell_join, shell_quote
-from ddpkit.train.contract import EXIT_REQUEUE, STOP_SIGNALS
+from ddpkit.train.contract import EXIT_REQUEUE, METRICS_FILE, STOP_SIGNALS
 
 # To the node launcher: the stop signals (train.contract) and a closing terminal's SIGHUP.
 FORWARDED = tuple(getattr(signal, name) for name in (*STOP_SIGNALS, "SIGHUP"))
@@ -131,7 +131,7 @@ class LocalBackend(Backend):
                     signal.signal(s, handler)
         record_job(self.name, str(proc.pid), run_dir=spec.run_dir, log=str(log), exit_code=rc)
         run_dir = Path(spec.run_dir)
-        if rc == 0 and getattr(opts, "plot", False) and (run_dir / "metrics.jsonl").is_file():
+        if rc == 0 and getattr(opts, "plot", False) and (run_dir / METRICS_FILE).is_file():
             plot_run(run_dir)
         if run_dir.is_dir():
             print(f"outputs: {run_dir.resolve()} (summary.json, metrics.jsonl, checkpoints/)")

@@ -2,7 +2,7 @@
 
 Layout: <ckpt_dir>/step-<N>/ holds DCP's files; `.complete` (JSON, written last by rank 0
 once every rank's data and DCP's `.metadata` are on disk, with the size and CRC-32 of every
-file, which each rank took while writing its files: ddpkit.train.ckpt_io) is what makes it
+file, which each rank took while writing its files: ddpkit.train.ckpt.io) is what makes it
 count. A directory without it is a save that was interrupted: skipped with a warning, never
 loaded. A complete one that fails its checksums (each rank verifies its share of the files
 while loading them), its metadata or its load is skipped for the next older one, with a
@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import threading
 import time
@@ -30,29 +29,34 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from ddpkit.train.ckpt_files import (
-    METADATA,
+from ddpkit.train.ckpt.compat import (
+    MOVED_PARTS,
+    check_compatible,
+    check_optimizer,
+    checksum_problem,
+    describe,
+    moved_parts,
+    plain_values_as_saved,
+)
+from ddpkit.train.ckpt.files import (
     is_no_space,
     marker_files,
     no_space_message,
     share,
     unwritable_message,
-    verify_files,
 )
-
-# The parts, re-exported: the trainer and the bench import them from here.
-from ddpkit.train.ckpt_states import (  # noqa: F401
-    ModelState,
-    OptimizerState,
-    RngState,
-    Stateful,
-    Values,
-    rng_state,
-    set_rng_state,
+from ddpkit.train.ckpt.layout import (
+    ABANDONED_DIR,
+    is_complete,
+    list_checkpoints,
+    read_marker,
+    step_of,
+    verify,
 )
-from ddpkit.train.config import ConfigError
+from ddpkit.train.ckpt.parts import RngState, Stateful
 from ddpkit.train.contract import CKPT_MARKER as MARKER
 from ddpkit.train.contract import CKPT_STEP_PREFIX
+from ddpkit.train.errors import ConfigError
 
 
 def _errors() -> tuple[type[BaseException], ...]:
@@ -61,38 +65,6 @@ def _errors() -> tuple[type[BaseException], ...]:
     from torch.distributed.checkpoint.api import CheckpointException
 
     return (Exception, CheckpointException)
-
-
-ABANDONED_DIR = "abandoned"  # under the checkpoint dir: later steps a rewind set aside
-_STEP_DIR = re.compile(rf"^{CKPT_STEP_PREFIX}(\d+)$")
-
-
-def read_marker(path: Path) -> dict[str, Any] | None:
-    """The step dir's marker, or None when it is missing, not JSON, or JSON of another shape
-    (a list, a string): such a step dir is incomplete, and resume falls back past it."""
-    try:
-        body = json.loads((path / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return body if isinstance(body, dict) else None
-
-
-def list_checkpoints(ckpt_dir: Path) -> tuple[list[Path], list[Path]]:
-    """(complete step dirs oldest first, incomplete step dirs)."""
-    complete, partial = [], []
-    if not ckpt_dir.is_dir():
-        return complete, partial
-    for p in sorted(ckpt_dir.iterdir(), key=lambda q: _step_of(q) or -1):
-        if _step_of(p) is None or not p.is_dir():
-            continue
-        ok = read_marker(p) is not None and (p / ".metadata").is_file()
-        (complete if ok else partial).append(p)
-    return complete, partial
-
-
-def _step_of(p: Path) -> int | None:
-    m = _STEP_DIR.match(p.name)
-    return int(m.group(1)) if m else None
 
 
 def check_resume_path(resume: str) -> None:
@@ -104,7 +76,7 @@ def check_resume_path(resume: str) -> None:
         return
     msg = None
     path = Path(resume)
-    if read_marker(path) is None or not (path / METADATA).is_file():
+    if not is_complete(path):
         msg = (
             f"--resume {resume}: not a complete ddpkit checkpoint (no {MARKER} or "
             ".metadata); pass a step-N directory written by a finished save"
@@ -116,25 +88,6 @@ def check_resume_path(resume: str) -> None:
         )
     if (msg := first_problem(msg)) is not None:
         raise ConfigError(msg)
-
-
-def verify(path: Path, rank: int = 0, world: int = 1, read: bool = True) -> str | None:
-    """What is wrong with this rank's share of a step dir's files, or None; with the
-    defaults, all of them. `read` False: sizes only (the load hashes the data as it reads
-    it), but rank 0 always hashes and unpickles .metadata, which every rank loads first."""
-    import torch.distributed.checkpoint as dcp
-
-    info = read_marker(path)
-    if info is None:
-        return f"no readable {MARKER} marker"
-    mine = share(info, rank, world).keys() if world > 1 else None
-    problem = verify_files(path, info, only=mine, read=read or {METADATA})
-    if problem is None and rank == 0:
-        try:
-            dcp.FileSystemReader(str(path)).read_metadata()
-        except Exception as e:
-            problem = f"unreadable .metadata ({type(e).__name__}: {_first_line(e)})"
-    return problem
 
 
 def first_problem(problem: str | None, group: Any = None) -> str | None:
@@ -202,7 +155,7 @@ class Checkpointer:
         was blocked."""
         # DCP is imported on first use: ~1.2 s per rank that a run's first step need not wait.
         import torch.distributed.checkpoint as dcp
-        from ddpkit.train.ckpt_io import HashingWriter
+        from ddpkit.train.ckpt.io import HashingWriter
 
         t0 = time.perf_counter()
         self.wait()  # one save in flight at a time
@@ -380,7 +333,7 @@ class Checkpointer:
 
     def _prune(self) -> None:
         complete, partial = list_checkpoints(self.dir)
-        newest = _step_of(complete[-1]) if complete else -1
+        newest = step_of(complete[-1]) if complete else -1
         for p in complete[: -self.keep]:
             # The marker first: a deletion cut short leaves an incomplete dir, never a
             # complete-looking one with files missing.
@@ -388,7 +341,7 @@ class Checkpointer:
                 (p / MARKER).unlink()
             shutil.rmtree(p, ignore_errors=True)
         for p in partial:  # interrupted saves older than a complete one are garbage
-            if (_step_of(p) or 0) < (newest or 0):
+            if (step_of(p) or 0) < (newest or 0):
                 shutil.rmtree(p, ignore_errors=True)
 
     # --- resume --------------------------------------------------------------------------
@@ -403,7 +356,7 @@ class Checkpointer:
             return None
         if resume != "auto":
             path = Path(resume)
-            if read_marker(path) is None or not (path / ".metadata").is_file():
+            if not is_complete(path):
                 raise ConfigError(
                     f"--resume {resume}: not a complete ddpkit checkpoint (no {MARKER} or "
                     ".metadata); pass a step-N directory written by a finished save"
@@ -411,9 +364,9 @@ class Checkpointer:
             candidates = [path]
         else:
             complete, partial = list_checkpoints(self.dir)
-            newest = _step_of(complete[-1]) if complete else -1
+            newest = step_of(complete[-1]) if complete else -1
             for p in partial:
-                if (_step_of(p) or 0) > (newest or -1):
+                if (step_of(p) or 0) > (newest or -1):
                     self.log(f"warning: skipping incomplete checkpoint {p} (interrupted save)")
             candidates = complete[::-1]
         for path in candidates:
@@ -443,10 +396,10 @@ class Checkpointer:
         the later checkpoints of the old one move to ABANDONED_DIR, so keep-K never prunes
         this run's saves in their favour and a later --resume auto never jumps back to them.
         Said in one line; nothing is deleted."""
-        step = _step_of(path)
+        step = step_of(path)
         if step is None or path.resolve().parent != self.dir.resolve():
             return
-        later = [p for p in list_checkpoints(self.dir)[0] if (_step_of(p) or -1) > step]
+        later = [p for p in list_checkpoints(self.dir)[0] if (step_of(p) or -1) > step]
         if not later:
             return
         aside = self.dir / ABANDONED_DIR
@@ -472,7 +425,7 @@ class Checkpointer:
         with its size (a stat) and rank 0 hashes .metadata; during it each rank hashes its
         share: about 1/world of the bytes per rank, whatever the world."""
         import torch.distributed.checkpoint as dcp
-        from ddpkit.train.ckpt_io import VerifyingReader
+        from ddpkit.train.ckpt.io import VerifyingReader
 
         world = dist.get_world_size(self.pg)
         self._agree(verify(path, self.rank, world, read=False))
@@ -480,12 +433,12 @@ class Checkpointer:
         meta = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
         present = {k.split(".", 1)[0] for k in meta}
         state = {n: p.state_dict() for n, p in states.items() if n in present}
-        old_keys = _plain_values_as_saved(states, state, meta)
-        moved = _moved_parts(states, state, meta, present)
+        old_keys = plain_values_as_saved(states, state, meta)
+        moved = moved_parts(states, state, meta, present)
         if "model" in state:
-            _check_compatible(path, state["model"], meta, info)
+            check_compatible(path, state["model"], meta, info)
         if "optim" in state:
-            _check_optimizer(path, state["optim"], meta, info)
+            check_optimizer(path, state["optim"], meta, info)
         rng = next((n for n, p in states.items() if isinstance(p, RngState)), None)
         if rng in state and f"{rng}.{states[rng].key}" not in meta:  # type: ignore[attr-defined]
             del state[rng]  # the world grew: this rank has no saved RNG state
@@ -513,88 +466,3 @@ class Checkpointer:
         for name, sd in state.items():
             states[name].load_state_dict(sd)
         return info
-
-
-# Parts an older version kept inside another part: name -> (that part, its keys). Before
-# the named parts, the sampler's position was part of the train state.
-MOVED_PARTS: dict[str, tuple[str, tuple[str, ...]]] = {"sampler": ("train", ("epoch", "consumed"))}
-
-
-def _plain_values_as_saved(states: dict[str, Stateful], state: dict, meta: dict) -> list[str]:
-    """Ask a plain-value part (Values) for the keys its checkpoint holds: a key added since
-    keeps its fresh value (returned as 'part.key' for the warning) instead of failing the
-    load with a missing key; a key it no longer has is read and ignored."""
-    added: list[str] = []
-    for name, part in states.items():
-        if name not in state or not isinstance(part, Values):
-            continue
-        saved = {k.split(".", 2)[1] for k in meta if k.startswith(f"{name}.")}
-        ours = state[name]
-        added += [f"{name}.{k}" for k in ours if k not in saved]
-        state[name] = {k: ours.get(k) for k in saved}
-    return added
-
-
-def _moved_parts(states: dict[str, Stateful], state: dict, meta: dict, present: set) -> set:
-    """The parts this checkpoint holds where an older version put them (MOVED_PARTS)."""
-    moved = set()
-    for name, (src, keys) in MOVED_PARTS.items():
-        saved = all(f"{src}.{k}" in meta for k in keys)
-        if name in states and name not in present and src in state and saved:
-            moved.add(name)
-    return moved
-
-
-def checksum_problem(e: BaseException) -> str | None:
-    """The message of a ChecksumError that any rank raised in a load, or None: a damaged file
-    is reported as such, not as whatever it made torch.load trip over on another rank."""
-    from ddpkit.train.ckpt_io import ChecksumError
-
-    failures = getattr(e, "failures", None)
-    errors = [f[0] for _, f in sorted(failures.items())] if isinstance(failures, dict) else [e]
-    return next((str(x) for x in errors if isinstance(x, ChecksumError)), None)
-
-
-def describe(e: BaseException) -> str:
-    """'Type: first line' of an error; for DCP's CheckpointException, of the first rank's."""
-    failures = getattr(e, "failures", None)
-    if isinstance(failures, dict) and failures:
-        rank, (exc, _) = min(failures.items(), key=lambda kv: kv[0])
-        return f"rank {rank}: {type(exc).__name__}: {_first_line(exc)}"
-    return f"{type(e).__name__}: {_first_line(e)}"
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:200] if text else type(e).__name__
-
-
-def _check_optimizer(path: Path, optim_sd: dict, meta: dict, info: dict[str, Any]) -> None:
-    """The same kind of optimizer state (adamw's exp_avg vs sgd's momentum_buffer): DCP
-    would otherwise fail deep in the load with a missing key."""
-    ours = {k for st in optim_sd.get("state", {}).values() for k in st}
-    theirs = {k.rsplit(".", 1)[1] for k in meta if k.startswith("optim.state.")}
-    if ours and theirs and ours != theirs:
-        saved = info.get("optimizer") or "another optimizer"
-        raise ConfigError(
-            f"checkpoint {path} holds the state of {saved} ({', '.join(sorted(theirs))}), "
-            f"this run's optimizer keeps {', '.join(sorted(ours))}; resume with the optimizer "
-            "it was saved with, or pass --reset-optimizer to start the optimizer state fresh"
-        )
-
-
-def _check_compatible(path: Path, model_sd: dict, meta: dict, info: dict[str, Any]) -> None:
-    ours = {
-        f"model.{k}": tuple(v.shape) for k, v in model_sd.items() if isinstance(v, torch.Tensor)
-    }
-    theirs = {k: tuple(getattr(v, "size", ())) for k, v in meta.items() if k.startswith("model.")}
-    if ours.keys() != theirs.keys() or any(ours[k] != theirs[k] for k in ours):
-        diff = (
-            sorted(set(ours) ^ set(theirs))[:3]
-            or [f"{k}: {theirs[k]} vs {ours[k]}" for k in ours if ours[k] != theirs[k]][:3]
-        )
-        raise ConfigError(
-            f"checkpoint {path} holds a different model ({info.get('model', '?')}; "
-            f"first differences: {', '.join(map(str, diff))}); resume with the same model "
-            "flags, or start fresh with --resume never / another --ckpt-dir"
-        )

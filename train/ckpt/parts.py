@@ -1,4 +1,4 @@
-"""The stateful parts a checkpoint holds, by name (ddpkit.train.checkpoint saves and loads them).
+"""The stateful parts a checkpoint holds, by name (ddpkit.train.ckpt saves and loads them).
 
 Anything with state_dict/load_state_dict is a part; these adapt the model, the optimizer, the
 RNG and plain values to that shape. The model and optimizer go through DCP's

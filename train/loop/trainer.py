@@ -12,9 +12,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from ddpkit.train import lookup, registry
-from ddpkit.train.checkpoint import (
+from ddpkit.train import lookup
+from ddpkit.train.ckpt import (
     Checkpointer,
     ModelState,
     OptimizerState,
@@ -23,12 +22,10 @@ from ddpkit.train.checkpoint import (
     Values,
     check_resume_path,
 )
-from ddpkit.train.ckpt_files import is_no_space, no_space_message
 from ddpkit.train.config import (
     EXIT_REQUEUE,
     ConfigError,
     TrainConfig,
-    dump,
     log_backends,
     profile_range,
 )
@@ -40,6 +37,7 @@ from ddpkit.train.contract import (
     write_requeue_marker,
 )
 from ddpkit.train.data import DataBundle, GlobalBatchSampler, iterate_batches
+from ddpkit.train.data.sampler import check_same_length
 from ddpkit.train.distributed import World
 from ddpkit.train.fault import (
     Diverged,
@@ -50,6 +48,9 @@ from ddpkit.train.fault import (
     is_collective_error,
     stop_check_every,
 )
+from ddpkit.train.loop.evaluate import held_out
+from ddpkit.train.loop.rundir import claim_run_dirs
+from ddpkit.train.loop.schedule import lr_multiplier, scaled_lr
 from ddpkit.train.metrics import (
     Reporter,
     cuda_memory,
@@ -61,8 +62,6 @@ from ddpkit.train.metrics import (
 )
 from ddpkit.train.parallel import DTYPES, parallelize, set_grad_sync
 from ddpkit.train.profiling import StepProfiler
-from ddpkit.train.runlock import RunLock
-from ddpkit.train.schedule import lr_multiplier, scaled_lr
 
 
 class CollectiveFailure(RuntimeError):
@@ -104,36 +103,8 @@ class Trainer:
         self.step = 0
         self.phase = "startup"
         check_resume_path(cfg.resume)  # a broken --resume PATH: one line, nothing written
-        # One job per checkpoint dir, and per run dir when it is another directory (two runs
-        # in one run dir would interleave metrics.jsonl and overwrite each other's summary).
-        dirs = [cfg.ckpt_dir]
-        if Path(cfg.run_dir).resolve() != Path(cfg.ckpt_dir).resolve():
-            dirs.append(cfg.run_dir)
-        self.locks = [RunLock(d) for d in dirs]
+        self.locks = claim_run_dirs(cfg, world)
         self.lock = self.locks[0]
-        box: list[str | None] = [None]
-        if world.is_main:  # another live job on either: one line, exit 2
-            for lock, where in zip(self.locks, dirs, strict=True):
-                try:
-                    lock.acquire()
-                except ConfigError as e:
-                    box[0] = str(e)
-                except OSError as e:  # a full disk, a read-only one: every rank leaves with it
-                    box[0] = (
-                        no_space_message(lock.path)
-                        if is_no_space(e)
-                        else f"{where}: cannot write the lock file ({e.strerror})"
-                    )
-                if box[0] is not None:
-                    self.release_locks()
-                    break
-        dist.broadcast_object_list(box, src=0)
-        if box[0] is not None:
-            raise ConfigError(box[0])
-        if world.is_main:  # only now: bad input above must leave nothing behind
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "requeue.json").unlink(missing_ok=True)
-            (self.run_dir / "config.json").write_text(dump(cfg) + "\n")
         self.barrier("start-up barrier", when="at start-up")
         # Control messages (the stop flag) go over gloo on the CPU: no GPU sync per step.
         self.control_pg = dist.new_group(backend="gloo") if world.backend != "gloo" else None
@@ -576,7 +547,7 @@ class Trainer:
 
     def diverged(self, e: Diverged) -> int:
         """Stop on a non-finite state: nothing saved from it; name the checkpoint to use."""
-        from ddpkit.train.checkpoint import list_checkpoints
+        from ddpkit.train.ckpt import list_checkpoints
 
         self.stop.drain()
         self.ckpt.close()  # a save in flight was started from a checked, finite state
@@ -610,44 +581,14 @@ class Trainer:
                 {"step": self.step, **ev, "time_s": time.perf_counter() - self.t_start}
             )
 
-    @torch.no_grad()
     def evaluate(self, force: bool = False) -> dict[str, float]:
         """Held-out loss/accuracy; collective (every rank calls it). force: despite --no-eval."""
-        val = self.data.val
-        if not (self.cfg.eval or force) or val is None or len(val) < self.world.size:
+        if not (self.cfg.eval or force):
             return {}
-        self.model.eval()
-        n = len(val) // self.world.size  # same count on every rank: FSDP needs lockstep
-        # Training's micro-batch, for at most --eval-steps batches: the logits of one eval
-        # batch are what training already holds, so eval fits wherever training fits.
-        micro = self.cfg.batch_size
-        if self.cfg.eval_steps:
-            n = min(n, micro * self.cfg.eval_steps)
-        start = self.world.rank * (len(val) // self.world.size)
-        idx = list(range(start, start + n))
-        stats = torch.zeros(3, device=self.world.device)
-        # Accuracy means something only for a cross-entropy over classes or tokens.
-        classes = self.loss_fn is registry.LOSSES["cross_entropy"]
-        for lo in range(0, n, micro):
-            batch = [val[i] for i in idx[lo : lo + micro]]
-            x = torch.stack([b[0] for b in batch]).to(self.world.device)
-            y = torch.stack([torch.as_tensor(b[1]) for b in batch]).to(self.world.device)
-            with self._autocast():
-                out = self.model(x).float()
-            if classes:
-                stats[0] += F.cross_entropy(out.flatten(0, -2), y.flatten(), reduction="sum")
-                stats[1] += (out.argmax(-1) == y).sum()
-                stats[2] += y.numel()
-            else:  # the user's loss is a mean over the batch: weight it by the batch size
-                stats[0] += self.loss_fn(out, y).float() * len(batch)
-                stats[2] += len(batch)
         self.phase = "evaluation all_reduce"
-        dist.all_reduce(stats)
-        self.model.train()
-        ev = {"eval_loss": float(stats[0] / stats[2])}
-        if classes:
-            ev["eval_accuracy"] = float(stats[1] / stats[2])
-        return ev
+        return held_out(
+            self.model, self.data.val, self.loss_fn, self.cfg, self.world, self._autocast
+        )
 
     def finish(self) -> int:
         self.profiler.close()
@@ -659,7 +600,7 @@ class Trainer:
         self.phase = "summary gather"
         per_rank = gather_objects(state_bytes(self.model, self.optimizer))
         digest = param_digest(self.raw_model)
-        if self.world.is_main and (trained or not (self.run_dir / "summary.json").exists()):
+        if self.world.is_main and (trained or not (self.run_dir / SUMMARY_FILE).exists()):
             summary = {
                 "world_size": self.world.size,
                 "nnodes": self.world.nnodes,
@@ -715,23 +656,6 @@ class Trainer:
         self.phase = "final barrier"  # leave together: gloo can abort a rank whose peer left
         dist.barrier()
         return 0
-
-
-def check_same_length(n: int, world: World) -> None:
-    """Every rank must see the same dataset: the global order is drawn over `n` samples, so
-    ranks of different lengths would train on different permutations (duplicates and gaps)
-    without a word. One small collective at start-up; every rank raises the same line."""
-    if world.size == 1:
-        return
-    t = torch.tensor([n, -n], dtype=torch.int64, device=world.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    hi, lo = int(t[0]), -int(t[1])
-    if hi != lo:
-        raise ConfigError(
-            f"the training dataset has {lo} samples on some ranks and {hi} on others: every "
-            "rank must build the same dataset (the same files, or the same seed for generated "
-            "data); the global order is drawn over one length"
-        )
 
 
 def _signal_name(signum: int) -> str:

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ddpkit.train.config import ConfigError
 from ddpkit.train.contract import LAUNCH_ID_ENV
+from ddpkit.train.errors import ConfigError
 
 LOCK_FILE = ".lock"
 LOCK_HEARTBEAT_S = 5.0

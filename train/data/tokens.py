@@ -18,11 +18,16 @@ import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from ddpkit.train.config import ConfigError
+from ddpkit.train.data.bundle import DataBundle
+from ddpkit.train.errors import ConfigError
 from torch.utils.data import Dataset
+
+if TYPE_CHECKING:
+    from ddpkit.train.config import TrainConfig
 
 MAX_OPEN = 64  # descriptors a corpus keeps open per process; random windows touch every shard
 
@@ -228,3 +233,40 @@ def open_corpus(paths: list[Path], seq_len: int, vocab_size: int, role: str) -> 
         f"(the longest has {max(map(len, files))} tokens, --seq-len {seq_len} + 1 needed); "
         "use larger shards or a smaller --seq-len"
     )
+
+
+# --- the token datasets the registry names -------------------------------------------------
+
+
+def synthetic_tokens(cfg: TrainConfig) -> DataBundle:
+    """A Markov chain where each token has two likely successors: a learnable language."""
+    g = torch.Generator().manual_seed(20_011 + cfg.seed)
+    v = cfg.vocab_size
+    succ = torch.randint(0, v, (v, 2), generator=g).tolist()
+    n = cfg.synthetic_samples * cfg.seq_len + 1
+    choice = torch.randint(0, 2, (n,), generator=g).tolist()
+    out = [0] * n
+    for i in range(1, n):  # a chain is sequential; plain lists make 1M tokens take ~0.3 s
+        out[i] = succ[out[i - 1]][choice[i]]
+    toks = np.asarray(out, dtype=np.int64)
+    split = int(n * 7 / 8)
+    return DataBundle(
+        TokenChunks(toks[:split], cfg.seq_len),
+        TokenChunks(toks[split:], cfg.seq_len),
+        (cfg.seq_len,),
+        v,
+        cfg.seq_len,
+    )
+
+
+def token_file(cfg: TrainConfig) -> DataBundle:
+    """Token ids from --data-dir (a file, nanoGPT's train.bin/val.bin, or a directory of
+    *.bin shards: tokens.find_token_files), read per window: uint16, or uint32 when
+    --vocab-size is above 65536. Start-up stats the files and reads none of their bytes."""
+    train_paths, val_paths = find_token_files(Path(cfg.data_dir))
+    if not train_paths or not train_paths[0].is_file():
+        expected = train_paths[0] if train_paths else f"{cfg.data_dir}/train.bin or *.bin shards"
+        raise ConfigError(f"--data-dir {cfg.data_dir}: no token file (expected {expected})")
+    train = open_corpus(train_paths, cfg.seq_len, cfg.vocab_size, "training")
+    val = open_corpus(val_paths, cfg.seq_len, cfg.vocab_size, "held-out") if val_paths else None
+    return DataBundle(train, val, (cfg.seq_len,), cfg.vocab_size, cfg.seq_len)

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ddpkit.train.ckpt_files import ALGORITHM, METADATA, checksum_mismatch, file_crc32
+from ddpkit.train.ckpt.files import ALGORITHM, METADATA, checksum_mismatch, file_crc32
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex

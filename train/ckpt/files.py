@@ -1,7 +1,7 @@
 """Checksums of a checkpoint's files (torch-free: the trainer and tools/ckpt.py share it).
 
 The `.complete` marker records every file of a step dir, {name: {"bytes": size, "crc32":
-"08x"}}. Each rank hashes the files it writes while writing them (ddpkit.train.ckpt_io), and
+"08x"}}. Each rank hashes the files it writes while writing them (ddpkit.train.ckpt.io), and
 a load verifies each file on one rank, its `owner`, while reading it; `verify_files` reads
 files from disk (tools/ckpt.py, and a --resume PATH checked before the run starts). zlib's
 CRC-32 was picked by measured speed: ~2.1 GB/s vs blake2b ~0.9 GB/s and sha256 ~1.0 GB/s on

@@ -1,0 +1,80 @@
+"""What a checkpoint dir holds, and what makes a step dir a complete checkpoint.
+
+<ckpt_dir>/step-<N>/ holds DCP's files; its marker (contract.CKPT_MARKER, JSON, written last
+by rank 0 with the size and CRC-32 of every file) and DCP's `.metadata` make it complete. A
+marker that is missing, not JSON or JSON of another shape makes the step dir incomplete:
+skipped with a warning, never loaded. `is_complete` is the one definition; the trainer's
+resume, keep-K and `ddpkit ckpt` all use it. Torch-free at import (verify imports DCP late).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from ddpkit.train.ckpt.files import METADATA, share, verify_files
+from ddpkit.train.contract import CKPT_MARKER as MARKER
+from ddpkit.train.contract import CKPT_STEP_PREFIX
+
+ABANDONED_DIR = "abandoned"  # under the checkpoint dir: later steps a rewind set aside
+_STEP_DIR = re.compile(rf"^{CKPT_STEP_PREFIX}(\d+)$")
+
+
+def read_marker(path: Path) -> dict[str, Any] | None:
+    """The step dir's marker, or None when it is missing, not JSON, or JSON of another shape
+    (a list, a string): such a step dir is incomplete, and resume falls back past it."""
+    try:
+        body = json.loads((path / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def list_checkpoints(ckpt_dir: Path) -> tuple[list[Path], list[Path]]:
+    """(complete step dirs oldest first, incomplete step dirs)."""
+    complete, partial = [], []
+    if not ckpt_dir.is_dir():
+        return complete, partial
+    for p in sorted(ckpt_dir.iterdir(), key=lambda q: step_of(q) or -1):
+        if step_of(p) is None or not p.is_dir():
+            continue
+        ok = is_complete(p)
+        (complete if ok else partial).append(p)
+    return complete, partial
+
+
+def step_of(p: Path) -> int | None:
+    m = _STEP_DIR.match(p.name)
+    return int(m.group(1)) if m else None
+
+
+def is_complete(path: Path) -> bool:
+    """A finished save: a marker of the right shape and DCP's .metadata (checksums are
+    verify's business: a complete checkpoint can still be a damaged one)."""
+    return read_marker(path) is not None and (path / METADATA).is_file()
+
+
+def verify(path: Path, rank: int = 0, world: int = 1, read: bool = True) -> str | None:
+    """What is wrong with this rank's share of a step dir's files, or None; with the
+    defaults, all of them. `read` False: sizes only (the load hashes the data as it reads
+    it), but rank 0 always hashes and unpickles .metadata, which every rank loads first."""
+    import torch.distributed.checkpoint as dcp
+
+    info = read_marker(path)
+    if info is None:
+        return f"no readable {MARKER} marker"
+    mine = share(info, rank, world).keys() if world > 1 else None
+    problem = verify_files(path, info, only=mine, read=read or {METADATA})
+    if problem is None and rank == 0:
+        try:
+            dcp.FileSystemReader(str(path)).read_metadata()
+        except Exception as e:
+            problem = f"unreadable .metadata ({type(e).__name__}: {first_line(e)})"
+    return problem
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
