@@ -16,7 +16,7 @@ import sys
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from typing import Any, Literal, get_type_hints
 
 from ddpkit.train import lookup, typed
 from ddpkit.train.contract import EXIT_BAD_INPUT, EXIT_REQUEUE
@@ -131,18 +131,6 @@ TRAIN_KEYS = [f.name for f in fields(TrainConfig) if f.name != "extra"]
 _flag = typed.flag  # the one spelling of a field as a flag
 
 
-def _base_type(tp: Any) -> tuple[type, tuple[str, ...] | None]:
-    """(python type, choices) of a field annotation, unwrapping `X | None` and Literal."""
-    if get_origin(tp) is dict:
-        return dict, None
-    args = [a for a in get_args(tp) if a is not type(None)] if get_origin(tp) else []
-    if args and get_origin(tp) is not Literal:
-        tp = args[0]
-    if get_origin(tp) is Literal:
-        return str, tuple(get_args(tp))
-    return tp, None
-
-
 def _hints() -> dict[str, Any]:
     return get_type_hints(TrainConfig)
 
@@ -157,51 +145,8 @@ def convert_value(name: str, value: Any, where: str) -> Any:
 
 
 def field_help() -> dict[str, str]:
-    """Each field's trailing `# ...` comment in the TrainConfig source: the one home of its text.
-
-    The comments stay readable beside the fields (where reviewers look) and reach --help
-    without a second copy in field metadata that would drift.
-    """
-    import ast
-    import inspect
-    import io
-    import tokenize
-
-    src = inspect.getsource(TrainConfig)
-    spans: dict[str, tuple[int, int]] = {}
-    for node in ast.parse(src).body[0].body:  # type: ignore[attr-defined]
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            spans[node.target.id] = (node.lineno, node.end_lineno or node.lineno)
-    comments: dict[int, str] = {}
-    for tok in tokenize.generate_tokens(io.StringIO(src).readline):
-        if tok.type == tokenize.COMMENT:
-            comments[tok.start[0]] = tok.string.lstrip("#").strip()
-    return {
-        name: " ".join(comments[i] for i in range(lo, hi + 1) if i in comments)
-        for name, (lo, hi) in spans.items()
-    }
-
-
-def _default_text(value: Any, tp: type) -> str:
-    """The default as the user would type it; '' when unset (the comment says what happens)."""
-    if value is None or value == "":
-        return ""
-    if tp is bool:
-        return "on" if value else "off"
-    return str(value)
-
-
-_METAVAR = {int: "N", float: "X", str: "S"}
-
-
-def _json_table(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f'{text!r} is not a JSON object such as {{"width": 64}}')
-    return value
+    """Each TrainConfig field's help text: its trailing comment in the source."""
+    return typed.field_comments(TrainConfig)
 
 
 class _Parser(CliParser):
@@ -215,36 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", help="TOML file with the same keys (top level or [train])")
     p.add_argument("--print-config", action="store_true", help="print the resolved config, exit")
-    defaults, texts = TrainConfig(), field_help()
-    for f in fields(TrainConfig):
-        if f.metadata.get("cli") is False:
-            continue
-        tp, choices = _base_type(_hints()[f.name])
-        # argparse's default stays None (so a flag the user did not pass never overrides the
-        # file); the real default is written into the help text once, and only when set.
-        shown = _default_text(getattr(defaults, f.name), tp)
-        text = texts.get(f.name, "") + (f" (default: {shown})" if shown else "")
-        if tp is bool:
-            p.add_argument(
-                _flag(f.name),
-                dest=f.name,
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=text,
-            )
-            continue
-        if tp is dict:
-            p.add_argument(_flag(f.name), dest=f.name, type=_json_table, default=None, help=text)
-            continue
-        p.add_argument(
-            _flag(f.name),
-            dest=f.name,
-            type=tp,
-            choices=choices,
-            default=None,
-            metavar="{" + ",".join(choices) + "}" if choices else _METAVAR.get(tp, "S"),
-            help=text,
-        )
+    typed.add_arguments(p, TrainConfig)
     return p
 
 
@@ -379,7 +295,7 @@ def check_numbers(cfg: TrainConfig) -> None:
     hints = _hints()
     for f in fields(TrainConfig):
         v = getattr(cfg, f.name)
-        tp, choices = _base_type(hints[f.name])
+        tp, choices = typed.base_type(hints[f.name])
         if v is None or choices is not None or tp not in (int, float):
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)):

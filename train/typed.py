@@ -6,7 +6,9 @@ annotations are their schema. This module is what both use to:
 - check one TOML value against an annotation (`check_value`), naming the key of a bad value;
 - build a dataclass from a TOML table (`build`), unknown keys named with the valid ones;
 - parse a command-line string (`--set key=value`, a flag) for an annotation (`parse_text`);
-- spell a field as its flag (`flag`, `no_flag`);
+- spell a field as its flag (`flag`, `no_flag`), and add every field to an argparse parser
+  as one (`add_arguments`), with the help text read from the field's trailing comment
+  (`field_comments`);
 - apply the validators declared on the fields (`field(metadata=checks(...))`): a range, a
   port, a plain path, a pattern. A hostile-input check is then one predicate on one field,
   applied wherever the value comes from (file, --set, a CLI flag that fills the table).
@@ -16,7 +18,9 @@ It sits at the bottom of the trainer's layers (errors below it, nothing of the k
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import math
 import re
 import tomllib
@@ -227,3 +231,101 @@ def plain_path(example: str) -> Check:
         return None
 
     return check
+
+
+# --- the command line: a dataclass's fields as argparse flags ---------------------------------
+
+
+def field_comments(cls: type) -> dict[str, str]:
+    """Each field's trailing `# ...` comment in the class's source: the one home of its text.
+
+    The comments stay readable beside the fields (where reviewers look) and reach --help
+    without a second copy in field metadata that would drift.
+    """
+    import ast
+    import inspect
+    import io
+    import tokenize
+
+    src = inspect.getsource(cls)
+    spans: dict[str, tuple[int, int]] = {}
+    for node in ast.parse(src).body[0].body:  # type: ignore[attr-defined]
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            spans[node.target.id] = (node.lineno, node.end_lineno or node.lineno)
+    comments: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    return {
+        name: " ".join(comments[i] for i in range(lo, hi + 1) if i in comments)
+        for name, (lo, hi) in spans.items()
+    }
+
+
+def base_type(tp: Any) -> tuple[type, tuple[str, ...] | None]:
+    """(python type, choices) of a field annotation, unwrapping `X | None` and Literal."""
+    if get_origin(tp) is dict:
+        return dict, None
+    args = [a for a in get_args(tp) if a is not type(None)] if get_origin(tp) else []
+    if args and get_origin(tp) is not Literal:
+        tp = args[0]
+    if get_origin(tp) is Literal:
+        return str, tuple(get_args(tp))
+    return tp, None
+
+
+def _default_text(value: Any, tp: type) -> str:
+    """The default as the user would type it; '' when unset (the comment says what happens)."""
+    if value is None or value == "":
+        return ""
+    if tp is bool:
+        return "on" if value else "off"
+    return str(value)
+
+
+_METAVAR = {int: "N", float: "X", str: "S"}
+
+
+def json_table(text: str) -> dict[str, Any]:
+    """A flag's JSON object (a dict field), or argparse's error naming the expected shape."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f'{text!r} is not a JSON object such as {{"width": 64}}')
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """One flag per field of the dataclass `cls` (a field with metadata cli=False has none):
+    `--x/--no-x` for a bool, a JSON object for a dict, choices for a Literal. Every default
+    is None, so a flag the user did not pass never overrides a file; the real default is in
+    the help text, once, and only when set."""
+    hints, texts, defaults = get_type_hints(cls), field_comments(cls), cls()
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("cli") is False:
+            continue
+        tp, choices = base_type(hints[f.name])
+        shown = _default_text(getattr(defaults, f.name), tp)
+        text = texts.get(f.name, "") + (f" (default: {shown})" if shown else "")
+        if tp is bool:
+            parser.add_argument(
+                flag(f.name),
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=text,
+            )
+        elif tp is dict:
+            parser.add_argument(flag(f.name), dest=f.name, type=json_table, default=None, help=text)
+        else:
+            parser.add_argument(
+                flag(f.name),
+                dest=f.name,
+                type=tp,
+                choices=choices,
+                default=None,
+                metavar="{" + ",".join(choices) + "}" if choices else _METAVAR.get(tp, "S"),
+                help=text,
+            )
