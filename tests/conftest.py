@@ -43,10 +43,13 @@ def one_line_error() -> Callable[[subprocess.CompletedProcess[str]], str]:
 
 
 class FakeBin:
-    """A directory of fake executables, first on PATH (for this process and its children)."""
+    """A directory of fake executables. The `fake_bin` fixture puts one first on PATH (for
+    this process and its children); a test that builds its own environment makes one with
+    `FakeBin(tmp_path / "bin")` and names `.path` in that environment's PATH."""
 
     def __init__(self, path: Path):
         self.path = path
+        path.mkdir(parents=True, exist_ok=True)
 
     def add(self, name: str, script: str) -> Path:
         """Write `script` (with its #! line) as the executable `name`; returns its path."""
@@ -58,10 +61,9 @@ class FakeBin:
 
 @pytest.fixture
 def fake_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeBin:
-    path = tmp_path / "bin"
-    path.mkdir()
-    monkeypatch.setenv("PATH", f"{path}:{os.environ['PATH']}")
-    return FakeBin(path)
+    fake = FakeBin(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{fake.path}:{os.environ['PATH']}")
+    return fake
 
 
 @pytest.fixture(scope="session")  # session: module fixtures (a built image) use it too

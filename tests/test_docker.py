@@ -23,6 +23,7 @@ from ddpkit.tools.spec import load_spec
 from ddpkit.tools.templating import KIT_DIR as REPO_ROOT
 
 from tests import container_harness as harness
+from tests.conftest import FakeBin
 
 VENV_BIN = Path(sys.executable).parent
 ENTRYPOINT = REPO_ROOT / "docker" / "entrypoint.sh"
@@ -135,9 +136,7 @@ def test_make_docker_run_asks_for_the_gpus_there_are(fake_bin, tmp_path):
     fake_bin.add("docker", RECORDING_ENGINE)
     runs = []
     for extra, gpu in (([], True), (["GPUS=2"], True), ([], False)):
-        smi = fake_bin.path / "nvidia-smi"
-        smi.write_text("#!/bin/sh\nexit 0\n" if gpu else "#!/bin/sh\nexit 9\n")
-        smi.chmod(0o755)
+        fake_bin.add("nvidia-smi", "#!/bin/sh\nexit 0\n" if gpu else "#!/bin/sh\nexit 9\n")
         r = subprocess.run(["make", "-s", "-f", str(REPO_ROOT / "Makefile"), "docker-run",
                             *extra, "ARGS=--steps 1"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -249,17 +248,16 @@ def _entrypoint(tmp_path: Path, *args: str, env: dict[str, str] | None = None, f
     launcher's command line (and exits FAKE_STATUS), anything else runs the real python."""
     bins = [str(VENV_BIN)]
     if fake:
-        fake_dir = tmp_path / "fakebin"
-        fake_dir.mkdir(exist_ok=True)
-        (fake_dir / "python").write_text(
+        fakes = FakeBin(tmp_path / "fakebin")
+        fakes.add(
+            "python",
             "#!/usr/bin/env bash\n"
             "if [[ $1 == -m && $2 == ddpkit.train.node ]]; then\n"
             "    printf '%s\\n' \"$@\" > node.args; exit ${FAKE_STATUS:-0}\n"
             "fi\n"
-            f'exec {sys.executable} "$@"\n'
+            f'exec {sys.executable} "$@"\n',
         )
-        (fake_dir / "python").chmod(0o755)
-        bins.insert(0, str(fake_dir))
+        bins.insert(0, str(fakes.path))
     base = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
     full = {
         **base,

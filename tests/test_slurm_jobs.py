@@ -9,14 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import FakeBin
 from tests.trainrun import ROOT, clean_env
 
 
 def fake(bin_dir: Path, name: str, stdout: str, rc: int = 0) -> None:
-    bin_dir.mkdir(exist_ok=True)
-    path = bin_dir / name
-    path.write_text(f"#!/bin/sh\ncat <<'EOF'\n{stdout}\nEOF\nexit {rc}\n")
-    path.chmod(0o755)
+    """A fake `name` in bin_dir that prints `stdout` and exits `rc`."""
+    FakeBin(bin_dir).add(name, f"#!/bin/sh\ncat <<'EOF'\n{stdout}\nEOF\nexit {rc}\n")
 
 
 def launch(bin_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -15,6 +15,8 @@ import pytest
 from ddpkit.tools.backends import slurm
 from ddpkit.tools.spec import JobSpec, SpecError, load_spec
 
+from tests.conftest import FakeBin
+
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
 SHELLCHECK = Path(sys.executable).parent / "shellcheck"
@@ -143,24 +145,22 @@ def test_submitit_writes_the_same_sbatch_options(case: str, tmp_path: Path) -> N
     assert slurm.node_script(spec) in text
 
 
-def fake_bin(tmp_path: Path, name: str, rc: int = 0) -> Path:
+def recording_fake(tmp_path: Path, name: str, rc: int = 0) -> Path:
     """A fake command on PATH that records its argv and environment to <tmp>/<name>.json."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    fake = bin_dir / name
-    fake.write_text(
+    bins = FakeBin(tmp_path / "bin")
+    bins.add(
+        name,
         f"#!{sys.executable}\nimport json, os, sys\n"
         f"json.dump({{'argv': sys.argv[1:], 'env': dict(os.environ)}}, "
         f"open({str(tmp_path / (name + '.json'))!r}, 'w'))\n"
-        f"sys.exit({rc})\n"
+        f"sys.exit({rc})\n",
     )
-    fake.chmod(0o755)
-    return bin_dir
+    return bins.path
 
 
 def run_node_script(spec: JobSpec, tmp_path: Path, node_id: str = "0") -> tuple[int, dict]:
     """Run the rendered node script with a fake `python` (the node launcher) that records."""
-    bin_dir = fake_bin(tmp_path, "python")
+    bin_dir = recording_fake(tmp_path, "python")
     spec.slurm.python = "python"  # the fake on PATH stands for the submitting interpreter
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_NODEID": node_id, "SLURM_JOB_ID": "42",
            "DDPKIT_HEAD_ADDR": "10.1.2.3", "DDPKIT_RDZV_PORT": "20042", "HOME": str(tmp_path),
@@ -210,13 +210,13 @@ def test_node_script_runs_the_node_launcher_with_the_rendezvous(tmp_path: Path) 
 
 def run_setup(spec: JobSpec, tmp_path: Path, job_id: str = "123457") -> dict[str, str]:
     """Run the batch shell's setup with a fake scontrol (NodeName node7, NodeAddr 10.9.8.7)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "scontrol").write_text(
+    bins = FakeBin(tmp_path / "bin")
+    bins.add(
+        "scontrol",
         '#!/bin/bash\nif [ "$2" = hostnames ]; then echo node7; echo node8; exit 0; fi\n'
-        'echo "NodeName=node7 Arch=x86_64 NodeAddr=10.9.8.7 NodeHostName=node7"\n'
+        'echo "NodeName=node7 Arch=x86_64 NodeAddr=10.9.8.7 NodeHostName=node7"\n',
     )
-    (bin_dir / "scontrol").chmod(0o755)
+    bin_dir = bins.path
     script = slurm.setup_script(spec) + "\nenv\n"
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": job_id,
            "SLURM_JOB_NODELIST": "node[7-8]", "HOME": str(tmp_path)}  # fmt: skip
@@ -252,7 +252,7 @@ def test_srun_gets_cpus_kill_on_bad_exit_and_a_wait_beyond_the_budget() -> None:
 
 
 def run_teardown(tmp_path: Path, step_rc: int) -> tuple[int, str]:
-    fake_bin(tmp_path, "scontrol")
+    recording_fake(tmp_path, "scontrol")
     script = f"(exit {step_rc})\n" + slurm.teardown_script(load_spec(None, []))
     env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "42",
            "DDPKIT_LAUNCH_ID": "ddpkit-42-0", "PYTHONPATH": str(REPO)}  # fmt: skip

@@ -14,6 +14,9 @@ imported only when used (submitit and the kubernetes client stay out of other ba
         def add_arguments(self, parser) -> None: ...       # optional backend-only flags
         def after_render(self, spec, opts, text) -> int: ...  # optional (e.g. build an image)
 
+The kit's backends have one shape: `backends/<name>/__init__.py` holds the subclass,
+`<name>/render.py` the pure pieces, other modules the side effects (docs/development.md).
+
 A backend's job-file options are a dataclass, `Options`, read from the job file's table of
 the backend's name (`[slurm]`, `[k8s]`, `[docker]`, `[mine]`) by the same typed loader as the
 rest of the spec; `backend.options(spec)` returns them, typed.

@@ -1,0 +1,156 @@
+"""The kit's image: the engine to use, the staged build context, `docker build`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ddpkit.tools.backends.docker import user as docker_user
+from ddpkit.tools.backends.docker.render import DOCKERFILE
+from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.templating import KIT_DIR, shell_quote
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--build", action="store_true", help="render: also build the image")
+    p.add_argument("--base-image", help="build: BASE_IMAGE build argument (FROM)")
+    p.add_argument(
+        "--engine", choices=("docker", "podman"), help="default: docker if its engine answers"
+    )
+    if "--follow" not in p._option_string_actions:  # the launcher may define it for all
+        p.add_argument("-f", "--follow", action="store_true", help="logs: stream to the end")
+
+
+def find_engine(preferred: str | None = None) -> str:
+    """docker when its engine answers, else podman; SpecError when neither is usable."""
+    if preferred:
+        if not shutil.which(preferred):
+            raise SpecError(f"--engine {preferred}: not installed; install it or drop --engine")
+        return preferred
+    if shutil.which("docker"):
+        info = subprocess.run(["docker", "info"], capture_output=True, timeout=60)
+        if info.returncode == 0:
+            return "docker"
+    if shutil.which("podman"):
+        return "podman"
+    raise SpecError(
+        "no container engine: install Docker (and start its daemon) or podman, or pass --engine"
+    )
+
+
+def _git(*args: str) -> str:
+    """git in the kit's checkout; "" for an installed kit (its site-packages may sit inside
+    the user's own repository, whose revision is not the kit's)."""
+    if not (KIT_DIR / "pyproject.toml").is_file():
+        return ""
+    r = subprocess.run(["git", *args], cwd=KIT_DIR, capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else ""
+
+
+def build_argv(
+    engine: str,
+    image: str,
+    base_image: str | None,
+    revision: str,
+    source: str,
+    uid: int,
+    gid: int,
+    version: str = "",
+    context: Path = Path("."),
+) -> list[str]:
+    """`docker build` for the ddpkit image from a staged context (stage_kit_context)."""
+    args = {"REVISION": revision or "unknown", "SOURCE": source or "unknown"}
+    if version:
+        args["VERSION"] = version
+    if base_image:
+        args["BASE_IMAGE"] = base_image
+    # The container user gets the builder's ids, so bind-mounted run dirs are writable by
+    # both; a root builder gets the non-root default instead.
+    if uid != 0:
+        args.update(UID=str(uid), GID=str(gid))
+    argv = [engine, "build", "-f", str(context / DOCKERFILE), "-t", image]
+    for key, value in args.items():
+        argv += ["--build-arg", f"{key}={value}"]
+    return argv + [str(context)]
+
+
+def kit_wheel(dest: Path) -> Path:
+    """The ddpkit wheel the image installs: built from the checkout (a development install),
+    else the installed distribution's own files packed again (a wheel's RECORD lists them)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if (KIT_DIR / "pyproject.toml").is_file():
+        cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+        r = subprocess.run([*cmd, "-w", str(dest), str(KIT_DIR)], capture_output=True, text=True)
+        if r.returncode:
+            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["?"]
+            raise SpecError(f"building the ddpkit wheel failed: {tail[0]}")
+        return next(dest.glob("ddpkit-*.whl"))
+    import importlib.metadata
+    import zipfile
+
+    dist = importlib.metadata.distribution("ddpkit")
+    tag = "py3-none-any"
+    wheel = dest / f"ddpkit-{dist.version}-{tag}.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+        for f in dist.files or []:
+            if f.suffix == ".pyc" or str(f).startswith(".."):
+                continue  # caches, and the console script installed outside site-packages
+            zf.write(f.locate(), str(f))
+    return wheel
+
+
+def stage_kit_context(ctx: Path) -> None:
+    """The ddpkit image's build context: its Dockerfile and entrypoint, the example job
+    files, and the ddpkit wheel (nothing else of the checkout or the workspace)."""
+    (ctx / "docker").mkdir(parents=True)
+    for name in ("Dockerfile", "entrypoint.sh"):
+        shutil.copyfile(KIT_DIR / "docker" / name, ctx / "docker" / name)
+    # Executable whatever mode the installed copy kept (a wheel's data files need not).
+    (ctx / "docker" / "entrypoint.sh").chmod(0o755)
+    shutil.copytree(KIT_DIR / "configs", ctx / "configs", ignore=shutil.ignore_patterns("*.py*"))
+    kit_wheel(ctx / "wheels")
+
+
+def build(spec: JobSpec, opts: argparse.Namespace) -> int:
+    """Build the ddpkit image; when the job has code of its own (docker_user.wanted), then
+    the workspace's image FROM it (docker_user.py)."""
+    user = docker_user.wanted(spec)
+    if user:
+        docker_user.check_files(spec)  # before minutes of building
+    engine = find_engine(getattr(opts, "engine", None))
+    revision = _git("rev-parse", "HEAD")
+    if revision and _git("status", "--porcelain", "--", "train", "tools", "configs", "docker"):
+        revision += "-dirty"
+    from ddpkit import __version__
+
+    with tempfile.TemporaryDirectory(prefix="ddpkit-kit-") as kit_ctx:
+        stage_kit_context(Path(kit_ctx))
+        argv = build_argv(
+            engine,
+            spec.docker.kit_image if user else spec.image,
+            getattr(opts, "base_image", None),
+            revision,
+            _git("remote", "get-url", "origin"),
+            os.getuid(),
+            os.getgid(),
+            __version__,
+            context=Path(kit_ctx),
+        )
+        print("+ " + " ".join(shell_quote(a) for a in argv), file=sys.stderr)
+        rc = subprocess.run(argv).returncode
+    if rc or not user:
+        return rc
+    with tempfile.TemporaryDirectory(prefix="ddpkit-user-") as ctx:
+        docker_user.stage_context(spec, Path(ctx))
+        argv = docker_user.build_argv(engine, spec, Path(ctx), os.getuid(), os.getgid())
+        print("+ " + " ".join(shell_quote(a) for a in argv), file=sys.stderr)
+        return subprocess.run(argv).returncode
+
+
+def after_render(spec: JobSpec, opts: argparse.Namespace, text: str) -> int:
+    return build(spec, opts) if getattr(opts, "build", False) else 0

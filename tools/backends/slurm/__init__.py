@@ -1,0 +1,234 @@
+"""SLURM backend: render an sbatch script; submit the same pieces through submitit.
+
+The backend's shape, as every backend: this module holds the Backend subclass; render.py the
+pure pieces (spec -> text); cluster.py what touches the cluster (submitit, scontrol, sinfo).
+
+The job is three pieces of shell, rendered from slurm/*.j2 by pure functions:
+  setup     batch shell, before the step: log dir, head address, port, image, user setup
+  node      what each node runs (one task per node): the node launcher, `python -m ddpkit.train.node`
+            (torchrun in process, signals, shutdown budget, exit 75 on a requeue request)
+  teardown  batch shell, after the step: requeue when the step exited 75 (or a node was
+            stopped by srun after this attempt's requeue marker was written)
+`render` puts them in one sbatch script under `#SBATCH` lines. `submit` hands the same
+resources to submitit as parameters, setup/teardown as its slurm_setup/slurm_teardown lines,
+and the node script as what each submitit task runs, so `render` shows what runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ddpkit.tools.backends import (
+    Backend,
+    JobState,
+    JobStatus,
+    check_node_env,
+    last_job,
+    record_job,
+)
+
+# The pure pieces and the cluster probes, named here too: `slurm.render(spec)`,
+# `slurm.check_partition(spec)` read as the backend's own words.
+from ddpkit.tools.backends.slurm.cluster import (
+    LogFollower,
+    NodeCommand,
+    check_job_id,
+    check_partition,
+    check_secrets,
+    job_fields,
+    named,
+    parse_sinfo,
+    partition_limits,
+    run_cmd,
+    sacct_fields,
+)
+from ddpkit.tools.backends.slurm.render import (
+    COMMENT,
+    GRACE_MARGIN_S,
+    STATES,
+    enroot_ref,
+    grace_s,
+    log_dir,
+    node_python,
+    node_script,
+    render,
+    sbatch_options,
+    setup_script,
+    submitit_parameters,
+    teardown_script,
+    validate,
+)
+from ddpkit.tools.spec import JobSpec, SpecError
+
+__all__ = [
+    "GRACE_MARGIN_S",
+    "LogFollower",
+    "NodeCommand",
+    "SlurmBackend",
+    "check_partition",
+    "enroot_ref",
+    "grace_s",
+    "log_dir",
+    "node_script",
+    "parse_sinfo",
+    "partition_limits",
+    "render",
+    "sbatch_options",
+    "setup_script",
+    "submitit_parameters",
+    "teardown_script",
+    "validate",
+]
+
+
+class SlurmBackend(Backend):
+    name = "slurm"
+    file_ext = "sbatch"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--poll-s", type=float, default=2.0, help="seconds between polls")
+        parser.add_argument("--follow", action="store_true", help="logs: keep following")
+
+    def validate(self, spec: JobSpec) -> None:
+        super().validate(spec)  # the [slurm] table's field checks (SlurmSpec)
+        validate(spec)
+
+    def render(self, spec: JobSpec) -> str:
+        return render(spec)
+
+    def submit(self, spec: JobSpec, opts: argparse.Namespace) -> int:
+        import submitit  # lazy: only the SLURM backend needs it
+
+        logs = Path(log_dir(spec))
+        params = submitit_parameters(spec)
+        if spec.slurm.container == "pyxis":
+            raise SpecError(
+                "submit cannot run pyxis jobs (submitit's task would start inside the image); "
+                "use `make slurm-render` and `sbatch out/slurm/<name>.sbatch`"
+            )
+        check_secrets(spec)
+        check_partition(spec)
+        if spec.slurm.container == "none":
+            check_node_env(spec, node_python(spec), "slurm.python")
+        logs.mkdir(parents=True, exist_ok=True)
+        executor = submitit.SlurmExecutor(folder=str(logs))
+        executor.update_parameters(**params)
+        try:
+            job = executor.submit(NodeCommand(node_script(spec)))
+        except (FileNotFoundError, subprocess.CalledProcessError) as e:
+            print(f"error: sbatch failed ({e}); is SLURM up? (make slurm-up)", file=sys.stderr)
+            return 1
+        job_id = str(job.job_id)
+        record_job(self.name, job_id, name=spec.name, log_dir=str(logs), run_dir=spec.run_dir)
+        print(f"submitted job {job_id} ({spec.name}: {spec.nodes} node(s) x {spec.nproc_per_node})")
+        print(f"logs: {logs}/{job_id}_<node>_log.out (.err); run dir: {spec.run_dir}")
+        print(f"follow: python -m ddpkit.tools.launch logs slurm {job_id} --follow")
+        if opts.wait:
+            follower = LogFollower(logs, job_id)
+            return self.wait(job_id, opts.poll_s, on_poll=lambda _st: follower.emit())
+        return 0
+
+    def submit_sweep(self, specs: list[JobSpec], opts: argparse.Namespace) -> int:
+        """All members as ONE job array (submitit's batch): one sbatch, one queue entry, each
+        array task runs its member's node script into its own run dir. Members that differ in
+        resources (nodes, GPUs, time, ...) cannot share an array: they go as separate jobs."""
+        import submitit
+
+        base = specs[0].name.rsplit("-", 1)[0]
+        logs = Path(specs[0].slurm.log_dir or f"runs/{base}-sweep/slurm")
+        for spec in specs:  # one log dir and one name for the array: the same #SBATCH lines
+            spec.slurm.log_dir = str(logs)
+        params = [named(submitit_parameters(s), base) for s in specs]
+        if all(s.run_dir == f"runs/{s.name}" for s in specs):
+            teardown = teardown_script(specs[0], array_prefix=f"runs/{base}-").splitlines()
+            params = [p | {"teardown": teardown} for p in params]
+        if any(p != params[0] for p in params[1:]):
+            print("ddpkit: sweep members differ in resources; submitting them as separate jobs",
+                  file=sys.stderr)  # fmt: skip
+            return super().submit_sweep(specs, opts)
+        if specs[0].slurm.container == "pyxis":
+            raise SpecError("submit cannot run pyxis jobs; render each member and sbatch it")
+        check_secrets(specs[0])
+        check_partition(specs[0])  # the members share their resources (checked above)
+        logs.mkdir(parents=True, exist_ok=True)
+        executor = submitit.SlurmExecutor(folder=str(logs))
+        executor.update_parameters(**params[0])
+        try:
+            with executor.batch():
+                jobs = [executor.submit(NodeCommand(node_script(s))) for s in specs]
+        except (FileNotFoundError, subprocess.CalledProcessError) as e:
+            print(f"error: sbatch failed ({e}); is SLURM up? (make slurm-up)", file=sys.stderr)
+            return 1
+        ids = [str(j.job_id) for j in jobs]
+        record_job(self.name, ids[0], name=base, log_dir=str(logs), members=ids,
+                   run_dirs=[s.run_dir for s in specs])  # fmt: skip
+        print(f"submitted job array {ids[0].split('_')[0]} ({len(ids)} members of {base}):")
+        for job_id, spec in zip(ids, specs, strict=True):
+            print(f"  {job_id}: {spec.name}, run dir {spec.run_dir}")
+        print(
+            f"logs: {logs}/<job>_<node>_log.out; status: python -m ddpkit.tools.launch status slurm ID"
+        )
+        if not opts.wait:
+            return 0
+        codes = [self.wait(job_id, opts.poll_s) for job_id in ids]
+        return next((c for c in codes if c), 0)
+
+    def poll(self, job: str) -> JobStatus:
+        info = job_fields(check_job_id(job))
+        source = "scontrol"
+        if info is None:
+            info, source = sacct_fields(job), "sacct"
+        if info is None:
+            return JobStatus(job, JobState.UNKNOWN, detail="(neither slurmctld nor sacct knows it)")
+        raw = info.get("JobState", "UNKNOWN")
+        state = STATES.get(raw, JobState.FAILED)
+        code = int(info.get("ExitCode", "0:0").split(":")[0]) if state.terminal else None
+        keys = ("JobName", "JobState", "Reason", "ExitCode", "Restarts", "RunTime", "NodeList")
+        detail = " ".join(f"{k}={info[k]}" for k in keys if k in info)
+        return JobStatus(job, state, code, f"{detail} (from {source})")
+
+    def logs(self, job: str | None, opts: argparse.Namespace) -> int:
+        job_id = check_job_id(self.job_or_last(job))
+        record = last_job(self.name) if job is None else {}
+        root = record.get("log_dir")
+        if root is None:
+            info = job_fields(job_id) or {}
+            root = str(Path(info["StdErr"]).parent) if info.get("StdErr") else None
+        if root is None:
+            raise SpecError(f"no log directory known for job {job_id}; pass the job's logs dir")
+        follower = LogFollower(Path(str(root)), job_id)
+        if not getattr(opts, "follow", False):
+            return 0 if follower.emit() else 1
+        return self.wait(job_id, opts.poll_s, on_poll=lambda _st: follower.emit())
+
+    def cancel(self, job: str | None, opts: argparse.Namespace) -> int:
+        """End the job: a save on the way out is welcome, a requeue is not. The job's
+        requeue flag is cleared first, so the batch shell's teardown (which requeues on a
+        checkpoint saved at a stop signal, and scancel's SIGTERM is one) leaves it ended."""
+        job_id = check_job_id(self.job_or_last(job))
+        st = self.poll(job_id)
+        if st.state.terminal:
+            print(f"job {job_id} already ended ({st.state.value}); nothing to cancel")
+            return 0
+        run_cmd("scontrol", "update", f"JobId={job_id}", "Requeue=0")
+        rc = run_cmd("scancel", job_id).returncode
+        if rc == 0:
+            print(f"cancelled job {job_id} (it may save a checkpoint on the way out; no requeue)")
+        return rc
+
+    def list_jobs(self, opts: argparse.Namespace) -> int:
+        user = os.environ.get("USER") or str(os.getuid())
+        out = run_cmd("squeue", "-h", "-u", user, "-o", "%i|%j|%T|%M|%D|%k")
+        if out.returncode != 0:
+            print(f"error: squeue failed: {out.stderr.strip()}", file=sys.stderr)
+            return 1
+        print("JOBID\tNAME\tSTATE\tTIME\tNODES")
+        for line in out.stdout.splitlines():
+            jid, name, state, elapsed, nodes, comment = line.split("|")[:6]
+            if comment == COMMENT:
+                print(f"{jid}\t{name}\t{state}\t{elapsed}\t{nodes}")
+        return 0

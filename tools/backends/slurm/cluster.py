@@ -1,0 +1,244 @@
+"""What the SLURM backend does on the cluster: submitit's task, scontrol/sacct/sinfo, node logs.
+
+Side effects only here; render.py stays pure (render never probes the cluster).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddpkit.tools.spec import JobSpec, SpecError, parse_time_minutes
+from ddpkit.train.contract import PREEMPT_SIGNALS
+
+
+@dataclass
+class NodeCommand:
+    """What each submitit task (one per node) runs: the rendered node script, in bash.
+
+    submitit's own handlers would requeue at once on USR2 (before the checkpoint is written)
+    and its process would die on USR1; here the preemption signals only get logged, because
+    SLURM delivers them to the whole step and the node launcher saves and exits by itself.
+    """
+
+    script: str
+
+    def __call__(self) -> int:
+        for name in PREEMPT_SIGNALS:
+            signal.signal(getattr(signal, name), _note_signal)
+        rc = subprocess.run(["bash", "-c", self.script], check=False).returncode
+        if rc != 0:
+            # Not an exception: submitit would write an "error" result before the requeue,
+            # and the real exit status (75: requeue) must reach the batch shell's teardown.
+            raise SystemExit(rc)
+        return rc
+
+
+def _note_signal(signum: int, _frame: object) -> None:
+    print(f"ddpkit: submitit task got {signal.Signals(signum).name}; waiting", file=sys.stderr)
+
+
+def run_cmd(*argv: str) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    except FileNotFoundError:
+        raise SpecError(f"{argv[0]} not found: is SLURM installed here? (make slurm-up)") from None
+
+
+def job_fields(job_id: str) -> dict[str, str] | None:
+    """`scontrol show job` as a dict (None when slurmctld no longer knows the job)."""
+    out = run_cmd("scontrol", "show", "job", "-o", job_id)
+    if out.returncode != 0 or "=" not in out.stdout:
+        return None
+    return dict(tok.split("=", 1) for tok in out.stdout.split() if "=" in tok)
+
+
+def sacct_fields(job_id: str) -> dict[str, str] | None:
+    """The accounting record of a job slurmctld has forgotten (None without accounting)."""
+    out = run_cmd("sacct", "-j", job_id, "-X", "-n", "-P", "-o", "JobID,JobName,State,ExitCode")
+    line = next((ln for ln in out.stdout.splitlines() if ln.split("|")[0] == job_id), None)
+    if out.returncode != 0 or line is None:
+        return None
+    jid, name, state, code = line.split("|")[:4]
+    return {"JobId": jid, "JobName": name, "JobState": state.split()[0], "ExitCode": code}
+
+
+def named(params: dict[str, object], name: str) -> dict[str, object]:
+    extra = dict(params["additional_parameters"])  # type: ignore[call-overload]
+    return params | {"job_name": name, "additional_parameters": extra | {"job_name": name}}
+
+
+def check_secrets(spec: JobSpec) -> None:
+    """Every slurm.secret_env name is set here: sbatch passes this environment on."""
+    missing = [name for name in spec.slurm.secret_env if name not in os.environ]
+    if missing:
+        raise SpecError(
+            f"slurm.secret_env {', '.join(missing)} not set in this shell; export it before "
+            "submitting (the value goes to the job by name, never into the script)"
+        )
+
+
+# --- the partition's limits (submit only: render never probes the cluster) ------------------
+
+# sinfo's fields, one line per group of alike nodes: partition (default marked *), node
+# count, generic resources, time limit, job size in nodes (MIN-MAX).
+SINFO_FORMAT = "%P|%D|%G|%l|%s"
+_UNLIMITED = ("infinite", "unlimited", "n/a", "none", "")
+
+
+@dataclass
+class PartitionLimits:
+    name: str
+    nodes: int  # nodes in the partition, whatever their state
+    gpus_per_node: list[int]  # one entry per node
+    time_minutes: int | None  # None: no limit
+    max_job_nodes: int | None  # None: no limit
+
+
+def _gpus(gres: str) -> int:
+    """GPUs of one node from sinfo's %G: gpu:4, gpu:a100:8(S:0-1), gpu:a:2,gpu:b:2, (null)."""
+    gres = re.sub(r"\([^)]*\)", "", gres)
+    total = 0
+    for item in gres.split(","):
+        fields = item.strip().split(":")
+        if fields[0] != "gpu":
+            continue
+        total += int(fields[-1]) if len(fields) > 1 and fields[-1].isdigit() else 1
+    return total
+
+
+def _limit_minutes(text: str) -> int | None:
+    if text.strip().lower() in _UNLIMITED:
+        return None
+    try:
+        return parse_time_minutes(text)
+    except ValueError:
+        return None  # a form not known here: sbatch has the last word
+
+
+def parse_sinfo(out: str, partition: str | None) -> PartitionLimits | None:
+    """The limits of `partition` (None: the default one, marked *) from `sinfo -h -o
+    SINFO_FORMAT`; None when sinfo does not list it."""
+    groups = []
+    for line in out.splitlines():
+        cols = line.strip().split("|")
+        if len(cols) != 5 or not cols[1].isdigit():
+            continue
+        name, default = cols[0].rstrip("*"), cols[0].endswith("*")
+        if (partition is None and default) or name == partition:
+            groups.append((name, int(cols[1]), _gpus(cols[2]), cols[3], cols[4]))
+    if not groups:
+        return None
+    sizes = [g[4].partition("-")[2] for g in groups]
+    max_job = [int(x) for x in sizes if x.isdigit()]
+    limits = [_limit_minutes(g[3]) for g in groups]
+    return PartitionLimits(
+        name=groups[0][0],
+        nodes=sum(g[1] for g in groups),
+        gpus_per_node=[g[2] for g in groups for _ in range(g[1])],
+        time_minutes=None if None in limits else max(limits),  # type: ignore[type-var]
+        max_job_nodes=max(max_job) if len(max_job) == len(groups) else None,
+    )
+
+
+def partition_limits(spec: JobSpec) -> PartitionLimits | None:
+    """The partition the job goes to, as sinfo reports it; None without sinfo or when it
+    does not answer (sbatch then has the last word). An unknown partition: SpecError."""
+    if shutil.which("sinfo") is None:
+        return None
+    part = spec.slurm.partition
+    argv = ["sinfo", "-h", "-o", SINFO_FORMAT] + (["-p", part] if part else [])
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    limits = parse_sinfo(out.stdout, part)
+    if limits is None and part and not out.stdout.strip():
+        raise SpecError(
+            f"slurm.partition {part!r} is not a partition of this cluster (sinfo lists none "
+            "by that name); pass one that `sinfo -s` shows (PARTITION=...), or unset it"
+        )
+    return limits
+
+
+def check_partition(spec: JobSpec) -> None:
+    """Refuse, before anything is queued, a job the partition can never run: it would
+    stay PENDING (Reason=PartitionConfig / Resources) with no hint."""
+    lim = partition_limits(spec)
+    if lim is None:
+        return
+    where = f"partition {lim.name}"
+    fix = "or pick another partition (slurm.partition, PARTITION=)"
+    most = min(lim.nodes, lim.max_job_nodes or lim.nodes)
+    if spec.nodes > most:
+        why = (
+            f"has {lim.nodes} node(s)"
+            if most == lim.nodes
+            else f"takes jobs of at most {most} node(s)"
+        )
+        raise SpecError(
+            f"{where} {why}, the job asks {spec.nodes} (--nodes {spec.nodes}): it would wait "
+            f"in the queue forever; pass --nodes {most} or fewer (NODES=), {fix}"
+        )
+    if spec.accelerator == "gpu":
+        want = spec.nproc_per_node
+        able = sorted(lim.gpus_per_node, reverse=True)
+        if sum(1 for g in able if g >= want) < spec.nodes:
+            have = able[spec.nodes - 1] if able else 0
+            raise SpecError(
+                f"{where}: its nodes have at most {max(able, default=0)} GPU(s) each (sinfo "
+                f"gres), the job asks {spec.nodes} node(s) x {want} (--gpus {want}): it would "
+                f"wait in the queue forever; pass --gpus {have} or fewer (GPUS=)"
+                + (', or accelerator = "cpu"' if not have else "")
+                + f", {fix}"
+            )
+    if lim.time_minutes is not None and spec.time_minutes > lim.time_minutes:
+        raise SpecError(
+            f"{where} allows jobs of at most {lim.time_minutes} min, the job asks "
+            f"{spec.time_minutes} min (time = {spec.time!r}): it would wait in the queue "
+            f"forever; lower time (--set time=...), {fix}"
+        )
+
+
+def check_job_id(job: str) -> str:
+    if not re.fullmatch(r"\d+(_\d+)?", job):
+        raise SpecError(
+            f"job id {job!r} is not a SLURM job id; pass a number (an array task: 123_4), "
+            "e.g. JOB=123"
+        )
+    return job
+
+
+class LogFollower:
+    """Every node's log of a job, each line prefixed by its node: `[node 1] ...`.
+    emit() prints what is new since the last call; returns whether any log exists."""
+
+    def __init__(self, root: Path, job_id: str) -> None:
+        self.root, self.job_id = root, job_id
+        self.offsets: dict[Path, int] = {}
+        self.partial: dict[Path, str] = {}
+
+    def emit(self) -> bool:
+        files = sorted(self.root.glob(f"{self.job_id}_*_log.*"))
+        for path in files:
+            node = path.name.split("_")[1]
+            stream = "" if path.suffix == ".out" else " err"
+            with path.open(errors="replace") as f:
+                f.seek(self.offsets.get(path, 0))
+                text = self.partial.pop(path, "") + f.read()
+                self.offsets[path] = f.tell()
+            lines = text.split("\n")
+            if lines[-1]:
+                self.partial[path] = lines[-1]  # a line still being written
+            for line in lines[:-1]:
+                sys.stdout.write(f"[node {node}{stream}] {line}\n")
+        sys.stdout.flush()
+        return bool(files)

@@ -1,0 +1,75 @@
+"""The job spec every backend renders from: one TOML file (configs/*.toml) plus overrides.
+
+Precedence, stated once: dataclass defaults < the TOML file < `--set key=value` (dotted keys
+of the file, e.g. `slurm.partition=gpu`, `train.lr=3e-4`) < `--nodes` / `--gpus`.
+`[train]` holds the training flags (ddpkit.train.config.TrainConfig's fields); the backend
+sections `[slurm]`, `[k8s]`, `[docker]` hold what only that backend has, each checked by its
+backend (Backend.validate), never by another's rules.
+
+Modules, imported downward only: values.py (pure helpers) <- schema.py (JobSpec and the
+sections, validators declared on their fields) <- load.py (the job file, overrides,
+validation, the workspace). The names below are the package's interface.
+"""
+
+from ddpkit.tools.spec.load import (
+    BUILTIN_JOB,
+    JOB_FILE,
+    apply_override,
+    builtin_job_path,
+    default_job_file,
+    in_workspace,
+    load_spec,
+    parse_override_value,
+    resolve_workspace,
+    validate,
+)
+from ddpkit.tools.spec.schema import (
+    ENTRY_NEUTRAL_TRAIN_KEYS,
+    ENV_NAME_RE,
+    MAX_SHUTDOWN_S,
+    MEM_RE,
+    MODULE_RE,
+    NAME_CHECK,
+    NAME_RE,
+    SBATCH_SIGNALS,
+    SIZE_RE,
+    DockerSpec,
+    ElasticSpec,
+    JobSpec,
+    K8sSpec,
+    SlurmSpec,
+    SpecError,
+)
+from ddpkit.tools.spec.values import DebugPreset, debug_env, flag_value, parse_time_minutes
+
+__all__ = [
+    "BUILTIN_JOB",
+    "ENTRY_NEUTRAL_TRAIN_KEYS",
+    "ENV_NAME_RE",
+    "JOB_FILE",
+    "MAX_SHUTDOWN_S",
+    "MEM_RE",
+    "MODULE_RE",
+    "NAME_CHECK",
+    "NAME_RE",
+    "SBATCH_SIGNALS",
+    "SIZE_RE",
+    "DebugPreset",
+    "DockerSpec",
+    "ElasticSpec",
+    "JobSpec",
+    "K8sSpec",
+    "SlurmSpec",
+    "SpecError",
+    "apply_override",
+    "builtin_job_path",
+    "debug_env",
+    "default_job_file",
+    "flag_value",
+    "in_workspace",
+    "load_spec",
+    "parse_override_value",
+    "parse_time_minutes",
+    "resolve_workspace",
+    "validate",
+]
