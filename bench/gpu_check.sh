@@ -11,7 +11,7 @@ mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
 "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' | tee -a "$out/device.txt"
 
-"$py" -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee "$out/pytest.txt"
+"$py" -m pytest -q -m gpu tests/train/test_gpu.py 2>&1 | tee "$out/pytest.txt"
 
 steps=${STEPS:-200}
 for mode in eager compile; do

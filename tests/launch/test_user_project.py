@@ -16,7 +16,7 @@ import pytest
 
 from tests.slurm_fixtures import slurm_cluster  # noqa: F401  (fixture)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DDPKIT = Path(sys.executable).with_name("ddpkit")  # the console script of this install
 
 TRAIN_PY = '''\

@@ -1,4 +1,4 @@
-"""Make variables reach the launcher as data (issue 13 item 7), through real `make`.
+"""Make variables reach the launcher as data, never as shell, through real `make`.
 
 `-o .venv/.installed`: never let a test reinstall the shared virtualenv.
 """

@@ -1,4 +1,4 @@
-"""Your own model, data and loss through import paths and the public API (issue 12, part 1).
+"""Your own model, data and loss through import paths and the public API.
 
 The example package examples/mypkg trains under DDP and FSDP2 with real torchrun ranks and
 resumes bitwise identically after a SIGKILL; bad import paths and factories that return the

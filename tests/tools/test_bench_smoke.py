@@ -16,7 +16,7 @@ import pytest
 
 from bench.common import spread, window_step_time
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_window_step_time_excludes_warmup_and_keeps_periodic_costs():

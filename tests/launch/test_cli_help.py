@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from ddpkit.train.config import TrainConfig, build_parser, field_help
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _help_entries() -> dict[str, str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from ddpkit.tools.spec import SpecError, load_spec, parse_time_minutes
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -94,7 +94,7 @@ BAD = [
         "HYBRID_SHARD: replicate degree 3 does not divide world size 4 (4 % 3 = 1)",
     ),  # fmt: skip
     (["train.sharding=FULL_SHARD"], "--sharding FULL_SHARD needs --parallel fsdp"),
-    # issue 13 item 13: the trainer's own checks at render time, its own words
+    # the trainer's own checks at render time, in its own words
     (["train.lr=-1"], "--lr must be > 0, got -1.0"),
     (["train.batch_size=0"], "--batch-size must be >= 1, got 0; pass a positive integer"),
     (

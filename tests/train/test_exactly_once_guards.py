@@ -1,4 +1,4 @@
-"""What breaks exactly-once is said, not done silently (issue 18 item 18): ranks that build
+"""What breaks exactly-once is said, not done silently: ranks that build
 datasets of different lengths are refused in one line; a resume that changes the epoch's
 order mid-epoch (another --seed, another dataset size) says which samples it affects."""
 

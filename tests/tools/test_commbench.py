@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from ddpkit.tools.commbench import OPS, bandwidths, bus_factor, parse_size
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 

@@ -31,7 +31,7 @@ from ddpkit.tools.doctor_net import (
 
 from tests.trainrun import run_module
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 IFACES = {"lo": "unknown", "eth0": "up", "eth1": "down", "ib0": "up", "docker0": "up"}
 NAMES = sorted(IFACES)
 

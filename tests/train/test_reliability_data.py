@@ -1,4 +1,4 @@
-"""Issue 11 item 11: damaged MNIST and imagefolder data is one line naming the file, exit 2,
+"""Damaged MNIST and imagefolder data is one line naming the file, exit 2,
 and every rank leaves quietly (no gloo traceback from the ranks that did not see it)."""
 
 from __future__ import annotations

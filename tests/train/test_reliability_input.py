@@ -1,4 +1,4 @@
-"""Issue 11 items 3 and 13: bad numbers and paths are one line, exit 2, nothing written;
+"""Bad numbers and paths are one line, exit 2, nothing written;
 under torchrun a config error is printed once (rank 0), not once per rank."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hugging Face models and data in the kit's trainer (issue 12, part 2), offline: a tiny
+"""Hugging Face models and data in the kit's trainer, offline: a tiny
 LlamaConfig and a word-level tokenizer built locally (tests/hf_fixtures.py), real torchrun
 ranks with gloo."""
 

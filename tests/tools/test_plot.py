@@ -11,7 +11,7 @@ from ddpkit.tools.plot import load_run
 
 from tests.trainrun import run_module
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def record(step: int, loss: float, **extra) -> dict:

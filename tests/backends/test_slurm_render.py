@@ -1,6 +1,6 @@
 """sbatch rendering: goldens (exact), shellcheck + bash -n, inert values, what a node runs.
 
-Regenerate goldens only on purpose: DDPKIT_UPDATE_GOLDENS=1 pytest tests/test_slurm_render.py
+Regenerate goldens only on purpose: DDPKIT_UPDATE_GOLDENS=1 pytest tests/backends/test_slurm_render.py
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from ddpkit.tools.spec import JobSpec, SpecError, load_spec
 
 from tests.conftest import FakeBin
 
-REPO = Path(__file__).resolve().parent.parent
-GOLDEN = Path(__file__).parent / "golden" / "slurm"
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "slurm"
 SHELLCHECK = Path(sys.executable).parent / "shellcheck"
 
 CASES: dict[str, tuple[str | None, list[str], int | None, int | None]] = {
@@ -226,7 +226,7 @@ def run_setup(spec: JobSpec, tmp_path: Path, job_id: str = "123457") -> dict[str
 
 
 def test_setup_resolves_head_address_port_per_job_and_srun_cpus(tmp_path: Path) -> None:
-    # issue 13 items 10, 5, 2: NodeAddr (the NodeName need not resolve), a port from the job
+    # NodeAddr (the NodeName need not resolve), a port from the job
     # id (two jobs on one node do not collide), --cpus-per-task for srun again (22.05-23.02).
     spec = load_spec(None, ["train.run_dir=run"], 2, 2)
     env = run_setup(spec, tmp_path)
@@ -241,7 +241,7 @@ def test_setup_resolves_head_address_port_per_job_and_srun_cpus(tmp_path: Path) 
 
 
 def test_srun_gets_cpus_kill_on_bad_exit_and_a_wait_beyond_the_budget() -> None:
-    # issue 13 items 2 and 3, on both routes (rendered sbatch and submitit)
+    # on both routes (rendered sbatch and submitit)
     spec = load_spec(None, ["train.shutdown_timeout_s=90.2", "slurm.grace_s=200"], 2, 4)
     text = slurm.render(spec)
     srun = next(ln for ln in text.splitlines() if ln.startswith("srun "))
@@ -262,7 +262,7 @@ def run_teardown(tmp_path: Path, step_rc: int) -> tuple[int, str]:
 
 
 def test_teardown_requeues_only_for_this_attempt(tmp_path: Path) -> None:
-    # issue 13 item 4: a stale requeue.json beside a crash no longer fakes a save
+    # a stale requeue.json beside a crash no longer fakes a save
     marker = tmp_path / "runs" / "default" / "requeue.json"
     marker.parent.mkdir(parents=True)
     marker.write_text(json.dumps({"launch_id": "ddpkit-42-0-earlier", "time": 1}))
@@ -289,7 +289,7 @@ def test_teardown_requeues_only_for_this_attempt(tmp_path: Path) -> None:
      ("/shared/ddpkit.sqsh", "/shared/ddpkit.sqsh")],
 )  # fmt: skip
 def test_pyxis_image_reference(image: str, ref: str) -> None:
-    # issue 13 item 8: enroot wants registry#image
+    # enroot wants registry#image
     assert slurm.enroot_ref(image) == ref
 
 

@@ -1,4 +1,5 @@
-"""Issue 11: never keep a bad state. Real `python -m ddpkit.train` processes (torchrun + gloo where
+"""Never keep a bad state: a non-finite loss, a failed save or a bad resume leaves the last good
+checkpoint as it was. Real `python -m ddpkit.train` processes (torchrun + gloo where
 the item needs ranks; a single process where it does not, which is much cheaper)."""
 
 from __future__ import annotations

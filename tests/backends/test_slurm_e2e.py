@@ -25,7 +25,7 @@ import pytest
 
 from tests.slurm_fixtures import slurm_cluster  # noqa: F401  (fixture)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 STEPS = 300
 
@@ -163,7 +163,7 @@ def test_plain_torchrun_script_on_two_nodes_world_size_4(
     slurm_cluster: int,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    """Issue 12 part 3: the unchanged plain DDP script through `make slurm-submit NODES=2`."""
+    """The unchanged plain DDP script through `make slurm-submit NODES=2`."""
     out = tmp_path / "result.json"
     proj = tmp_path / "plain-project"  # the example as a project of its own (its workspace)
     shutil.copytree(REPO / "examples" / "plain_torchrun", proj)
@@ -181,8 +181,8 @@ def test_plain_torchrun_script_on_two_nodes_world_size_4(
 
 
 def test_plain_sbatch_of_the_rendered_file(slurm_cluster: int, tmp_path: Path) -> None:  # noqa: F811
-    """Issue 13 item 6: `sbatch` of the rendered script works although its log dir does not
-    exist yet; item 10: the head is found by NodeAddr (node names need not resolve)."""
+    """`sbatch` of the rendered script works although its log dir does not exist yet, and the
+    head is found by NodeAddr (node names need not resolve)."""
     cfg = job_file(tmp_path, "e2e-sbatch")
     script = tmp_path / "job.sbatch"
     render = subprocess.run(
@@ -215,7 +215,7 @@ def test_sweep_is_one_job_array_with_a_run_dir_per_member(
     slurm_cluster: int,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    """Issue 13: --sweep train.lr=... as ONE SLURM job array through submitit; each member
+    """--sweep train.lr=... as ONE SLURM job array through submitit; each member
     runs in its own run dir (runs/<name>-<i> under the submit directory, here tmp_path)."""
     cfg = tmp_path / "sweep.toml"
     cfg.write_text(

@@ -1,5 +1,5 @@
-"""Issue 11 items 2 and 7 (corrupt or broken checkpoints fall back to the last good one) and
-issue 12's stateful parts. Single processes where the item allows; one 2-rank case."""
+"""Corrupt or broken checkpoints fall back to the last good one, and the named stateful parts
+a checkpoint holds load back into their owners. Single processes where the item allows; one 2-rank case."""
 
 from __future__ import annotations
 

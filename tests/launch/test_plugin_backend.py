@@ -1,4 +1,4 @@
-"""A backend from another package: one package plus one entry-point line (issue 20).
+"""A backend from another package: one package plus one entry-point line.
 
 The toy backend below lives in a temporary directory outside the kit, registered the way a
 pip-installed package registers it (an `entry_points.txt` in its .dist-info, group
