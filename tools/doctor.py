@@ -44,6 +44,7 @@ from ddpkit.tools.doctor_net import (
     parse_endpoint,
     rendezvous_findings,
 )
+from ddpkit.train.contract import default_ckpt_dir, default_run_dir
 from ddpkit.train.errors import CliParser, UserError, run_cli
 
 EXIT_FATAL = 1
@@ -126,8 +127,8 @@ def ckpt_settings(args: argparse.Namespace) -> tuple[str, int | None]:
         except ConfigError as e:
             raise DoctorError(str(e)) from None
         cfg = TrainConfig(**values)
-        run_dir = cfg.run_dir or str(Path("runs") / cfg.name)
-        ckpt = ckpt or cfg.ckpt_dir or str(Path(run_dir) / "checkpoints")
+        run_dir = cfg.run_dir or default_run_dir(cfg.name)
+        ckpt = ckpt or cfg.ckpt_dir or default_ckpt_dir(run_dir)
         if args.params is None:
             from ddpkit.tools.memory_model import describe_model
 

@@ -63,4 +63,4 @@ def member_specs(
 def _dir(spec: JobSpec, key: str) -> str:
     if key == "run_dir":
         return spec.run_dir
-    return spec.ckpt_dir or spec.train.get("ckpt_dir") or f"{spec.run_dir}/checkpoints"
+    return spec.checkpoint_dir

@@ -19,7 +19,12 @@ from pathlib import Path
 from typing import Any, Literal, get_type_hints
 
 from ddpkit.train import lookup, typed
-from ddpkit.train.contract import EXIT_BAD_INPUT, EXIT_REQUEUE
+from ddpkit.train.contract import (
+    EXIT_BAD_INPUT,
+    EXIT_REQUEUE,
+    default_ckpt_dir,
+    default_run_dir,
+)
 from ddpkit.train.errors import CliParser, ConfigError
 
 
@@ -402,9 +407,9 @@ def validate(cfg: TrainConfig, local_paths: bool = True) -> None:
     if not cfg.name.strip():
         cfg.name = entry_name()
     if cfg.run_dir is None:
-        cfg.run_dir = str(Path("runs") / cfg.name)
+        cfg.run_dir = default_run_dir(cfg.name)
     if cfg.ckpt_dir is None:
-        cfg.ckpt_dir = str(Path(cfg.run_dir) / "checkpoints")
+        cfg.ckpt_dir = default_ckpt_dir(cfg.run_dir)
 
 
 def entry_name(argv0: str | None = None) -> str:

@@ -31,6 +31,8 @@ REQUEUE_MARKER = "requeue.json"  # rank 0 writes it after a preemption save (tor
 SUMMARY_FILE = "summary.json"  # rank 0 writes it when a run ends (with the launch id)
 CONFIG_FILE = "config.json"  # rank 0 writes the run's resolved TrainConfig at start-up
 METRICS_FILE = "metrics.jsonl"  # rank 0 appends one JSON line per logged step and eval
+RUNS_DIR = "runs"  # a run dir defaults to runs/<name>, relative to the workspace
+CKPT_SUBDIR = "checkpoints"  # a checkpoint dir defaults to <run dir>/checkpoints
 CKPT_MARKER = ".complete"  # a step dir counts only once this file is in it
 CKPT_STEP_PREFIX = "step-"  # <ckpt_dir>/step-<N>/
 
@@ -66,6 +68,17 @@ RUN_DIR_ENV = "DDPKIT_RUN_DIR"
 # Whole seconds a worker has after a stop signal before torchrun kills it (the node
 # launcher's --shutdown-timeout); ddpkit.train.preempt.seconds_left() counts down from it.
 SHUTDOWN_ENV = "DDPKIT_SHUTDOWN_TIMEOUT_S"
+
+
+def default_run_dir(name: str) -> str:
+    """The run dir of a run that names none: runs/<name> (the trainer, the node launcher and
+    the job spec all derive it here)."""
+    return f"{RUNS_DIR}/{name}"
+
+
+def default_ckpt_dir(run_dir: str) -> str:
+    """The checkpoint dir of a run that names none: <run dir>/checkpoints."""
+    return str(Path(run_dir) / CKPT_SUBDIR)
 
 
 def write_requeue_marker(run_dir: str | Path, **info: Any) -> Path:

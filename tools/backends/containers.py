@@ -27,7 +27,7 @@ def check_ckpt_dir(spec: JobSpec) -> None:
     """A checkpoint dir on a path something else is mounted at: /dev/shm is memory (gone
     with the container), the data volume is read-only, and a volume on the work dir or the
     kit's dir (or above them) would hide what the image put there."""
-    ckpt = str(spec.ckpt_dir or spec.train.get("ckpt_dir") or f"{spec.run_dir}/checkpoints")
+    ckpt = spec.checkpoint_dir
     absolute = posixpath.normpath(posixpath.join(CONTAINER_WORKDIR, ckpt))
     mounts = ("/dev/shm", KIT_DIR_IN_IMAGE, f"{CONTAINER_WORKDIR}/data", CONTAINER_WORKDIR)
     for mounted in mounts:

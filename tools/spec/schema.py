@@ -20,7 +20,12 @@ from ddpkit.tools.spec.values import (
     parse_time_minutes,
 )
 from ddpkit.train import typed
-from ddpkit.train.contract import DEFAULT_SHUTDOWN_TIMEOUT_S, shutdown_budget_s
+from ddpkit.train.contract import (
+    DEFAULT_SHUTDOWN_TIMEOUT_S,
+    default_ckpt_dir,
+    default_run_dir,
+    shutdown_budget_s,
+)
 from ddpkit.train.errors import UserError
 from ddpkit.train.typed import at_least, checks, matches, plain_path, port
 
@@ -236,8 +241,14 @@ class JobSpec:
                 return given
             name = flag_value(self.train_args, "--name")
             if name is not None and self.train.get("run_dir") is None:
-                return f"runs/{name}"
-        return str(self.train.get("run_dir") or f"runs/{self.name}")
+                return default_run_dir(name)
+        return str(self.train.get("run_dir") or default_run_dir(self.name))
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """The one checkpoint dir of this job: ckpt_dir, else train.ckpt_dir, else
+        <run dir>/checkpoints (what the trainer will use)."""
+        return str(self.ckpt_dir or self.train.get("ckpt_dir") or default_ckpt_dir(self.run_dir))
 
     @property
     def time_minutes(self) -> int:
