@@ -221,12 +221,23 @@ def matches(pattern: str, message: str) -> Check:
     return check
 
 
+def is_plain_path(value: Any) -> bool:
+    """The one hostile-input predicate for a path: not empty, no leading '-' (a shell, an
+    engine or an argument parser would read it as an option), no newline."""
+    text = str(value)
+    return bool(text.strip()) and not text.startswith("-") and "\n" not in text
+
+
+def is_plain_token(value: Any) -> bool:
+    """A plain path without whitespace at all: an image reference, a name on a command line."""
+    return is_plain_path(value) and not any(c.isspace() for c in str(value))
+
+
 def plain_path(example: str) -> Check:
-    """A path no shell or argument parser reads as something else: not empty, no leading
-    '-', no newline."""
+    """A path no shell or argument parser reads as something else (is_plain_path)."""
 
     def check(value: Any, where: str) -> str | None:
-        if not str(value).strip() or str(value).startswith("-") or "\n" in str(value):
+        if not is_plain_path(value):
             return f"{where} {value!r} starts with '-' or contains a newline; use a plain path (e.g. {example})"
         return None
 

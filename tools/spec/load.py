@@ -183,9 +183,7 @@ def _validate_entry(spec: JobSpec) -> None:
             f"module {spec.module!r} is not a Python module path; use dotted names, e.g. "
             '"mypkg.train" (what `python -m` takes)'
         )
-    if spec.script is not None and (
-        not spec.script.strip() or spec.script.startswith("-") or "\n" in spec.script
-    ):
+    if spec.script is not None and not typed.is_plain_path(spec.script):
         raise SpecError(
             f"script {spec.script!r} is not a script path; use a .py path relative to the "
             'workspace (the job file\'s directory), e.g. "train.py"'
@@ -208,7 +206,7 @@ def _validate_entry(spec: JobSpec) -> None:
 def _validate_train(spec: JobSpec, local_paths: bool = True) -> None:
     for key in ("run_dir", "ckpt_dir"):
         value = spec.train.get(key)
-        if isinstance(value, str) and ("\n" in value or value.startswith("-")):
+        if isinstance(value, str) and value.strip() and not typed.is_plain_path(value):
             raise SpecError(
                 f"train.{key} {value!r} starts with '-' or contains a newline; use a plain "
                 "path (e.g. runs/mine)"
@@ -257,7 +255,7 @@ def resolve_workspace(path: str | Path | None, data: dict[str, Any]) -> Path:
     value = data.get("workspace")
     if value is None:
         return base
-    if not isinstance(value, str) or not value.strip() or value.startswith("-"):
+    if not isinstance(value, str) or not typed.is_plain_path(value):
         raise SpecError(f'workspace {value!r} is not a directory path; use e.g. ".."')
     ws = (base / value).resolve()
     if not ws.is_dir():

@@ -57,7 +57,7 @@ def _time_limit(value: str, key: str) -> str | None:
 
 
 def _image_ref(value: str, key: str) -> str | None:
-    if value.startswith("-") or not value.strip() or any(c.isspace() for c in value):
+    if not typed.is_plain_token(value):
         return (
             f"{key} {value!r} is not an image reference (it must not start with '-' or hold "
             "spaces, or an engine reads it as an option); use e.g. registry/ddpkit:1.0"
