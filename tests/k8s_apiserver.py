@@ -2,14 +2,19 @@
 the k8s backend uses, with the server-side behaviour that matters to it.
 
 - Custom objects (PyTorchJob, TrainJob): create (with dryRun=All: answered, not stored),
-  get, list (labelSelector), delete. A TrainJob is pruned against the served CRD's
+  get. A TrainJob is pruned against the served CRD's
   structural schema like the real API server does; fieldValidation=Strict turns an unknown
   field into 400 "strict decoding error: unknown field ..." (unless `ignores_field_validation`,
   an old server that prunes silently).
 - The TrainJob CRD itself (apiextensions.k8s.io/v1), one faithful-in-shape schema per Kubeflow
   Trainer release (`trainjob_crd`, field names read from kubeflow/trainer's trainjob_types.go at
   the tags v2.0.1, v2.1.0, v2.2.1, v2.3.0; core types such as Volume are left unpruned).
-- Pods: list (labelSelector), watch (one ADDED event per pod, then the stream ends), logs.
+- PersistentVolumeClaims: create; namespaces that do not exist or are forbidden.
+
+Only for what the real API server of tests/test_k8s_real.py cannot be (a cluster without the
+operators, an older Trainer's CRD, no RBAC to read CRDs, a server that prunes silently, a
+namespace the user may not write, a job that ends at once for --wait); pods, logs, watches,
+Secrets, list and delete are the real server's (the fake's were removed with their tests).
 """
 
 from __future__ import annotations
@@ -27,9 +32,7 @@ from ddpkit.tools import launch
 
 SERVED = {("kubeflow.org", "v1", "pytorchjobs"), ("trainer.kubeflow.org", "v1alpha1", "trainjobs")}
 CUSTOM = re.compile(r"^/apis/([^/]+)/([^/]+)/namespaces/([^/]+)/([^/]+)(?:/([^/]+))?$")
-CORE = re.compile(
-    r"^/api/v1/namespaces/([^/]+)/(pods|persistentvolumeclaims|secrets)(?:/([^/]+))?(/log)?$"
-)
+CORE = re.compile(r"^/api/v1/namespaces/([^/]+)/(persistentvolumeclaims)(?:/([^/]+))?$")
 CRD = re.compile(r"^/apis/apiextensions.k8s.io/v1/customresourcedefinitions/([^/]+)$")
 
 # --- the TrainJob CRD of each Trainer release ---------------------------------------------------
@@ -152,7 +155,7 @@ def prune_object(body: dict[str, Any], crd: dict[str, Any]) -> tuple[dict[str, A
 
 
 class FakeCluster:
-    """The API server's state: namespaces, served resources, objects, pods and their logs."""
+    """The API server's state: namespaces, served resources, objects."""
 
     def __init__(self) -> None:
         self.namespaces = {"default", "ml", "locked"}
@@ -162,11 +165,8 @@ class FakeCluster:
         self.crd_forbidden = False  # the user may not read CRDs (cluster-scoped)
         self.ignores_field_validation = False  # an old API server: prunes silently
         self.objects: dict[tuple, dict] = {}  # (plural, ns, name) -> object
-        self.pods: dict[tuple, dict] = {}  # (ns, name) -> {"labels":..., "log":..., "phase":...}
         self.requests: list[tuple[str, str, dict]] = []
         self.finish_as: str | None = None  # a created job reports this condition at once
-        self.secrets: dict[tuple, list[str]] = {}  # (ns, name) -> its keys
-        self.secrets_forbidden: set[tuple] = set()
 
 
 def _status(code: int, reason: str, message: str, details: dict | None = None) -> dict:
@@ -208,40 +208,10 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(404, "404 page not found\n", "text/plain")
             return self._object(method, plural, ns, name, body, query)
         if m := CORE.match(url.path):
-            ns, plural, name, log = m.groups()
+            ns, plural, name = m.groups()
             if ns in c.forbidden:
                 return self._forbidden(plural, ns)
-            if plural == "persistentvolumeclaims":
-                return self._object(method, plural, ns, name, body, query)
-            if plural == "secrets":
-                if (ns, name) in c.secrets_forbidden:
-                    return self._forbidden(plural, ns)
-                if (ns, name) not in c.secrets:
-                    return self._send(404, _status(404, "NotFound", f'secrets "{name}" not found',
-                                                   {"name": name, "kind": "secrets"}))  # fmt: skip
-                data = {k: "c2VjcmV0" for k in c.secrets[(ns, name)]}  # base64 "secret"
-                return self._send(200, {"kind": "Secret", "metadata": {"name": name},
-                                        "data": data})  # fmt: skip
-            if log:
-                pod = c.pods.get((ns, name))
-                if pod is None:
-                    return self._send(404, _status(404, "NotFound", f'pods "{name}" not found',
-                                                   {"name": name, "kind": "pods"}))  # fmt: skip
-                return self._send(200, pod["log"], "text/plain")
-            want = dict(kv.split("=", 1) for kv in query.get("labelSelector", "").split(",") if kv)
-            items = [
-                {"metadata": {"name": n, "namespace": ns, "uid": f"uid-{n}",
-                              "labels": p["labels"]},
-                 "status": {"phase": p["phase"], "containerStatuses": [
-                     {"name": "pytorch", "restartCount": p.get("restarts", 0), "ready": True,
-                      "image": "x", "imageID": "", "state": {}}]}}
-                for (pns, n), p in c.pods.items()
-                if pns == ns and want.items() <= p["labels"].items()
-            ]  # fmt: skip
-            if query.get("watch") == "true":  # one ADDED event per pod, then the stream ends
-                lines = [json.dumps({"type": "ADDED", "object": i}) + "\n" for i in items]
-                return self._send(200, "".join(lines))
-            return self._send(200, {"kind": "PodList", "apiVersion": "v1", "items": items})
+            return self._object(method, plural, ns, name, body, query)
         self._send(404, "404 page not found\n", "text/plain")
 
     def _forbidden(self, plural: str, ns: str) -> None:
@@ -280,21 +250,10 @@ class Handler(BaseHTTPRequestHandler):
                                            {"name": ns, "kind": "namespaces"}))  # fmt: skip
         if method == "POST":
             return self._create(plural, ns, body, query)
-        if name is None:  # list
-            want = dict(kv.split("=", 1) for kv in query.get("labelSelector", "").split(",") if kv)
-            items = [
-                o for (p, ons, _), o in c.objects.items()
-                if p == plural and ons == ns
-                and want.items() <= (o["metadata"].get("labels") or {}).items()
-            ]  # fmt: skip
-            return self._send(200, {"kind": "List", "items": items})
         key = (plural, ns, name)
         if key not in c.objects:
             return self._send(404, _status(404, "NotFound", f'{plural} "{name}" not found',
                                            {"name": name, "kind": plural}))  # fmt: skip
-        if method == "DELETE":
-            del c.objects[key]
-            return self._send(200, {"kind": "Status", "status": "Success"})
         return self._send(200, c.objects[key])
 
     def do_GET(self) -> None:
@@ -302,9 +261,6 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self._handle("POST")
-
-    def do_DELETE(self) -> None:
-        self._handle("DELETE")
 
 
 @pytest.fixture

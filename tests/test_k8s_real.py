@@ -21,6 +21,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL = REPO / "k8s" / "local"
+VENV = Path(sys.executable).parent.parent  # what `ddpkit:*` (and the user's image) stand for
+DDPKIT = Path(sys.executable).with_name("ddpkit")  # the console script of this install
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
 
@@ -43,10 +45,15 @@ def cluster(tmp_path_factory):
     if reason:
         pytest.skip(reason)
     state = tmp_path_factory.mktemp("k8s-state")
+    # A user's project (test_a_users_own_project_...) whose image `myproj:*` is this venv
+    # with the project as its /workspace, as `ddpkit build` derives it from ddpkit's image.
+    project = tmp_path_factory.mktemp("myproj")
+    images = f"ddpkit:*={VENV} myproj:*={VENV}:{project}"
     # A bridge and pod range of its own, so a developer's `make k8s-up` network stays.
     n = os.getpid() % 10000
     env = {**os.environ, "DDPKIT_K8S_STATE": str(state / "s"), "DDPKIT_K8S_NODES": "2",
-           "DDPKIT_K8S_BRIDGE": f"dkt{n}", "DDPKIT_K8S_POD_CIDR": f"10.245.{n % 250}.0/24"}  # fmt: skip
+           "DDPKIT_K8S_BRIDGE": f"dkt{n}", "DDPKIT_K8S_POD_CIDR": f"10.245.{n % 250}.0/24",
+           "DDPKIT_K8S_IMAGES": images, "DDPKIT_TEST_PROJECT": str(project)}  # fmt: skip
     up = subprocess.run(["bash", str(LOCAL / "up.sh")], env=env, capture_output=True,
                         text=True, timeout=300)  # fmt: skip
     try:
@@ -231,6 +238,14 @@ def test_kubectl_apply_of_the_default_render_trains_world_4_on_gpu_nodes(cluster
     assert "pod ref-master-0: Succeeded" in st.stdout, st.stdout
     logs = ddpkit(cluster, jobs["ref"], "logs", "k8s", "ref")
     assert logs.returncode == 0 and f"[ref-master-0] {WORLD}" in logs.stdout, logs.stderr
+    # --follow: the watch API and the node's log stream; it returns once the job has ended.
+    # (Only pods still there: cleanPodPolicy Running lets the operator delete a worker that
+    # was still exiting when the master's success ended the job.)
+    follow = ddpkit(cluster, jobs["ref"], "logs", "k8s", "ref", "--follow")
+    assert follow.returncode == 0 and f"[ref-master-0] {WORLD}" in follow.stdout, follow.stderr
+    listed = ddpkit(cluster, jobs["ref"], "list", "k8s")  # every ddpkit job, both kinds
+    assert listed.returncode == 0 and "ref\tPyTorchJob\tSucceeded\t" in listed.stdout, listed
+    assert "tj\tTrainJob\t" in listed.stdout, listed.stdout
 
 
 def test_a_trainjob_submitted_to_trainer_2_3_trains_world_4(cluster, jobs):
@@ -290,6 +305,11 @@ def test_cancel_deletes_a_running_job_and_its_pods(cluster, tmp_path):
         return phase.stdout == "Running"
 
     wait_until("gone-master-0 runs", running, 240, cluster)
+    # The same job again: the server's dry run answers AlreadyExists, in one line.
+    again = ddpkit(cluster, tmp_path, "submit", "k8s", *tiny("gone"))
+    assert again.returncode == 2 and again.stderr.count("\n") == 1, again.stderr
+    assert again.stderr.startswith("error: PyTorchJob gone: already exists"), again.stderr
+    assert "cancel k8s gone -n default" in again.stderr, again.stderr
     c = ddpkit(cluster, tmp_path, "cancel", "k8s")
     assert c.returncode == 0 and "deleted pytorchjob/gone" in c.stdout, c.stdout + c.stderr
 
@@ -299,3 +319,112 @@ def test_cancel_deletes_a_running_job_and_its_pods(cluster, tmp_path):
         return not pods.strip() and kubectl(cluster, "get", "pytorchjob", "gone").returncode != 0
 
     wait_until("job and pods deleted", gone, 120, cluster)
+    assert kubectl(cluster, "get", "pvc", "gone-ckpt").returncode == 0  # the claim stays
+    st = ddpkit(cluster, tmp_path, "status", "k8s", "gone")
+    assert st.returncode == 2 and "not found" in st.stderr and "Traceback" not in st.stderr
+
+
+def test_submit_refuses_a_missing_secret_or_namespace_in_one_line_and_creates_nothing(
+    cluster, tmp_path
+):
+    """submit reads the real Secret's key names (never a value) and the namespace before it
+    creates anything."""
+    sets = ("--set", "name=sec", "--set", "k8s.pvc_size=1Gi",
+            "--set", "k8s.secret_env.WANDB_API_KEY=wandb/api-key")  # fmt: skip
+    r = ddpkit(cluster, tmp_path, "submit", "k8s", *sets)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "Secret 'wandb' does not exist in namespace 'default'" in r.stderr
+    assert "kubectl create secret generic wandb -n default --from-literal=api-key=" in r.stderr
+    made = kubectl(cluster, "create", "secret", "generic", "wandb", "--from-literal=token=s3cr3t")
+    assert made.returncode == 0, made.stderr
+    try:
+        r = ddpkit(cluster, tmp_path, "submit", "k8s", *sets)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert "has no key api-key (it has: token)" in r.stderr and "s3cr3t" not in r.stderr
+    finally:
+        kubectl(cluster, "delete", "secret", "wandb")
+    r = ddpkit(cluster, tmp_path, "submit", "k8s", "--set", "name=sec", "--set",
+               "k8s.namespace=nope")  # fmt: skip
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "namespace 'nope' does not exist" in r.stderr, r.stderr
+    for kind in ("pytorchjob/sec", "pvc/sec-ckpt"):
+        assert kubectl(cluster, "get", kind).returncode != 0, kind
+
+
+# ---- the user's own project as the pods' image ---------------------------------------------
+USER_TRAIN_PY = '''\
+"""The user's own plain DDP script: it knows nothing of ddpkit."""
+import argparse, json, os, socket
+import torch, torch.distributed as dist
+from helpers import MARKER, out_path  # the project's own module, next to this script
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=5)
+args = p.parse_args()
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(args.steps):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+ranks = torch.tensor([float(rank)])
+dist.all_reduce(ranks)
+print(f"{MARKER} rank {rank}/{world} on {socket.gethostname()} ran {os.path.abspath(__file__)}"
+      f" for {args.steps} steps", flush=True)
+if rank == 0:
+    json.dump({"world_size": world, "rank_sum": ranks.item(), "steps": args.steps,
+               "script": os.path.abspath(__file__)}, open(out_path(), "w"))
+dist.destroy_process_group()
+'''
+USER_HELPERS_PY = (
+    'MARKER = "myproj-train-py:"\n\n'
+    "def out_path():\n"
+    '    return "runs/myproj/result.json"  # the run dir: the job\'s claim is mounted there\n'
+)
+USER_JOB = """\
+name = "myproj"
+image = "myproj:1"
+script = "train.py"
+args = ["--steps", "7"]
+[k8s]
+pvc_size = "1Gi"
+"""
+
+
+def test_a_users_own_project_and_image_run_as_the_pods_container(cluster):
+    """A project of the user's own (train.py, a module it imports, ddpkit.toml naming the
+    image `myproj:1` its `ddpkit build` would push), rendered by the installed `ddpkit`
+    from the project dir and applied with kubectl: the pods run that image (the node agent
+    maps `myproj:*` to this venv with the project as /workspace) and the project's script,
+    not the kit's trainer, trains in a world of 4."""
+    project = Path(cluster["DDPKIT_TEST_PROJECT"])
+    (project / "train.py").write_text(USER_TRAIN_PY)
+    (project / "helpers.py").write_text(USER_HELPERS_PY)
+    (project / "ddpkit.toml").write_text(USER_JOB)
+    r = subprocess.run([str(DDPKIT), "render", "k8s", "--nodes", "2", "--gpus", "2"],
+                       cwd=project, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "image: myproj:1" in r.stdout and "- train.py" in r.stdout, r.stdout
+    applied = kubectl(cluster, "apply", "-f", "-", input=r.stdout)
+    assert applied.returncode == 0, applied.stderr
+    wait_until("PyTorchJob myproj finished", lambda: finished(cluster, "pytorchjob", "myproj"),
+               600, cluster)  # fmt: skip
+    assert finished(cluster, "pytorchjob", "myproj") == "Succeeded"
+    images = kubectl(cluster, "get", "pods", "-l", "training.kubeflow.org/job-name=myproj", "-o",
+                     "jsonpath={.items[*].spec.containers[*].image}").stdout.split()  # fmt: skip
+    # The master's pod at least (the operator may have deleted a worker still exiting at
+    # the job's end; the node agent's log files below outlive the pods).
+    assert images and set(images) == {"myproj:1"}, images
+    claim = Path(cluster["DDPKIT_K8S_STATE"]) / "node" / "pvc" / "default" / "myproj-ckpt"
+    result = json.loads((claim / "runs" / "myproj" / "result.json").read_text())
+    # Ranks 0..3 all reduced: the script's own world, from the project's copy in /workspace.
+    assert result == {"world_size": 4, "rank_sum": 6.0, "steps": 7,
+                      "script": "/workspace/train.py"}, result  # fmt: skip
+    pods = Path(cluster["DDPKIT_K8S_STATE"]) / "node" / "pods"
+    logs = "".join(f.read_text() for f in pods.glob("default_myproj-*/pytorch.log"))
+    for rank in range(4):
+        assert f"myproj-train-py: rank {rank}/4 " in logs, logs[-3000:]
+    assert "ran /workspace/train.py for 7 steps" in logs
+    assert WORLD not in logs and not (claim / "runs" / "myproj" / "summary.json").exists()

@@ -7,7 +7,8 @@
 #   (self-signed certificates), and Trainer's `torch-distributed`
 #   ClusterTrainingRuntime.
 # There is no kubelet: pods stay Pending, unless DDPKIT_K8S_NODES=N starts
-# node_agent.py (N Ready nodes whose pods run as local processes).
+# node_agent.py (N Ready nodes whose pods run as local processes; its code is
+# the nodeagent/ package beside it).
 # Binaries come from build.sh, which up.sh runs first (instant when built).
 #
 # Everything runs from $DDPKIT_K8S_STATE (default /tmp/ddpkit-k8s):
@@ -391,7 +392,7 @@ wait_for 30 "torch-distributed ClusterTrainingRuntime" \
     kc apply --server-side -f "$TR_DIR/manifests/base/runtimes/torch_distributed.yaml"
 
 # --- node agent (optional) ---------------------------------------------------------------
-# DDPKIT_K8S_NODES=N registers N nodes served by node_agent.py (pods run as
+# DDPKIT_K8S_NODES=N registers N nodes served by node_agent.py (nodeagent/; pods run as
 # local processes); 0 (the default) leaves pods Pending, as without kubelets.
 if ((NODES > 0)); then
     "$PY" -c "import kubernetes" 2>/dev/null || die "node agent needs the kubernetes package (make setup)"

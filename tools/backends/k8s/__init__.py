@@ -89,7 +89,10 @@ def resources(spec: JobSpec) -> dict[str, Any]:
         amounts["nvidia.com/gpu"] = str(spec.nproc_per_node)
     if spec.k8s.rdma:
         amounts[spec.k8s.rdma_resource] = "1"
-    # Requests equal to limits: the Guaranteed QoS class (no eviction under memory pressure).
+    # Requests equal to limits: the Guaranteed QoS class (no eviction under memory pressure)
+    # when `mem` is set too; without a memory request the API server makes the pod
+    # Burstable (its status.qosClass on the local cluster), and so does the training
+    # operator's init container on PyTorchJob workers (requests below its limits).
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
