@@ -1,7 +1,7 @@
 """PyTorchJob/TrainJob rendering: goldens (exact), parsed back and checked against the core
 schemas (kubernetes-validate --strict), the controller's webhook rules, and YAML safety.
 
-Regenerate goldens only on purpose: DDPKIT_UPDATE_GOLDENS=1 pytest tests/test_k8s_render.py
+Regenerate goldens only on purpose: DDPKIT_UPDATE_GOLDENS=1 pytest tests/backends/test_k8s_render.py
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from ddpkit.tools import launch
 from ddpkit.tools.backends import k8s
 from ddpkit.tools.spec import JobSpec, SpecError, load_spec
 
-REPO = Path(__file__).resolve().parent.parent
-GOLDEN = Path(__file__).parent / "golden" / "k8s"
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "k8s"
 VALIDATE = Path(sys.executable).parent / "kubernetes-validate"
 
 CASES: dict[str, tuple[str, list[str], int | None, int | None]] = {

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO / "k8s" / "local"
 VENV = Path(sys.executable).parent.parent  # what `ddpkit:*` (and the user's image) stand for
 DDPKIT = Path(sys.executable).with_name("ddpkit")  # the console script of this install

@@ -1,0 +1,394 @@
+"""The Kubernetes manifests, built as dicts by small pure functions and dumped with
+yaml.safe_dump, so every user string comes out as the literal string (no splicing into YAML)."""
+
+from __future__ import annotations
+
+import posixpath
+from pathlib import PurePosixPath
+from typing import Any
+
+import yaml
+from ddpkit.tools.backends.containers import CONTAINER_WORKDIR, validate_k8s
+from ddpkit.tools.backends.k8s import crds as k8s_crds
+from ddpkit.tools.backends.k8s.checks import check
+from ddpkit.tools.backends.k8s.crds import PYTORCH_CONTAINER as CONTAINER
+from ddpkit.tools.backends.k8s.crds import PYTORCHJOB, TRAINJOB
+from ddpkit.tools.backends.k8s.crds import RUNTIME as TRAINER_RUNTIME
+from ddpkit.tools.spec import JobSpec
+from ddpkit.tools.templating import KIT_DIR
+
+FILE_EXT = "yaml"
+PORT_NAME = "pytorchjob-port"
+WORKDIR = CONTAINER_WORKDIR  # relative run/checkpoint paths resolve here
+RUN_AS = 1000  # the image's non-root user (docker/Dockerfile UID/GID)
+RDZV_WAIT_S = 600  # how long a pod waits for the rendezvous endpoint to accept connections
+GRACE_MARGIN_S = 30  # on top of the shutdown budget: the agent's teardown and the exit
+ELASTIC_DEFAULT_RESTARTS = 3  # an elastic job restarts its group on every membership change
+LAUNCH_SCRIPT = KIT_DIR / "k8s" / "launch.sh"
+
+
+# --- pieces -----------------------------------------------------------------------------------
+
+
+def ckpt_path(spec: JobSpec) -> str:
+    """Where checkpoints land inside the container (absolute)."""
+    return posixpath.normpath(posixpath.join(WORKDIR, spec.checkpoint_dir))
+
+
+def run_path(spec: JobSpec) -> str:
+    """The run dir inside the container (absolute): summary.json, metrics, node logs."""
+    return posixpath.normpath(posixpath.join(WORKDIR, spec.run_dir))
+
+
+def claim_sub_path(path: str) -> str:
+    """Where a container path lives on the claim: its path below the work dir (or below /),
+    so jobs sharing one claim keep their run dirs apart."""
+    below = PurePosixPath(path)
+    rel = below.relative_to(WORKDIR) if below.is_relative_to(WORKDIR) else below.relative_to("/")
+    return str(rel)
+
+
+def pvc_name(spec: JobSpec) -> str | None:
+    if spec.k8s.pvc:
+        return spec.k8s.pvc
+    return f"{spec.name}-ckpt" if spec.k8s.pvc_size else None
+
+
+def memory_quantity(mem: str | None) -> str | None:
+    """SLURM-style memory (binary units, plain number = MiB) as a Kubernetes quantity."""
+    if mem is None or mem == "0":  # "0" = all of the node: no request, no limit
+        return None
+    unit = mem[-1] if mem[-1] in "KMGT" else "M"
+    return f"{mem.rstrip('KMGT')}{unit}i"
+
+
+def resources(spec: JobSpec) -> dict[str, Any]:
+    amounts: dict[str, Any] = {"cpu": str(spec.nproc_per_node * spec.cpus_per_proc)}
+    if memory := memory_quantity(spec.mem):
+        amounts["memory"] = memory
+    if spec.accelerator == "gpu":
+        amounts["nvidia.com/gpu"] = str(spec.nproc_per_node)
+    if spec.k8s.rdma:
+        amounts[spec.k8s.rdma_resource] = "1"
+    # Requests equal to limits: the Guaranteed QoS class (no eviction under memory pressure)
+    # when `mem` is set too; without a memory request the API server makes the pod
+    # Burstable (its status.qosClass on the local cluster), and so does the training
+    # operator's init container on PyTorchJob workers (requests below its limits).
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def env(spec: JobSpec) -> list[dict[str, Any]]:
+    """The container's environment: POD_NAME, the launch environment, then the Secret refs
+    (only the Secret's name and key are written here, never the value)."""
+    values: dict[str, str] = {}
+    if spec.k8s.elastic.min is not None:
+        # torch shares the rendezvous TCPStore with the workers and caches its address from
+        # the first round: a pod that (re)joins a running job then waits forever for a key
+        # the old rank 0 never rewrites. Found by the operator emulation (a killed replica).
+        values["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    values.update(spec.launch_env())
+    if spec.k8s.rdma:
+        # RDMA registers (pins) memory: launch.sh refuses to start without an unlimited
+        # memlock limit, with the fix, instead of NCCL failing later (README: RDMA).
+        values["DDPKIT_REQUIRE_MEMLOCK"] = "unlimited"
+    pod_name = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    plain = [{"name": k, "value": str(v)} for k, v in sorted(values.items())]
+    secrets = [
+        {"name": k, "valueFrom": {"secretKeyRef": {"name": ref.partition("/")[0],
+                                                   "key": ref.partition("/")[2]}}}
+        for k, ref in sorted(spec.k8s.secret_env.items())
+    ]  # fmt: skip
+    return [pod_name, *plain, *secrets]
+
+
+def grace_period_s(spec: JobSpec) -> int:
+    """terminationGracePeriodSeconds: SIGTERM, then this long for the checkpoint save (the
+    shutdown budget) and the agent's exit before the kubelet sends SIGKILL."""
+    return spec.shutdown_budget_s + GRACE_MARGIN_S
+
+
+def max_restarts(spec: JobSpec) -> int:
+    if spec.k8s.elastic.min is not None and spec.max_restarts == 0:
+        return ELASTIC_DEFAULT_RESTARTS
+    return spec.max_restarts
+
+
+def host_pod(spec: JobSpec) -> str:
+    if spec.k8s.api == "trainjob":
+        return f"{spec.name}-node-0-0"
+    role = "worker" if spec.k8s.elastic.min is not None else "master"
+    return f"{spec.name}-{role}-0"
+
+
+def node_args(spec: JobSpec) -> list[str]:
+    """The node launcher's flags and the entry point (spec.node_argv without `python -m
+    ddpkit.train.node`); the rendezvous comes from the controller's PET_* variables."""
+    argv = spec.node_argv([])[3:]
+    # An elastic job restarts its group on every membership change: its own default.
+    return [
+        f"--max-restarts={max_restarts(spec)}" if a.startswith("--max-restarts=") else a
+        for a in argv[: argv.index("--")]
+    ] + argv[argv.index("--") :]
+
+
+def command(spec: JobSpec) -> tuple[list[str], list[str]]:
+    """(command, args) of the training container: the launch script, then its arguments
+    (every user value is an argument, never script text)."""
+    text = LAUNCH_SCRIPT.read_text()
+    # The file's header comment documents it in the repository; the manifest names it.
+    script = "# ddpkit k8s/launch.sh\n" + text[text.index("set -euo pipefail") :]
+    args = [host_pod(spec), str(RDZV_WAIT_S), *node_args(spec)]
+    return ["bash", "-c", script, "ddpkit-k8s"], args
+
+
+def volumes(spec: JobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, volumeMounts): /dev/shm in memory; the run dir on the PVC (summary.json,
+    metrics and node logs outlive the pods; checkpoints too, below it by default, or at
+    their own path on the same claim)."""
+    vols: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.k8s.shm_size}}
+    ]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    if claim := pvc_name(spec):
+        vols.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}})
+        run, ckpt = run_path(spec), ckpt_path(spec)
+        mounts.append({"name": "checkpoints", "mountPath": run, "subPath": claim_sub_path(run)})
+        if not PurePosixPath(ckpt).is_relative_to(run):
+            sub = claim_sub_path(ckpt)
+            mounts.append({"name": "checkpoints", "mountPath": ckpt, "subPath": sub})
+    return vols, mounts
+
+
+def labels(spec: JobSpec, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "ddpkit",
+        "app.kubernetes.io/instance": spec.name,
+        "app.kubernetes.io/component": component,
+    }
+
+
+def container_security() -> dict[str, Any]:
+    # No IPC_LOCK for RDMA: an added capability never reaches a non-root process's effective
+    # set (Kubernetes sets no ambient capabilities), so it would not raise memlock anyway.
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def pod_security() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "fsGroup": RUN_AS,  # the PVC is writable by the non-root user
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container(spec: JobSpec) -> dict[str, Any]:
+    cmd, args = command(spec)
+    vols, mounts = volumes(spec)
+    return {
+        "name": CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": cmd,
+        "args": args,
+        "workingDir": WORKDIR,
+        "env": env(spec),
+        "ports": [{"name": PORT_NAME, "containerPort": spec.rdzv_port, "protocol": "TCP"}],
+        "resources": resources(spec),
+        "volumeMounts": mounts,
+        "securityContext": container_security(),
+    }
+
+
+def pod_template(spec: JobSpec) -> dict[str, Any]:
+    k = spec.k8s
+    pod: dict[str, Any] = {
+        "restartPolicy": "OnFailure",
+        # SIGTERM on deletion/preemption: torchrun forwards it, the workers save a checkpoint.
+        "terminationGracePeriodSeconds": grace_period_s(spec),
+        "securityContext": pod_security(),
+        "containers": [container(spec)],
+        "volumes": volumes(spec)[0],
+    }
+    optional = {
+        "nodeSelector": dict(k.node_selector) or None,
+        "tolerations": [dict(t) for t in k.tolerations] or None,
+        "priorityClassName": k.priority_class,
+        "serviceAccountName": k.service_account,
+        "imagePullSecrets": [{"name": s} for s in k.image_pull_secrets] or None,
+        "schedulerName": k.scheduler,
+    }
+    pod.update({key: value for key, value in optional.items() if value is not None})
+    return {"metadata": {"labels": labels(spec, "training")}, "spec": pod}
+
+
+def metadata(spec: JobSpec, component: str) -> dict[str, Any]:
+    meta_labels = labels(spec, component)
+    if spec.k8s.queue and spec.k8s.scheduler != "volcano":
+        meta_labels["kueue.x-k8s.io/queue-name"] = spec.k8s.queue
+    return {"name": spec.name, "namespace": spec.k8s.namespace, "labels": meta_labels}
+
+
+def run_policy(spec: JobSpec, replicas: int) -> dict[str, Any]:
+    k = spec.k8s
+    policy: dict[str, Any] = {
+        "cleanPodPolicy": k.clean_pod_policy,
+        "backoffLimit": k.backoff_limit,
+        "activeDeadlineSeconds": spec.time_minutes * 60,
+    }
+    if k.ttl_seconds_after_finished is not None:
+        policy["ttlSecondsAfterFinished"] = k.ttl_seconds_after_finished
+    if k.scheduler:  # gang scheduling (Volcano / scheduler-plugins): all pods or none
+        gang: dict[str, Any] = {"minAvailable": k.elastic.min or replicas}
+        if k.queue and k.scheduler == "volcano":
+            gang["queue"] = k.queue
+        if k.priority_class:
+            gang["priorityClass"] = k.priority_class
+        policy["schedulingPolicy"] = gang
+    return policy
+
+
+def pytorchjob(spec: JobSpec) -> dict[str, Any]:
+    group, version, _, kind = PYTORCHJOB
+    template = pod_template(spec)
+    e = spec.k8s.elastic
+
+    def replica(n: int) -> dict[str, Any]:
+        return {"replicas": n, "restartPolicy": "OnFailure", "template": template}
+
+    body: dict[str, Any] = {"nprocPerNode": str(spec.nproc_per_node)}
+    if e.min is not None:  # workers only; torchrun's c10d rendezvous on <job>-worker-0
+        body["elasticPolicy"] = {
+            "rdzvBackend": "c10d",
+            "minReplicas": e.min,
+            "maxReplicas": e.max,
+            "maxRestarts": max_restarts(spec),
+        }
+        body["pytorchReplicaSpecs"] = {"Worker": replica(spec.nodes)}
+    else:
+        body["pytorchReplicaSpecs"] = {"Master": replica(1)}
+        if spec.nodes > 1:
+            body["pytorchReplicaSpecs"]["Worker"] = replica(spec.nodes - 1)
+    body["runPolicy"] = run_policy(spec, spec.nodes)
+    return {
+        "apiVersion": f"{group}/{version}",
+        "kind": kind,
+        "metadata": metadata(spec, "training"),
+        "spec": body,
+    }
+
+
+def trainjob(spec: JobSpec) -> dict[str, Any]:
+    """A TrainJob on the torch-distributed runtime, its pod changes in the shape of
+    k8s.trainer_version (k8s_crds.py)."""
+    group, version, _, kind = TRAINJOB
+    k = spec.k8s
+    c = container(spec)
+    vols, mounts = volumes(spec)
+    patch = k8s_crds.pod_patch(
+        k.trainer_version,
+        volumes=vols,
+        mounts=mounts,
+        node_selector=k.node_selector,
+        tolerations=k.tolerations,
+        service_account=k.service_account,
+        image_pull_secrets=k.image_pull_secrets,
+        pod_security=pod_security(),
+        container_security=container_security(),
+        grace_s=grace_period_s(spec),
+        labels=labels(spec, "training"),
+    )
+    body: dict[str, Any] = {
+        "runtimeRef": {
+            "name": TRAINER_RUNTIME,
+            "apiGroup": group,
+            "kind": "ClusterTrainingRuntime",
+        },
+        "trainer": {
+            "image": c["image"],
+            "command": c["command"],
+            "args": c["args"],
+            "env": c["env"],
+            "numNodes": spec.nodes,
+            "numProcPerNode": spec.nproc_per_node,
+            "resourcesPerNode": c["resources"],
+        },
+        **patch,
+    }
+    if k8s_crds.supports(k.trainer_version)["deadline"]:
+        body["activeDeadlineSeconds"] = spec.time_minutes * 60
+    return {
+        "apiVersion": f"{group}/{version}",
+        "kind": kind,
+        "metadata": metadata(spec, "training"),
+        "spec": body,
+    }
+
+
+def pvc(spec: JobSpec) -> dict[str, Any] | None:
+    """The checkpoint volume, rendered when k8s.pvc_size is set. ReadWriteMany: every node
+    writes its shards of a DCP checkpoint into the same directory."""
+    if not spec.k8s.pvc_size:
+        return None
+    body: dict[str, Any] = {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": spec.k8s.pvc_size}},
+    }
+    if spec.k8s.storage_class:
+        body["storageClassName"] = spec.k8s.storage_class
+    meta = {"name": pvc_name(spec), "namespace": spec.k8s.namespace}
+    meta["labels"] = labels(spec, "checkpoints")
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": body}
+
+
+def manifests(spec: JobSpec) -> list[dict[str, Any]]:
+    """The objects `submit` creates, in order (the PVC first)."""
+    validate_k8s(spec)  # pure, like render: a bad spec renders nothing
+    check(spec)
+    job = trainjob(spec) if spec.k8s.api == "trainjob" else pytorchjob(spec)
+    claim = pvc(spec)
+    return [claim, job] if claim else [job]
+
+
+class _Dumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:  # Master and Worker share one template dict
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    # The embedded script reads as a block; PyYAML falls back to quoting when a block
+    # cannot hold the string exactly, so this changes the looks, never the value.
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def render(spec: JobSpec) -> str:
+    docs = manifests(spec)
+    head = [f"# ddpkit job {spec.name!r}: kubectl apply -f <this file>"]
+    if spec.k8s.api == "trainjob":
+        v = spec.k8s.trainer_version
+        head.append(
+            f"# shaped for Kubeflow Trainer {v} (k8s.trainer_version); submit checks the CRD"
+        )
+        lacking = [
+            k for k, ok in k8s_crds.supports(v).items() if not ok and k != "image_pull_secrets"
+        ]
+        if lacking:
+            head.append(
+                f"# Trainer {v} takes no per-job {', '.join(lacking).replace('_', ' ')}: they come "
+                f"from the ClusterTrainingRuntime {TRAINER_RUNTIME!r}"
+            )
+    if pvc_name(spec) is None:
+        head.append(
+            "# no k8s.pvc: checkpoints stay on each pod's disk and are lost with the pod; "
+            "set k8s.pvc (or k8s.pvc_size)"
+        )
+    # explicit_start: every document opens with ---, so renders can be concatenated (sweeps)
+    body = yaml.dump_all(
+        docs, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100, explicit_start=True
+    )
+    return "\n".join(head) + "\n" + body
