@@ -1,4 +1,4 @@
-"""The step-time model (ddpkit.tools.steptime) against real steps on this machine.
+"""The step-time model (ddpkit.tools.steptime_*) against real steps on this machine.
 
     python -m bench.steptime              # = python -m bench --only steptime; 30 min on 2 shared cores
     python -m bench.steptime --quick      # mlp-deep, 2 ranks, DDP and FULL_SHARD (~1 min)
@@ -117,7 +117,7 @@ def measure(r: Run, work: Path) -> dict[str, Any]:
 def contended_compute(model: str, n: int, work: Path) -> Any:
     """One rank's compute measured while n ranks measure at once (the cores they share):
     the mean over ranks of bench.steptime --compute-worker under torchrun."""
-    from ddpkit.tools.steptime import Compute
+    from ddpkit.tools.steptime_model import Compute
 
     out = work / f"compute-{model}-{n}"
     out.mkdir(parents=True, exist_ok=True)
@@ -129,28 +129,27 @@ def contended_compute(model: str, n: int, work: Path) -> Any:
 
 def compute_worker(model: str, out: Path) -> int:
     import torch
-    from ddpkit.tools import steptime
+    from ddpkit.tools.steptime_job import measure_compute
 
     torch.set_num_threads(1)
-    c = steptime.measure_compute(job_cfg(model))
+    c = measure_compute(job_cfg(model))
     write_json(out / f"rank-{os.environ.get('RANK', '0')}.json", c.__dict__)
     return 0
 
 
 def predict(r: Run, links: dict[int, Any], computes: dict[str, Any]) -> dict[str, float]:
-    from ddpkit.tools import steptime
+    from ddpkit.tools.steptime_links import preset
+    from ddpkit.tools.steptime_plan import plan
 
     cfg = job_cfg(r.model)
     cfg.replicate_degree = r.replicate
     cfg.parallel = "ddp" if r.strategy == "DDP" else "fsdp"
-    intra = links.get(r.ranks // r.nodes) or steptime.preset("nvlink")
+    intra = links.get(r.ranks // r.nodes) or preset("nvlink")
     inter = links.get(r.ranks) or intra
     out = {}
     for comp, tag in ((computes[r.model, 1], ""), (computes[r.model, r.ranks], "loaded_")):
         for key, overlap in (("predicted_s", 1.0), ("serial_s", 0.0)):
-            p = steptime.plan(
-                cfg, r.ranks, r.nodes, intra, inter, comp, None, overlap, (r.strategy,)
-            )
+            p = plan(cfg, r.ranks, r.nodes, intra, inter, comp, None, overlap, (r.strategy,))
             s = p["strategies"][0]
             out[tag + key] = s["step_s"]
             out[tag + "compute_s"], out["comm_s"] = s["compute_s"], s["comm_s"]
@@ -180,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_all(quick: bool, work: Path, out: Path) -> list[str]:
     import torch
-    from ddpkit.tools import steptime
+    from ddpkit.tools.steptime_job import measure_compute
+    from ddpkit.tools.steptime_links import load_link
 
     torch.set_num_threads(1)  # one rank's compute, as torchrun's OMP_NUM_THREADS=1 runs it
     plan = runs(quick)
@@ -188,10 +188,10 @@ def run_all(quick: bool, work: Path, out: Path) -> list[str]:
     for n in sorted({r.ranks for r in plan if r.ranks > 1} | {2}):
         print(f"commbench on loopback, {n} gloo ranks", flush=True)
         path = commbench(n, work, quick)
-        links[n] = steptime.load_link(str(path))
+        links[n] = load_link(str(path))
     computes = {}
     for model in dict.fromkeys(r.model for r in plan):
-        computes[model, 1] = steptime.measure_compute(job_cfg(model))
+        computes[model, 1] = measure_compute(job_cfg(model))
         for n in sorted({r.ranks for r in plan if r.model == model and r.ranks > 1}):
             print(f"compute of {model} in {n} concurrent ranks", flush=True)
             computes[model, n] = contended_compute(model, n, work)
