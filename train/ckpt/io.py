@@ -28,13 +28,12 @@ import dataclasses
 import io
 import os
 import threading
-import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ddpkit.train.ckpt.files import ALGORITHM, METADATA, checksum_mismatch, file_crc32
+from ddpkit.train.ckpt.files import ALGORITHM, METADATA, checksum_mismatch, crc32, file_crc32
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
@@ -78,7 +77,7 @@ class _HashingStream:
         self._unsynced += size
         if self._unsynced >= WRITEBACK_AHEAD and (self._sync is None or not self._sync.is_alive()):
             self._start_writeback()
-        self.crc = zlib.crc32(b, self.crc)  # zlib drops the GIL: the writeback thread goes on
+        self.crc = crc32(b, self.crc)  # drops the GIL: the writeback thread goes on
         self.nbytes += size
         return n
 
@@ -202,7 +201,7 @@ class _VerifyingStream:
         self.raw.seek(offset)
         data = self.raw.read(length)
         if offset + len(data) > self.done:
-            self.crc = zlib.crc32(memoryview(data)[self.done - offset :], self.crc)
+            self.crc = crc32(memoryview(data)[self.done - offset :], self.crc)
             self.done = offset + len(data)
         return data
 
@@ -213,7 +212,7 @@ class _VerifyingStream:
             chunk = self.raw.read(n)
             if not chunk:
                 return
-            self.crc = zlib.crc32(chunk, self.crc)
+            self.crc = crc32(chunk, self.crc)
             self.done += len(chunk)
 
     def finish(self) -> None:
