@@ -113,6 +113,9 @@ def worker(args: argparse.Namespace) -> int:
             dist.barrier()
             if kind == "sync":
                 t = ck["sync"].save(rep, states, info, force_sync=True)
+                # keep-K deletes the previous checkpoint in a background thread: let it finish
+                # here, outside every timing, or the next variant's write shares the disk with it
+                ck["sync"]._join_pruner()
                 if rank == 0:
                     nbytes = dir_bytes(root / "sync" / f"step-{rep}")
                 rec: dict[str, Any] = {"save_s": t}
