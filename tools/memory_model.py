@@ -47,13 +47,20 @@ MODEL_FLAGS = (
     "synthetic_samples",
 )
 
-# Input shape and classes per dataset, as train/data/ builds them.
-DATASET_SHAPES: dict[str, tuple[tuple[int, ...], int | None]] = {
-    "synthetic": ((1, 28, 28), None),  # classes: cfg.synthetic_classes
-    "mnist": ((1, 28, 28), 10),
-    "cifar10": ((3, 32, 32), 10),
-    "imagefolder": ((3, 64, 64), 10),  # classes depend on the folder; 10 assumed
-}
+IMAGEFOLDER_CLASSES = 10  # an image folder's classes are its subdirectories: 10 assumed
+
+
+def _image_datasets() -> dict[str, tuple[tuple[int, ...], int | None]]:
+    """(x shape, classes) of each built-in image dataset, from the registry (the shapes the
+    builders produce); classes None: cfg.synthetic_classes."""
+    from ddpkit.train import registry
+
+    out = {}
+    for name, spec in registry.DATASETS.items():
+        if spec.in_shape is not None:
+            classes = spec.classes or (IMAGEFOLDER_CLASSES if name == "imagefolder" else None)
+            out[name] = (spec.in_shape, classes)
+    return out
 
 
 @dataclass
@@ -130,10 +137,11 @@ def load_cfg(args: argparse.Namespace) -> Any:
     for key in ("batch_size", "seq_len", "vocab_size", "n_layer", "n_head", "d_model"):
         if getattr(cfg, key) < 1:
             raise PlanError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(cfg, key)}")
-    if _kind(cfg) != "tokens" and cfg.dataset not in DATASET_SHAPES:
+    images = _image_datasets()
+    if _kind(cfg) != "tokens" and cfg.dataset not in images:
         raise PlanError(
             f"--dataset {cfg.dataset} does not fit --model {cfg.model}; "
-            f"use one of {', '.join(DATASET_SHAPES)}"
+            f"use one of {', '.join(images)}"
         )
     return cfg
 
@@ -151,7 +159,7 @@ def _kind(cfg: Any) -> str:
 def in_shape(cfg: Any) -> tuple[tuple[int, ...], int]:
     if _kind(cfg) == "tokens":
         return (cfg.seq_len,), cfg.vocab_size
-    shape, classes = DATASET_SHAPES[cfg.dataset]
+    shape, classes = _image_datasets()[cfg.dataset]
     return shape, classes or cfg.synthetic_classes
 
 

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ddpkit.tools.memory_model import OPTIM_BYTES, PlanError, RankState, shard_rows
+from ddpkit.train.config import replicate_problem
 
 GB = 1e9  # the article quotes decimal GB (7e9 * 16 B = 112 GB)
 STRATEGIES = ("DDP", "NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")
@@ -140,11 +141,9 @@ def make_plan(
             "nodes; pass nodes * gpus-per-node"
         )
     replicate = replicate_degree or nodes
-    if gpus % replicate:
-        raise PlanError(
-            f"HYBRID_SHARD: gpus({gpus}) % replicate({replicate}) != 0; pick a --replicate-degree "
-            "that divides --gpus"
-        )
+    problem = replicate_problem(gpus, replicate)
+    if problem:
+        raise PlanError(problem)
     if dtype not in HALF_BYTES:
         raise PlanError(f"--dtype {dtype}: pick one of {', '.join(HALF_BYTES)}")
     if optimizer not in OPTIM_BYTES:

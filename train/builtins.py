@@ -89,10 +89,10 @@ def _torchvision(cfg: Any, rank0_download: bool, kind: str) -> Any:
     return data.torchvision_dataset(cfg, rank0_download)
 
 
-register_dataset(DatasetSpec("synthetic", _synthetic, "any"))  # learnable, from the seed
-register_dataset(DatasetSpec("mnist", _mnist, "classes"))
-register_dataset(DatasetSpec("cifar10", _torchvision, "classes"))
-register_dataset(DatasetSpec("imagefolder", _torchvision, "classes"))
+register_dataset(DatasetSpec("synthetic", _synthetic, "any", (1, 28, 28)))  # learnable; seeded
+register_dataset(DatasetSpec("mnist", _mnist, "classes", (1, 28, 28), 10))
+register_dataset(DatasetSpec("cifar10", _torchvision, "classes", (3, 32, 32), 10))
+register_dataset(DatasetSpec("imagefolder", _torchvision, "classes", (3, 64, 64)))
 register_dataset(DatasetSpec("tokens", _tokens, "tokens"))
 
 

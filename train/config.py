@@ -513,17 +513,25 @@ def world_from_env() -> tuple[int, int, int, int]:
     return rank, size, local_rank, local_size
 
 
+def replicate_problem(size: int, rep: int) -> str | None:
+    """HYBRID_SHARD's one rule (the trainer's and the planner's): the replicate degree divides
+    the world size. The problem and its fix, or None."""
+    if size % rep == 0:
+        return None
+    divisors = [d for d in range(1, size + 1) if size % d == 0]
+    return (
+        f"HYBRID_SHARD: replicate degree {rep} does not divide world size {size} "
+        f"({size} % {rep} = {size % rep}); pass --replicate-degree one of "
+        f"{', '.join(map(str, divisors))}"
+    )
+
+
 def check_world(cfg: TrainConfig, size: int, nnodes: int) -> None:
     """World-size rules, checked from the environment before any process group exists."""
     if cfg.sharding == "HYBRID_SHARD":
-        rep = cfg.replicate_degree or nnodes
-        if size % rep:
-            divisors = [d for d in range(1, size + 1) if size % d == 0]
-            raise ConfigError(
-                f"HYBRID_SHARD: replicate degree {rep} does not divide world size {size} "
-                f"({size} % {rep} = {size % rep}); pass --replicate-degree one of "
-                f"{', '.join(map(str, divisors))}"
-            )
+        problem = replicate_problem(size, cfg.replicate_degree or nnodes)
+        if problem:
+            raise ConfigError(problem)
 
 
 def dump(cfg: TrainConfig) -> str:

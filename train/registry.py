@@ -78,6 +78,10 @@ class DatasetSpec:
     # (cfg, rank0_download, the model's data kind) -> DataBundle
     build: Callable[[Config, bool, DataKind], Bundle]
     data_kind: DataKind = "classes"
+    # What its samples look like without building it (the builder uses the same values, the
+    # memory planner reads them): x's shape, and the classes (None: from the config or data).
+    in_shape: tuple[int, ...] | None = None
+    classes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from ddpkit.train import registry
 from ddpkit.train.data.bundle import DataBundle
 from ddpkit.train.errors import ConfigError
 from torch.utils.data import TensorDataset
@@ -19,10 +20,17 @@ if TYPE_CHECKING:
     from ddpkit.train.config import TrainConfig
 
 
+def _shape(name: str) -> tuple[int, ...]:
+    """x's shape for a built-in image dataset: the registry's (the planner reads it there)."""
+    shape = registry.DATASETS[name].in_shape
+    assert shape is not None, name
+    return shape
+
+
 def synthetic_classification(cfg: TrainConfig) -> DataBundle:
     """Gaussian clusters around per-class prototypes in a 28x28 'image': learnable in seconds."""
     g = torch.Generator().manual_seed(10_007 + cfg.seed)
-    k, shape = cfg.synthetic_classes, (1, 28, 28)
+    k, shape = cfg.synthetic_classes, _shape("synthetic")
     protos = torch.randn(k, *shape, generator=g)
     n_val = max(cfg.synthetic_samples // 8, k)
 
@@ -113,7 +121,7 @@ def mnist(cfg: TrainConfig, rank0_download: bool) -> DataBundle:
         _check_mnist(img, x, lbl, y)
         # The article's transform: ToTensor() scales to [0, 1].
         splits[split] = TensorDataset(x.float().div_(255.0).unsqueeze(1), y.long())
-    return DataBundle(splits["train"], splits.get("val"), (1, 28, 28), 10)
+    return DataBundle(splits["train"], splits.get("val"), _shape("mnist"), 10)
 
 
 def torchvision_dataset(cfg: TrainConfig, rank0_download: bool) -> DataBundle:
@@ -131,8 +139,9 @@ def torchvision_dataset(cfg: TrainConfig, rank0_download: bool) -> DataBundle:
                 f"CIFAR-10 not found under {cfg.data_dir} ({e}); put cifar-10-batches-py "
                 "there (extract cifar-10-python.tar.gz) or allow the download"
             ) from None
-        return DataBundle(train, val, (3, 32, 32), 10)
-    tf = transforms.Compose([transforms.Resize((64, 64)), transforms.ToTensor()])
+        return DataBundle(train, val, _shape("cifar10"), 10)
+    shape = _shape("imagefolder")
+    tf = transforms.Compose([transforms.Resize(shape[1:]), transforms.ToTensor()])
     root = Path(cfg.data_dir)
     train_root = root / "train" if (root / "train").is_dir() else root
     try:
@@ -147,7 +156,7 @@ def torchvision_dataset(cfg: TrainConfig, rank0_download: bool) -> DataBundle:
         if (root / "val").is_dir()
         else None
     )
-    return DataBundle(train, val, (3, 64, 64), len(train.classes))
+    return DataBundle(train, val, shape, len(train.classes))
 
 
 def _image_loader(path: str):
