@@ -15,7 +15,7 @@ from ddpkit.tools.memory import make_plan, parse_count, shard_rows
 
 from tests.trainrun import run_module
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

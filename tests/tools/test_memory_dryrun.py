@@ -104,7 +104,7 @@ def test_dry_run_leaves_the_process_clean():
 def test_a_layer_fsdp_cannot_shard_is_refused():
     from ddpkit.tools.memory_model import PlanError
 
-    cfg = load_cfg(Namespace(config=None, model="tests.test_memory_dryrun:scalar_model"))
+    cfg = load_cfg(Namespace(config=None, model="tests.tools.test_memory_dryrun:scalar_model"))
     with pytest.raises(PlanError, match="scalar parameters"):
         dry_run(cfg, 8, 1, "FULL_SHARD")
     assert dry_run(cfg, 8, 1, "DDP").params == 28 * 28 * 10 + 10 + 1  # DDP replicates it as it is
@@ -124,7 +124,7 @@ def test_cli_refuses_what_fails_on_the_cluster(args, needle, one_line_error):
 
 
 def test_cli_refuses_a_scalar_parameter(one_line_error):
-    model = "tests.test_memory_dryrun:scalar_model"
+    model = "tests.tools.test_memory_dryrun:scalar_model"
     proc = run_module("ddpkit.tools.memory", "--model", model, "--gpus", "8", "--dry-run")
     assert "FULL_SHARD cannot shard" not in proc.stderr  # its own strategy: DDP (the default)
     assert proc.returncode == 0, proc.stderr
