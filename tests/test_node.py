@@ -249,6 +249,87 @@ def test_ctrl_c_at_the_launcher_saves_and_stops_with_130_in_one_line_no_requeue(
     assert not (tmp_path / "runs/t/requeue.json").exists()
 
 
+USER_LOOP = """
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def step():
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    time.sleep(0.05)
+
+
+dist.init_process_group("gloo")
+Path(f"ready{dist.get_rank()}").write_text("")
+while True:
+    step()
+"""
+
+USER_BOOM = """
+import torch.distributed as dist
+
+
+def fails():
+    raise ValueError(f"a real bug on rank {dist.get_rank()}")
+
+
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    fails()
+dist.barrier()
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_user_script_is_one_line_and_130_not_a_traceback_per_rank(tmp_path):
+    """A user's own script knows nothing of ddpkit: torchrun forwards SIGINT to every rank,
+    and each used to print its KeyboardInterrupt traceback."""
+    (tmp_path / "loop.py").write_text(USER_LOOP)
+    out = tmp_path / "out.txt"
+    with out.open("w") as sink:
+        proc = subprocess.Popen(
+            [*NODE, "--standalone", "--nproc-per-node", "2", "--", "loop.py"],
+            cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        ready = [tmp_path / "ready0", tmp_path / "ready1"]
+        assert _wait_for(lambda: all(f.exists() for f in ready), 120), out.read_text()
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = out.read_text()
+    assert code == 130, text
+    assert text == "ddpkit node: stopped by SIGINT (Ctrl-C); exit 130, not requeued\n", text
+
+
+@pytest.mark.slow
+def test_a_user_scripts_own_exception_keeps_its_traceback_as_python_prints_it(tmp_path):
+    (tmp_path / "boom.py").write_text(USER_BOOM)
+    p = subprocess.run(
+        [*NODE, "--standalone", "--nproc-per-node", "2", "--", "boom.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == EXIT_FAILED, p.stderr
+    lines = [x for x in p.stderr.splitlines() if x.startswith("[rank1]: ")]
+    assert lines[:3] == [
+        "[rank1]: Traceback (most recent call last):",
+        f'[rank1]:   File "{tmp_path / "boom.py"}", line 11, in <module>',
+        "[rank1]:     fails()",
+    ], p.stderr  # the user's frames first: none of the launcher's runner or runpy
+    assert lines[-1] == "[rank1]: ValueError: a real bug on rank 1", p.stderr
+    assert (
+        p.stderr.splitlines()[-1]
+        == "ddpkit node: rank 1 failed (exit code 1); see its output above"
+    )
+
+
 def test_the_rank_another_rank_waited_for_is_blamed_not_the_one_that_timed_out():
     # rank 0 timed out in a collective rank 1 never reached; torchrun then stopped rank 1
     # (its watchdog gives up: stuck) or it had died by SIGKILL.

@@ -15,10 +15,12 @@ metadata is pickled: inspect and export only checkpoints from storage you trust.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -146,16 +148,57 @@ def load_full_model(path: Path, part: str = "model") -> dict[str, Any]:
     return state[part]
 
 
-def export(path: Path, out: Path) -> dict[str, Any]:
+def _files(path: Path) -> set[str]:
+    try:
+        return set(os.listdir(path))
+    except OSError:
+        return set()
+
+
+@contextlib.contextmanager
+def read_while_pruned(path: Path, files: set[str], tool: str) -> Iterator[None]:
+    """The run that wrote `path` may prune it (--ckpt-keep) while a tool reads it, between
+    choosing the step dir (`files`: its names then) and the last byte read. A read that fails
+    after some of those files went away is one line; one that fails with every file still in
+    place is a real failure and keeps its traceback."""
+
+    def whole() -> bool:
+        return METADATA in files and files <= _files(path)
+
+    gone = UserError(
+        f"{path}: deleted while {tool} read it (pruned by its run's --ckpt-keep?)"
+        + ("; nothing was written" if tool == "export" else "")
+        + "; pass the run dir for its newest complete checkpoint, or a newer step-N dir"
+    )
+    if not whole():  # already going: DCP would log a traceback per metadata file it misses
+        raise gone
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:  # DCP's CheckpointException is a BaseException
+        if whole():
+            raise
+        raise gone from None
+
+
+def _marker(path: Path) -> dict[str, Any]:
+    from ddpkit.train.ckpt import read_marker
+
+    return read_marker(path) or {}
+
+
+def model_tensors(path: Path) -> dict[str, Any]:
+    """The full model tensors of a step dir, contiguous (what an export writes)."""
     import torch
 
-    model = {
-        k: v.detach().contiguous()
-        for k, v in load_full_model(path).items()
-        if isinstance(v, torch.Tensor)
-    }
-    marker = path / MARKER
-    info = json.loads(marker.read_text()) if marker.is_file() else {}
+    state = load_full_model(path)
+    return {k: v.detach().contiguous() for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+def export(model: dict[str, Any], info: dict[str, Any], out: Path) -> dict[str, Any]:
+    import torch
+
     meta = {
         k: info[k] for k in ("step", "world_size", "parallel", "sharding", "model") if k in info
     }
@@ -179,9 +222,11 @@ def export(path: Path, out: Path) -> dict[str, Any]:
     }
 
 
-def export_hf(path: Path, out: Path, model_dir: str | None) -> dict[str, Any]:
-    marker = path / MARKER
-    model = (json.loads(marker.read_text()) if marker.is_file() else {}).get("model") or ""
+def hf_model_dir(path: Path, info: dict[str, Any], model_dir: str | None) -> tuple[str, str]:
+    """(the model's name in the marker, its hf: directory), checked before the export reads."""
+    model = info.get("model") or ""
+    if not isinstance(model, str):
+        model = str(model)
     if model_dir is None:
         if not model.startswith("hf:"):
             raise UserError(
@@ -194,10 +239,13 @@ def export_hf(path: Path, out: Path, model_dir: str | None) -> dict[str, Any]:
             f"--model-dir {model_dir}: no config.json there; pass the hf: directory the run "
             "was trained with"
         )
+    return model, model_dir
+
+
+def export_hf(state: dict[str, Any], model: str, model_dir: str, out: Path) -> dict[str, Any]:
     from ddpkit.train import hf
 
-    r = hf.export(load_full_model(path), Path(model_dir), out)
-    return {**r, "model": model}
+    return {**hf.export(state, Path(model_dir), out), "model": model}
 
 
 def _tmp_path(out: Path) -> Path:
@@ -284,15 +332,23 @@ def _main(argv: list[str] | None) -> int:
     )
     args = ap.parse_args(argv)
     path = _checkpoint_dir(args.dir)
+    files = _files(path)
     if args.cmd == "inspect":
-        r = inspect(path)
+        with read_while_pruned(path, files, "inspect"):
+            r = inspect(path)
         print(json.dumps(r, indent=2)) if args.json else _print_inspect(r)
     else:
-        check_export_target(Path(args.out), args.format, args.force)
+        out = Path(args.out)
+        check_export_target(out, args.format, args.force)
+        with read_while_pruned(path, files, "export"):
+            info = _marker(path)
+            if args.format == "hf":
+                name, model_dir = hf_model_dir(path, info, args.model_dir)
+            model = model_tensors(path)
         if args.format == "hf":
-            r = export_hf(path, Path(args.out), args.model_dir)
+            r = export_hf(model, name, model_dir, out)
         else:
-            r = export(path, Path(args.out))
+            r = export(model, info, out)
         print(
             json.dumps(r)
             if args.json

@@ -17,6 +17,7 @@ them, so exactly-once across resumes and world-size changes holds as for every d
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -49,12 +50,69 @@ def load_config(d: Path, flag: str = "--model") -> Any:
             f"{flag} hf:{d}: no config.json in {d}; save one with "
             "AutoConfig/LlamaConfig(...).save_pretrained(DIR) (weights optional)"
         )
+    check_config_types(d, flag)
     from transformers import AutoConfig
 
     try:
         return AutoConfig.from_pretrained(str(d))
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, TypeError, *_strict_config_errors()) as e:
+        found = " ".join(str(e).split())  # transformers' validation errors span lines
+        raise ConfigError(
+            f"{flag} hf:{d}: {d / 'config.json'} is not a valid config ({found})"
+        ) from None
+
+
+# The sizes in config.json that the kit reads or that shape the model's layers. transformers
+# >= 5 refuses a wrong type in a multi-line traceback; older ones fail later, in the model's
+# constructor (`range("2")`), without naming the key. A key that is absent or null is the
+# architecture's default.
+SIZE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+    "n_embd",
+    "n_layer",
+    "n_head",
+    "n_positions",
+    "n_ctx",
+)
+
+
+def check_config_types(d: Path, flag: str = "--model") -> None:
+    """One line naming the file and the key for a config.json that is not a JSON object or
+    whose size keys are not positive integers."""
+    path = d / "config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
         raise ConfigError(f"{flag} hf:{d}: unreadable config.json ({e})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"{flag} hf:{d}: {path} holds a JSON {type(raw).__name__}, not an object of "
+            "config keys; save it with AutoConfig/LlamaConfig(...).save_pretrained(DIR)"
+        )
+    for key in SIZE_KEYS:
+        value = raw.get(key)
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 1
+        ):
+            raise ConfigError(
+                f"{flag} hf:{d}: {path}'s {key} is {value!r} ({type(value).__name__}), not a "
+                "positive integer; fix the model's config.json"
+            )
+
+
+def _strict_config_errors() -> tuple[type[Exception], ...]:
+    """huggingface_hub's dataclass validation error (transformers >= 5), where it exists."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:
+        return ()
+    return (StrictDataclassError,)
 
 
 def _wrapper_class() -> type:
@@ -86,7 +144,7 @@ def build(d: Path, cfg: Any) -> Any:
             model = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32)
         else:  # fresh init from the caller's seed (same on every rank)
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    except (ValueError, KeyError, OSError) as e:
+    except (ValueError, KeyError, OSError, TypeError) as e:  # TypeError: a key of a wrong type
         raise ConfigError(
             f"--model hf:{d}: not loadable as a causal LM ({type(e).__name__}: {e})"
         ) from None

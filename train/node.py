@@ -24,7 +24,9 @@ run finished in this launch anyway (summary.json with its id) -> 0; other worker
 -> 1, naming the first rank that failed of its own accord (not one torchrun stopped after
 it); success -> 0. One failure is forgiven: the kit trainer wrote this launch's summary.json
 and a worker then died by SIGABRT in interpreter teardown -> 0 with one line. torch's
-ChildFailedError dump is replaced by one short line.
+ChildFailedError dump is replaced by one short line. A user's script or module runs on the
+workers through run_entry (exactly as `python [-m] TARGET` would), so its unhandled
+KeyboardInterrupt on Ctrl-C ends each rank quietly and the launch says it once.
 """
 
 from __future__ import annotations
@@ -191,6 +193,54 @@ def _world(nnodes: str, nproc: str) -> tuple[int, int]:
 
         per_node = determine_local_world_size(nproc)
     return max_nodes * per_node, max_nodes
+
+
+# The workers' side of a user's script or module: `python -m ddpkit.train.node RUN_ENTRY
+# [-m] TARGET ARGS` runs it as `python [-m] TARGET ARGS` would (run_entry below).
+RUN_ENTRY = "--run-entry"
+
+
+def wrap_user_entry(args: argparse.Namespace) -> None:
+    """Run a user's Python script or module (not --no-python, --run-path or the legacy
+    --local-rank argument) through run_entry on every worker: an unhandled KeyboardInterrupt
+    (Ctrl-C, which torchrun forwards to every rank) then ends a rank quietly with 130 and the
+    launcher prints the one line, instead of a traceback from every rank."""
+    if args.no_python or args.run_path or not getattr(args, "use_env", True):
+        return
+    target = ["-m", args.training_script] if args.module else [args.training_script]
+    args.module, args.training_script = True, "ddpkit.train.node"
+    args.training_script_args = [RUN_ENTRY, *target, *args.training_script_args]
+
+
+def run_entry(argv: list[str]) -> int:
+    """`[-m] TARGET ARGS` in this interpreter, as `python [-m] TARGET ARGS` runs it
+    (sys.argv, sys.path[0], __main__). An unhandled KeyboardInterrupt: exit 130 without a
+    traceback. Any other exception: its traceback as Python prints it (through sys.excepthook,
+    torch's rank prefix included), without this runner's frames, and exit 1."""
+    import runpy
+
+    module = argv[0] == "-m"
+    target, args = (argv[1], argv[2:]) if module else (argv[0], argv[1:])
+    sys.argv = [target, *args]
+    try:
+        if module:  # sys.path[0] is the working directory already, as for python -m
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            if os.path.isfile(target):  # a directory or zip is put on sys.path by run_path
+                sys.path[0] = os.path.dirname(os.path.realpath(target))
+            runpy.run_path(os.path.abspath(target), run_name="__main__")
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED  # the launcher says it once for the launch
+    except SystemExit:
+        raise
+    except BaseException as e:
+        ours = {os.path.abspath(__file__), runpy.__file__, "<frozen runpy>"}
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename in ours:
+            tb = tb.tb_next
+        sys.excepthook(type(e), e.with_traceback(tb), tb)  # it prints e.__traceback__
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 def precheck_train(train_argv: list[str], world_size: int, nnodes: int) -> object:
@@ -397,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = run_dir or cfg.run_dir
         if timeout_s is None:
             timeout_s = cfg.shutdown_timeout_s
+    else:
+        wrap_user_entry(args)
     if not run_dir:  # another entry point, run by hand: runs/<its name>, as the trainer does
         run_dir = f"runs/{entry[1].rsplit('.', 1)[-1] if entry[0] == '-m' else Path(entry[0]).stem}"
     if timeout_s is None:
@@ -485,4 +537,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == [RUN_ENTRY]:  # a worker: the user's entry point, not the launcher
+        sys.exit(run_entry(sys.argv[2:]))
     sys.exit(run_cli(main))

@@ -97,7 +97,10 @@ def test_cli_json_and_fit():
     [
         (["--params", "lots"], "--params"),
         (["--params", "1e9", "--gpus", "6", "--nodes", "4"], "multiple of --nodes"),
-        (["--params", "1e9", "--gpus", "6", "--replicate-degree", "4"], "replicate degree 4 does not divide world size 6"),
+        (
+            ["--params", "1e9", "--gpus", "6", "--replicate-degree", "4"],
+            "replicate degree 4 does not divide world size 6",
+        ),
         (["--gpus", "2"], "exactly one of"),
         (["--model", "gpt", "--d-model", "100", "--n-head", "3"], "divisible"),
     ],

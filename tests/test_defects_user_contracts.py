@@ -1,0 +1,110 @@
+"""A user model that breaks the model contract under real ranks is one line naming the
+contract, the model and what was found, exit 2, no traceback: a model built differently on
+rank 1 (DDP: a 50-line traceback; FSDP2: a gloo abort), and a parameter that forward never
+uses under DDP (DDP's 77-line error at the second step). FSDP2 trains the latter as it is."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.trainrun import clean_env
+
+pytestmark = pytest.mark.slow
+
+PKG = """
+import os
+
+import torch
+from torch import nn
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def wider_on_rank_1(cfg):
+    width = 48 if rank() == 1 else 32
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, width), nn.ReLU(), nn.Linear(width, 10))
+
+
+def extra_on_rank_1(cfg):
+    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 10))
+    if rank() == 1:
+        model.register_parameter("bias2", nn.Parameter(torch.zeros(10)))
+    return model
+
+
+class Unused(nn.Module):
+    def __init__(self, frozen: bool):
+        super().__init__()
+        self.body = nn.Linear(784, 10)
+        self.head = nn.Linear(10, 10)  # never called in forward
+        self.head.requires_grad_(not frozen)
+
+    def forward(self, x):
+        return self.body(x.flatten(1))
+
+
+def unused(cfg):
+    return Unused(frozen=False)
+
+
+def unused_but_frozen(cfg):
+    return Unused(frozen=True)
+"""
+
+CONTRACT = "expected a factory (cfg, **model_args) -> torch.nn.Module"
+
+
+def _node(tmp_path: Path, model: str, parallel: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "contracts.py").write_text(PKG)
+    cmd = [sys.executable, "-m", "ddpkit.train.node", "--standalone", "--nproc-per-node", "2",
+           "--", "-m", "ddpkit.train", "--model", f"contracts:{model}", "--parallel", parallel,
+           "--steps", "3", "--eval-steps", "1", "--timeout-s", "30", "--progress", "plain",
+           "--run-dir", str(tmp_path / "r")]  # fmt: skip
+    env = clean_env(PYTHONPATH=str(tmp_path))
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+SHAPES = [
+    ("wider_on_rank_1", "parameter 1.weight is [32, 784] float32 on rank 0, [48, 784] float32 on rank 1"),
+    ("extra_on_rank_1", "rank 1 has a parameter bias2 [10] that rank 0 lacks"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+@pytest.mark.parametrize("model,found", SHAPES, ids=[m for m, _ in SHAPES])
+def test_a_model_built_differently_on_rank_1_is_one_line(
+    model, found, parallel, tmp_path, one_line_error
+):
+    line = one_line_error(_node(tmp_path, model, parallel))
+    assert line == (
+        f"error: --model contracts:{model} built another model on rank 1 than on rank 0: "
+        f"{found}; {CONTRACT} that builds the same parameter names, shapes and dtypes on "
+        "every rank (from cfg and its model_args, not from the rank)"
+    )
+    assert not list((tmp_path / "r").glob("checkpoints/step-*"))
+
+
+def test_a_parameter_forward_never_uses_is_one_line_under_ddp(tmp_path, one_line_error):
+    line = one_line_error(_node(tmp_path, "unused", "ddp"))
+    assert line == (
+        "error: --model contracts:unused: 2 parameters (head.weight, head.bias) took no part "
+        "in the first forward; under --parallel ddp every parameter that requires grad must "
+        "get a gradient every step: use it in forward, freeze it (requires_grad_(False)) or "
+        "drop it, or train with --parallel fsdp"
+    )
+    assert not list((tmp_path / "r").glob("checkpoints/step-*"))
+
+
+@pytest.mark.parametrize(
+    "model,parallel", [("unused", "fsdp"), ("unused_but_frozen", "ddp")], ids=["fsdp", "frozen"]
+)
+def test_an_unused_parameter_trains_where_it_breaks_nothing(model, parallel, tmp_path):
+    p = _node(tmp_path, model, parallel)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (tmp_path / "r" / "summary.json").is_file()
