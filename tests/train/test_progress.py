@@ -39,3 +39,77 @@ def test_the_plain_line_shows_the_step_and_an_eta_from_the_pace_so_far(
 )
 def test_durations_read_at_a_glance(seconds, shown):
     assert format_duration(seconds) == shown
+
+
+class _Job:
+    """A backend whose job runs while the test writes its metrics, then ends."""
+
+    def __init__(self, states):
+        from ddpkit.tools.backends import Backend, JobState, JobStatus
+
+        class Fake(Backend):
+            name, file_ext = "fake", "sh"
+
+            def render(self, spec):
+                return ""
+
+            def submit(self, spec, opts):
+                return 0
+
+            def poll(self, job):
+                state, before = next(states)
+                before()
+                return JobStatus(job, getattr(JobState, state))
+
+            def logs(self, job, opts):
+                return 0
+
+            def cancel(self, job, opts):
+                return 0
+
+        self.backend = Fake()
+
+
+def test_wait_prints_the_step_and_eta_from_metrics_and_only_on_change(tmp_path, capsys):
+    """`submit --wait` (WAIT=1): a line when the state changes, and while it runs a new step
+    with the ETA the trainer wrote in metrics.jsonl, not a line per poll."""
+    metrics_file = tmp_path / "metrics.jsonl"
+
+    def write(step, eta=None):
+        def go():
+            rec = {"step": step, "loss": 1.0, **({"eta_s": eta} if eta is not None else {})}
+            with metrics_file.open("a") as f:
+                f.write(json.dumps(rec) + "\n")
+
+        return go
+
+    def nothing():
+        return None
+
+    states = iter(
+        [
+            ("PENDING", nothing),
+            ("PENDING", nothing),  # unchanged: no line
+            ("RUNNING", write(1)),  # no pace yet: the step only
+            ("RUNNING", nothing),  # the same step: no line
+            ("RUNNING", write(31, 69.0)),
+            ("RUNNING", write(41, 59.0)),
+            ("SUCCEEDED", nothing),
+        ]
+    )
+    rc = _Job(states).backend.wait("7", poll_s=0, run_dir=tmp_path, every_s=0)
+    assert rc == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "job 7: pending",
+        "job 7: running step 1",
+        "job 7: running step 31 eta 1m09s",
+        "job 7: running step 41 eta 59s",
+        "job 7: succeeded",
+    ], lines
+
+
+def test_wait_without_metrics_here_prints_the_state_alone(tmp_path, capsys):
+    states = iter([("RUNNING", lambda: None), ("SUCCEEDED", lambda: None)])
+    assert _Job(states).backend.wait("8", poll_s=0, run_dir=tmp_path / "elsewhere") == 0
+    assert capsys.readouterr().err.splitlines() == ["job 8: running", "job 8: succeeded"]

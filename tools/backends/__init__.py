@@ -59,6 +59,7 @@ from typing import Any, ClassVar
 
 from ddpkit.tools.spec import JobSpec, SpecError
 from ddpkit.train import typed
+from ddpkit.train.contract import METRICS_FILE
 
 BACKENDS = {
     "local": "ddpkit.tools.backends.local:LocalBackend",
@@ -101,6 +102,9 @@ class JobStatus:
     def line(self) -> str:
         code = "" if self.exit_code is None else f" exit={self.exit_code}"
         return f"job {self.job}: {self.state.value}{code} {self.detail}".rstrip()
+
+
+PROGRESS_EVERY_S = 30.0  # wait: a new step and ETA at most this often while a job runs
 
 
 class Backend(abc.ABC):
@@ -188,22 +192,54 @@ class Backend(abc.ABC):
         job: str,
         poll_s: float = 2.0,
         on_poll: Callable[[JobStatus], None] | None = None,
+        run_dir: str | Path | None = None,
+        every_s: float = PROGRESS_EVERY_S,
     ) -> int:
         """The one wait loop: poll until the job ends; print a line on stderr when the
-        state (or the exit status) changes, not every poll (run times tick in the detail)."""
+        state (or the exit status) changes, not every poll (run times tick in the detail).
+        With the job's run dir on this machine (a shared filesystem), the line ends with the
+        trainer's step and ETA from metrics.jsonl, and a new step is printed at most every
+        `every_s` seconds."""
         last: tuple[JobState, int | None] | None = None
+        shown, shown_at = "", 0.0
         while True:
             st = self.poll(job)
             if on_poll is not None:
                 on_poll(st)
-            if (st.state, st.exit_code) != last:
-                print(st.line(), file=sys.stderr, flush=True)
-                last = (st.state, st.exit_code)
+            now = time.monotonic()
+            where = progress(run_dir) if st.state is JobState.RUNNING else ""
+            changed = (st.state, st.exit_code) != last
+            if changed or (where and where != shown and now - shown_at >= every_s):
+                print(st.line() + where, file=sys.stderr, flush=True)
+                last, shown, shown_at = (st.state, st.exit_code), where, now
             if st.state.terminal:
                 if st.state is JobState.SUCCEEDED:
                     return 0
                 return st.exit_code or 1
             time.sleep(poll_s)
+
+
+def progress(run_dir: str | Path | None) -> str:
+    """' step N eta D' from the last record of <run_dir>/metrics.jsonl ('step N' when the
+    record has no ETA yet), or '' where there is none: no run dir here, no metrics yet, a
+    script that is not the kit's trainer. Reads the file's last 4 KB only."""
+    if run_dir is None:
+        return ""
+    try:
+        with (Path(run_dir) / METRICS_FILE).open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            rec = json.loads(f.read().decode(errors="replace").strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError):
+        return ""
+    step = rec.get("step") if isinstance(rec, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool):
+        return ""
+    eta = rec.get("eta_s")
+    if not isinstance(eta, (int, float)) or isinstance(eta, bool):
+        return f" step {step}"
+    from ddpkit.train.metrics import format_duration
+
+    return f" step {step} eta {format_duration(eta)}"
 
 
 # Run by the nodes' Python: import each "module[:attribute]" given, stop at the first that

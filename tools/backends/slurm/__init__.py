@@ -129,7 +129,8 @@ class SlurmBackend(Backend):
         print(f"follow: python -m ddpkit.tools.launch logs slurm {job_id} --follow")
         if opts.wait:
             follower = LogFollower(logs, job_id)
-            return self.wait(job_id, opts.poll_s, on_poll=lambda _st: follower.emit())
+            on_poll = lambda _st: follower.emit()  # noqa: E731
+            return self.wait(job_id, opts.poll_s, on_poll=on_poll, run_dir=spec.run_dir)
         return 0
 
     def submit_sweep(self, specs: list[JobSpec], opts: argparse.Namespace) -> int:
