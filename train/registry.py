@@ -17,6 +17,8 @@ The contracts (README "Your own model" says the same):
   called once under `torch.device("meta")` before any process group starts (to check it and
   for `ddpkit.tools.memory`), then once per rank on the CPU after `torch.manual_seed(cfg.seed)`, so
   every rank starts from the same weights. It must not move the model to a device.
+  Every rank builds the same parameter names, shapes and dtypes, and under DDP every
+  parameter that requires grad takes part in forward (both checked, one line each).
   Blocks (one FSDP2 unit, activation-checkpoint and compile region each): `model.blocks()`
   if it exists, else the attribute `model.fsdp_blocks` (a list), else the children of the
   largest `nn.ModuleList` whose members all have one class (the repeated layers).

@@ -133,7 +133,7 @@ class LocalBackend(Backend):
         run_dir = Path(spec.run_dir)
         if rc == 0 and getattr(opts, "plot", False) and (run_dir / METRICS_FILE).is_file():
             plot_run(run_dir)
-        if run_dir.is_dir():
+        if rc == 0 and run_dir.is_dir():  # after a failure the run's own error line is the news
             print(f"outputs: {run_dir.resolve()} (summary.json, metrics.jsonl, checkpoints/)")
         return rc
 
