@@ -20,6 +20,7 @@ from ddpkit.tools.spec.values import (
     parse_time_minutes,
 )
 from ddpkit.train import typed
+from ddpkit.train.config import DURATION_MAX_S
 from ddpkit.train.contract import (
     DEFAULT_SHUTDOWN_TIMEOUT_S,
     default_ckpt_dir,
@@ -38,7 +39,7 @@ SBATCH_SIGNALS = ("USR1", "USR2", "TERM")
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # [train] keys that mean something for any entry point (the node launcher reads them).
 ENTRY_NEUTRAL_TRAIN_KEYS = {"run_dir", "shutdown_timeout_s"}
-MAX_SHUTDOWN_S = 86400.0
+MAX_SHUTDOWN_S = float(DURATION_MAX_S)  # the trainer's and the node launcher's bound (a week)
 
 
 class SpecError(UserError):
