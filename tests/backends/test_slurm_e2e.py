@@ -28,6 +28,7 @@ from tests.slurm_fixtures import slurm_cluster  # noqa: F401  (fixture)
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 STEPS = 300
+REQUEUE_SETTLE_S = 10  # a requeued job stays held this long before the test releases it
 
 
 def free_port() -> int:
@@ -103,9 +104,12 @@ def test_preempted_job_requeues_resumes_and_matches(slurm_cluster: int, tmp_path
             assert scontrol(job)["JobState"] in ("PENDING", "RUNNING"), scontrol(job)
             time.sleep(0.5)
         subprocess.run(["scancel", "--signal=USR1", job], check=True)
-        # Requeued jobs wait for a BeginTime hold (about 2 min); release it to keep the test short.
+        # Requeued jobs wait for a BeginTime hold (about 2 min); release it to keep the test
+        # short, but not at once: slurmd revokes the old attempt's credential as the requeue
+        # lands, and a start within that moment is killed ("Job credential revoked", seen in
+        # CI: the job ends FAILED). The hold exists for this; a few seconds of it suffice.
         deadline = time.monotonic() + 400
-        released = False
+        released, requeued_at = False, None
         while (info := scontrol(job))["JobState"] not in (
             "COMPLETED",
             "FAILED",
@@ -114,8 +118,12 @@ def test_preempted_job_requeues_resumes_and_matches(slurm_cluster: int, tmp_path
         ):
             assert time.monotonic() < deadline, info
             if info["JobState"] == "PENDING" and info.get("Restarts", "0") != "0" and not released:
-                subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
-                released = True
+                requeued_at = requeued_at or time.monotonic()
+                if time.monotonic() - requeued_at >= REQUEUE_SETTLE_S:
+                    subprocess.run(
+                        ["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False
+                    )
+                    released = True
             time.sleep(1)
     finally:
         subprocess.run(["scancel", job], check=False)
