@@ -14,14 +14,16 @@ from tests.trainrun import PY, ROOT, clean_env
 
 pytest.importorskip("transformers")
 
-BAD_TYPES = [  # arch, key, value, what the line says after the key
-    ("llama", "num_hidden_layers", "abc", "is 'abc' (str), not a positive integer"),
-    ("llama", "hidden_size", [32], "is [32] (list), not a positive integer"),
-    ("llama", "num_attention_heads", 4.5, "is 4.5 (float), not a positive integer"),
-    ("gpt2", "n_layer", "2", "is '2' (str), not a positive integer"),
-    ("gpt2", "vocab_size", "abc", "is 'abc', not a positive integer"),  # config.py's check
-    ("llama", "vocab_size", [64], "is [64], not a positive integer"),
+BAD_TYPES = [  # arch, key, value, what the line says after the key, through the trainer's CLI?
+    ("llama", "num_hidden_layers", "abc", "is 'abc' (str), not a positive integer", True),
+    ("llama", "hidden_size", [32], "is [32] (list), not a positive integer", False),
+    ("llama", "num_attention_heads", 4.5, "is 4.5 (float), not a positive integer", False),
+    ("gpt2", "n_layer", "2", "is '2' (str), not a positive integer", False),
+    ("gpt2", "vocab_size", "abc", "is 'abc', not a positive integer", True),  # config.py's check
+    ("llama", "vocab_size", [64], "is [64], not a positive integer", False),
 ]
+# One case of each check runs `python -m ddpkit.train` as a user would (a process with
+# transformers is ~30 s here); the others call the same check in this process.
 
 
 def _model_dir(tmp_path: Path, arch: str, **keys: object) -> Path:
@@ -42,16 +44,27 @@ def _train(model: Path, run_dir: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize(
-    "arch,key,value,said", BAD_TYPES, ids=[f"{a}-{k}" for a, k, _, _ in BAD_TYPES]
+    "arch,key,value,said,cli", BAD_TYPES, ids=[f"{a}-{k}" for a, k, *_ in BAD_TYPES]
 )
 def test_a_wrong_type_in_config_json_names_the_file_and_the_key(
-    arch, key, value, said, tmp_path, one_line_error
+    arch, key, value, said, cli, tmp_path, one_line_error
 ):
     model = _model_dir(tmp_path, arch, **{key: value})
-    line = one_line_error(_train(model, tmp_path / "r"))
+    if cli:
+        line = one_line_error(_train(model, tmp_path / "r"))
+        assert not (tmp_path / "r").exists()
+    else:
+        from ddpkit.train import hf
+        from ddpkit.train.config import ConfigError, model_vocab
+
+        with pytest.raises(ConfigError) as e:
+            if key == "vocab_size":
+                model_vocab(f"hf:{model}")
+            else:
+                hf.check_config_types(model)
+        line = f"error: {e.value}"
     assert line.startswith(f"error: --model hf:{model}: "), line
     assert f"config.json's {key} {said}" in line, line
-    assert not (tmp_path / "r").exists()
 
 
 def test_a_key_only_transformers_checks_is_one_line_too(tmp_path, one_line_error):
