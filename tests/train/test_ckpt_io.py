@@ -190,3 +190,20 @@ def test_the_checksum_is_zlibs_crc32_whichever_implementation_runs() -> None:
     for piece in pieces:
         crc = crc32(piece, crc)
     assert crc == zlib.crc32(data)
+
+
+def test_torch_saves_own_crc_is_off_only_while_checkpoints_write() -> None:
+    """Overlapping saves (an async one still writing when the next starts) leave torch.save's
+    process-wide CRC option as it was once the last one ends."""
+    import torch.serialization as ser
+    from ddpkit.train.ckpt.io import _zip_crc32_off
+
+    assert ser.get_crc32_options()
+    first, second = _zip_crc32_off(), _zip_crc32_off()
+    first.__enter__()
+    second.__enter__()
+    assert not ser.get_crc32_options()
+    first.__exit__(None, None, None)  # the first to start ends first
+    assert not ser.get_crc32_options()  # the other is still writing
+    second.__exit__(None, None, None)
+    assert ser.get_crc32_options()

@@ -41,33 +41,31 @@ def test_durations_read_at_a_glance(seconds, shown):
     assert format_duration(seconds) == shown
 
 
-class _Job:
-    """A backend whose job runs while the test writes its metrics, then ends."""
+def _fake_backend(states):
+    """A backend whose job goes through `states`, (state, what happens before that poll)."""
+    from ddpkit.tools.backends import Backend, JobState, JobStatus
 
-    def __init__(self, states):
-        from ddpkit.tools.backends import Backend, JobState, JobStatus
+    class Fake(Backend):
+        name, file_ext = "fake", "sh"
 
-        class Fake(Backend):
-            name, file_ext = "fake", "sh"
+        def render(self, spec):
+            return ""
 
-            def render(self, spec):
-                return ""
+        def submit(self, spec, opts):
+            return 0
 
-            def submit(self, spec, opts):
-                return 0
+        def poll(self, job):
+            state, before = next(states)
+            before()
+            return JobStatus(job, getattr(JobState, state))
 
-            def poll(self, job):
-                state, before = next(states)
-                before()
-                return JobStatus(job, getattr(JobState, state))
+        def logs(self, job, opts):
+            return 0
 
-            def logs(self, job, opts):
-                return 0
+        def cancel(self, job, opts):
+            return 0
 
-            def cancel(self, job, opts):
-                return 0
-
-        self.backend = Fake()
+    return Fake()
 
 
 def test_wait_prints_the_step_and_eta_from_metrics_and_only_on_change(tmp_path, capsys):
@@ -97,7 +95,7 @@ def test_wait_prints_the_step_and_eta_from_metrics_and_only_on_change(tmp_path, 
             ("SUCCEEDED", nothing),
         ]
     )
-    rc = _Job(states).backend.wait("7", poll_s=0, run_dir=tmp_path, every_s=0)
+    rc = _fake_backend(states).wait("7", poll_s=0, run_dir=tmp_path, every_s=0)
     assert rc == 0
     lines = capsys.readouterr().err.splitlines()
     assert lines == [
@@ -111,5 +109,5 @@ def test_wait_prints_the_step_and_eta_from_metrics_and_only_on_change(tmp_path, 
 
 def test_wait_without_metrics_here_prints_the_state_alone(tmp_path, capsys):
     states = iter([("RUNNING", lambda: None), ("SUCCEEDED", lambda: None)])
-    assert _Job(states).backend.wait("8", poll_s=0, run_dir=tmp_path / "elsewhere") == 0
+    assert _fake_backend(states).wait("8", poll_s=0, run_dir=tmp_path / "elsewhere") == 0
     assert capsys.readouterr().err.splitlines() == ["job 8: running", "job 8: succeeded"]

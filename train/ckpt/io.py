@@ -151,24 +151,29 @@ class _HashingFileSystem(FileSystem):
 
 
 _CRC_OPTION = threading.Lock()
+_crc_off: list[Any] = [0, True]  # [saves writing now, the option before the first of them]
 
 
 @contextmanager
 def _zip_crc32_off() -> Iterator[None]:
     """torch.save's own CRC-32 of each zip record off while DCP writes: the stream's CRC-32
     covers the same bytes, and the second pass over every byte was a third of a save's CPU
-    (torch.save's files load alike without it). The option is process-wide: restored after,
-    under a lock so that overlapping saves restore it once."""
+    (torch.save's files load alike without it). The option is process-wide: the first save
+    in turns it off, the last one out restores what it was (overlapping saves included)."""
     import torch.serialization as ser
 
     with _CRC_OPTION:
-        before = ser.get_crc32_options()
-        ser.set_crc32_options(False)
+        if _crc_off[0] == 0:
+            _crc_off[1] = ser.get_crc32_options()
+            ser.set_crc32_options(False)
+        _crc_off[0] += 1
     try:
         yield
     finally:
         with _CRC_OPTION:
-            ser.set_crc32_options(before)
+            _crc_off[0] -= 1
+            if _crc_off[0] == 0:
+                ser.set_crc32_options(_crc_off[1])
 
 
 class HashingWriter(FileSystemWriter):

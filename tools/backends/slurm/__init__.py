@@ -1,17 +1,8 @@
 """SLURM backend: render an sbatch script; submit the same pieces through submitit.
 
 The backend's shape, as every backend: this module holds the Backend subclass; render.py the
-pure pieces (spec -> text); cluster.py what touches the cluster (submitit, scontrol, sinfo).
-
-The job is three pieces of shell, rendered from slurm/*.j2 by pure functions:
-  setup     batch shell, before the step: log dir, head address, port, image, user setup
-  node      what each node runs (one task per node): the node launcher, `python -m ddpkit.train.node`
-            (torchrun in process, signals, shutdown budget, exit 75 on a requeue request)
-  teardown  batch shell, after the step: requeue when the step exited 75 (or a node was
-            stopped by srun after this attempt's requeue marker was written)
-`render` puts them in one sbatch script under `#SBATCH` lines. `submit` hands the same
-resources to submitit as parameters, setup/teardown as its slurm_setup/slurm_teardown lines,
-and the node script as what each submitit task runs, so `render` shows what runs.
+pure pieces (spec -> text: the job's three pieces of shell, and how `render` and `submit`
+carry the same ones); cluster.py what touches the cluster (submitit, scontrol, sinfo).
 """
 
 from __future__ import annotations
