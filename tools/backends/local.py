@@ -29,7 +29,13 @@ from ddpkit.tools.backends import (
 )
 from ddpkit.tools.spec import JobSpec, SpecError
 from ddpkit.tools.templating import shell_join, shell_quote
-from ddpkit.train.contract import EXIT_REQUEUE, METRICS_FILE, STOP_SIGNALS
+from ddpkit.train.contract import (
+    CKPT_SUBDIR,
+    EXIT_REQUEUE,
+    METRICS_FILE,
+    STOP_SIGNALS,
+    SUMMARY_FILE,
+)
 
 # To the node launcher: the stop signals (train.contract) and a closing terminal's SIGHUP.
 FORWARDED = tuple(getattr(signal, name) for name in (*STOP_SIGNALS, "SIGHUP"))
@@ -134,7 +140,9 @@ class LocalBackend(Backend):
         if rc == 0 and getattr(opts, "plot", False) and (run_dir / METRICS_FILE).is_file():
             plot_run(run_dir)
         if rc == 0 and run_dir.is_dir():  # after a failure the run's own error line is the news
-            print(f"outputs: {run_dir.resolve()} (summary.json, metrics.jsonl, checkpoints/)")
+            found = [n for n in (SUMMARY_FILE, METRICS_FILE, CKPT_SUBDIR) if (run_dir / n).exists()]
+            listed = f" ({', '.join(found)})" if found else ""  # a user's script may write none
+            print(f"outputs: {run_dir.resolve()}{listed}")
         return rc
 
     def poll(self, job: str) -> JobStatus:
