@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any
 
-from ddpkit.train import early
+from ddpkit.train import early, teardown
 from ddpkit.train.config import EXIT_BAD_INPUT, ConfigError, dump, parse_config
 
 
@@ -22,6 +22,7 @@ def main(
     """`defaults`: settings a script passes through train.fit (flags and --config win);
     `states`: its own objects with state_dict/load_state_dict, checkpointed by name."""
     early.install()  # first: a stop signal during start-up is recorded, not fatal
+    teardown.install()  # the exit waits for gloo's threads (train/teardown.py)
     try:
         cfg, print_only = parse_config(argv, defaults)
     except ConfigError as e:
