@@ -22,8 +22,10 @@ requeue marker of this launch -> 75; Ctrl-C (SIGINT) -> 130, never a requeue (th
 trainer saves on the way out); another stop signal without a marker -> 128 + signal, unless the
 run finished in this launch anyway (summary.json with its id) -> 0; other worker failures
 -> 1, naming the first rank that failed of its own accord (not one torchrun stopped after
-it); success -> 0. One failure is forgiven: the kit trainer wrote this launch's summary.json
-and a worker then died by SIGABRT in interpreter teardown -> 0 with one line. torch's
+it); success -> 0. The workers' exit waits for gloo's threads (train/teardown.py: the cause
+of `terminate called without an active exception` after a finished run); should a worker of
+the kit's trainer still die by SIGABRT after it wrote this launch's summary.json, that one
+failure is forgiven -> 0 with one line. torch's
 ChildFailedError dump is replaced by one short line. A user's script or module runs on the
 workers through run_entry (exactly as `python [-m] TARGET` would), so its unhandled
 KeyboardInterrupt on Ctrl-C ends each rank quietly and the launch says it once.
@@ -39,18 +41,14 @@ import signal
 import sys
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ddpkit.train.contract import (
     DEFAULT_SHUTDOWN_TIMEOUT_S,
-    EXIT_BAD_INPUT,
-    EXIT_DIVERGED,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
-    EXIT_REQUEUE,
     LAUNCH_ID_ENV,
     PREEMPT_SIGNALS,
     RUN_DIR_ENV,
@@ -62,8 +60,8 @@ from ddpkit.train.contract import (
     shutdown_budget_s,
 )
 from ddpkit.train.errors import CliParser, UserError, run_cli
+from ddpkit.train.outcome import PREFIX, Failure, outcome, signame
 
-PREFIX = "ddpkit node"
 MARKER_WAIT_S = 5.0  # how long a node waits for the marker of a rank 0 elsewhere
 
 
@@ -219,6 +217,9 @@ def run_entry(argv: list[str]) -> int:
     torch's rank prefix included), without this runner's frames, and exit 1."""
     import runpy
 
+    from ddpkit.train import teardown
+
+    teardown.install()  # the exit waits for gloo's threads (train/teardown.py)
     module = argv[0] == "-m"
     target, args = (argv[1], argv[2:]) if module else (argv[0], argv[1:])
     sys.argv = [target, *args]
@@ -249,128 +250,6 @@ def precheck_train(train_argv: list[str], world_size: int, nnodes: int) -> objec
 
     cfg, _ = parse_config(train_argv, world=(world_size, nnodes))
     return cfg
-
-
-# A rank the agent stopped because another one failed dies by SIGTERM (SIGKILL after the
-# shutdown budget): it is collateral, never the cause, when another rank failed otherwise.
-COLLATERAL = (-signal.SIGTERM, -signal.SIGKILL)
-
-
-@dataclass(frozen=True)
-class Failure:
-    """One worker's end as torchrun reports it: its exit code (-N: killed by signal N)
-    and when it ended (seconds since the epoch; 0 when unknown). `missing` and `phase`: what
-    the kit trainer's diagnosis of a failed collective left in its error file (the ranks
-    that never reached it, and which collective: ddpkit.train.fault.tell_launcher)."""
-
-    code: int
-    when: float = 0.0
-    missing: tuple[int, ...] = ()
-    phase: str = ""
-    stuck: bool = False  # its step never finished after a stop signal (the trainer's watchdog)
-    blame: str = ""  # the ranks whose own code called a collective the others did not
-
-    @classmethod
-    def of(cls, f: Any) -> Failure:
-        """From torchrun's ProcessFailure."""
-        data = getattr(f, "error_file_data", None)
-        facts = (data.get("ddpkit") if isinstance(data, dict) else None) or {}
-        missing = facts.get("missing") if isinstance(facts, dict) else None
-        ok = isinstance(missing, list) and all(isinstance(r, int) for r in missing)
-        facts = facts if isinstance(facts, dict) else {}
-        return cls(
-            int(f.exitcode),
-            float(getattr(f, "timestamp", 0) or 0),
-            tuple(missing) if ok else (),
-            str(facts.get("phase", "")),
-            facts.get("stuck") is True,
-            str(facts.get("blame") or ""),
-        )
-
-
-def culprit(failures: dict[int, Failure]) -> tuple[int, Failure]:
-    """The rank to blame: the first to fail for a reason of its own, not one the agent
-    stopped afterwards (torchrun SIGTERMs the rest as soon as one rank fails; a rank whose
-    step did not finish after that signal leaves through the trainer's watchdog: stuck)."""
-    own = {
-        r: f for r, f in failures.items() if f.code not in COLLATERAL and not f.stuck
-    } or failures
-    return min(own.items(), key=lambda item: (item[1].when or float("inf"), item[0]))
-
-
-def _stalled(failures: dict[int, Failure]) -> str | None:
-    """The line for ranks that took another path (their own code called a collective the
-    others did not: the workers' diagnosis names them), or for a rank that never reached a
-    collective another rank timed out in: the rank that waited fails first, but the one it
-    waited for is the cause. None when no rank reported either, or when a missing rank
-    failed of its own accord here (its own exit is the better clue: the standard line
-    names it)."""
-    blamed = sorted((r, f.blame) for r, f in failures.items() if f.blame)
-    if blamed:
-        return f"{PREFIX}: {blamed[0][1]}"
-    reports = sorted(
-        ((f.when or float("inf"), r, f) for r, f in failures.items() if f.missing),
-        key=lambda item: item[:2],
-    )
-    if not reports:
-        return None
-    _, reporter, report = reports[0]
-    own = [
-        r
-        for r in report.missing
-        if r in failures
-        and failures[r].code not in COLLATERAL
-        and not (failures[r].missing or failures[r].stuck)  # waiting, or stuck: no own cause
-    ]
-    if own:
-        return None
-    ranks = ", ".join(map(str, report.missing))
-    who = f"rank {ranks}" if len(report.missing) == 1 else f"ranks {ranks}"
-    return (
-        f"{PREFIX}: {who} never reached the collective {report.phase} (stuck, crashed, or on "
-        f"another code path); rank {reporter} failed waiting for it: see its line above"
-    )
-
-
-def outcome(
-    failures: dict[int, Failure], marker_fresh: bool, finished: bool = False
-) -> tuple[int, str | None]:
-    """One exit status (and at most one line to print) from the workers' ends. `finished`:
-    the kit trainer's summary.json of THIS launch exists (the run completed)."""
-    codes = [f.code for f in failures.values()]
-    if EXIT_BAD_INPUT in codes:
-        return EXIT_BAD_INPUT, None  # the worker already printed its one line
-    if EXIT_DIVERGED in codes:
-        return EXIT_DIVERGED, None
-    if marker_fresh:
-        return EXIT_REQUEUE, f"{PREFIX}: a checkpoint was saved on a stop signal; exit 75 (requeue)"
-    if not codes:
-        return EXIT_OK, None
-    rank, failure = culprit(failures)
-    how = _how(failure.code)
-    stalled = _stalled(failures)
-    if finished and all(c in (-signal.SIGABRT, *COLLATERAL) for c in codes):
-        # The one forgiven case: the run wrote its summary (every step, the last checkpoint
-        # and the metrics are on disk), then a worker aborted in interpreter teardown (a
-        # C++ `terminate` in a library's exit path). Reporting it would make SLURM mark a
-        # finished job FAILED and a PyTorchJob restart it. A crash before the summary, or
-        # any exit code, is still a failure.
-        return EXIT_OK, (
-            f"{PREFIX}: rank {rank} ended by {how} after the run finished (summary.json of "
-            "this launch is written); exit 0"
-        )
-    return EXIT_FAILED, stalled or f"{PREFIX}: rank {rank} failed ({how}); see its output above"
-
-
-def _how(code: int) -> str:
-    return f"exit code {code}" if code >= 0 else f"signal {_signame(-code)}"
-
-
-def _signame(num: int) -> str:
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return str(num)
 
 
 def workers_die_with_launcher() -> bool:
@@ -518,13 +397,13 @@ def main(argv: list[str] | None = None) -> int:
         and finished_in_launch(run_dir, launch_id, started)
     ):
         line = (
-            f"{PREFIX}: {_signame(stopped_by)} arrived during the last steps; the run finished "
+            f"{PREFIX}: {signame(stopped_by)} arrived during the last steps; the run finished "
             "(nothing to requeue)"
         )
     elif stopped_by is not None and code == EXIT_OK:
         code = 128 + stopped_by
         line = (
-            f"{PREFIX}: stopped by {_signame(stopped_by)} without a requeue request "
+            f"{PREFIX}: stopped by {signame(stopped_by)} without a requeue request "
             f"(exit {code}); see README 'Preemption' to ask for a requeue"
         )
     # The outcome is decided: a late stop signal (srun stopping the step once a node exited)

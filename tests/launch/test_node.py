@@ -12,7 +12,7 @@ import time
 
 import pytest
 from ddpkit.train.contract import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_REQUEUE
-from ddpkit.train.node import Failure, culprit, outcome
+from ddpkit.train.outcome import Failure, culprit, outcome
 
 TERM, KILL, ABRT, SEGV = (-signal.SIGTERM, -signal.SIGKILL, -signal.SIGABRT, -signal.SIGSEGV)
 

@@ -1,0 +1,141 @@
+"""What the node launcher makes of its workers' ends: which rank is to blame, and the one exit
+status a scheduler sees (the rules in train/node.py's docstring)."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from ddpkit.train.contract import (
+    EXIT_BAD_INPUT,
+    EXIT_DIVERGED,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_REQUEUE,
+)
+
+PREFIX = "ddpkit node"
+
+
+# A rank the agent stopped because another one failed dies by SIGTERM (SIGKILL after the
+# shutdown budget): it is collateral, never the cause, when another rank failed otherwise.
+COLLATERAL = (-signal.SIGTERM, -signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One worker's end as torchrun reports it: its exit code (-N: killed by signal N)
+    and when it ended (seconds since the epoch; 0 when unknown). `missing` and `phase`: what
+    the kit trainer's diagnosis of a failed collective left in its error file (the ranks
+    that never reached it, and which collective: ddpkit.train.fault.tell_launcher)."""
+
+    code: int
+    when: float = 0.0
+    missing: tuple[int, ...] = ()
+    phase: str = ""
+    stuck: bool = False  # its step never finished after a stop signal (the trainer's watchdog)
+    blame: str = ""  # the ranks whose own code called a collective the others did not
+
+    @classmethod
+    def of(cls, f: Any) -> Failure:
+        """From torchrun's ProcessFailure."""
+        data = getattr(f, "error_file_data", None)
+        facts = (data.get("ddpkit") if isinstance(data, dict) else None) or {}
+        missing = facts.get("missing") if isinstance(facts, dict) else None
+        ok = isinstance(missing, list) and all(isinstance(r, int) for r in missing)
+        facts = facts if isinstance(facts, dict) else {}
+        return cls(
+            int(f.exitcode),
+            float(getattr(f, "timestamp", 0) or 0),
+            tuple(missing) if ok else (),
+            str(facts.get("phase", "")),
+            facts.get("stuck") is True,
+            str(facts.get("blame") or ""),
+        )
+
+
+def culprit(failures: dict[int, Failure]) -> tuple[int, Failure]:
+    """The rank to blame: the first to fail for a reason of its own, not one the agent
+    stopped afterwards (torchrun SIGTERMs the rest as soon as one rank fails; a rank whose
+    step did not finish after that signal leaves through the trainer's watchdog: stuck)."""
+    own = {
+        r: f for r, f in failures.items() if f.code not in COLLATERAL and not f.stuck
+    } or failures
+    return min(own.items(), key=lambda item: (item[1].when or float("inf"), item[0]))
+
+
+def _stalled(failures: dict[int, Failure]) -> str | None:
+    """The line for ranks that took another path (their own code called a collective the
+    others did not: the workers' diagnosis names them), or for a rank that never reached a
+    collective another rank timed out in: the rank that waited fails first, but the one it
+    waited for is the cause. None when no rank reported either, or when a missing rank
+    failed of its own accord here (its own exit is the better clue: the standard line
+    names it)."""
+    blamed = sorted((r, f.blame) for r, f in failures.items() if f.blame)
+    if blamed:
+        return f"{PREFIX}: {blamed[0][1]}"
+    reports = sorted(
+        ((f.when or float("inf"), r, f) for r, f in failures.items() if f.missing),
+        key=lambda item: item[:2],
+    )
+    if not reports:
+        return None
+    _, reporter, report = reports[0]
+    own = [
+        r
+        for r in report.missing
+        if r in failures
+        and failures[r].code not in COLLATERAL
+        and not (failures[r].missing or failures[r].stuck)  # waiting, or stuck: no own cause
+    ]
+    if own:
+        return None
+    ranks = ", ".join(map(str, report.missing))
+    who = f"rank {ranks}" if len(report.missing) == 1 else f"ranks {ranks}"
+    return (
+        f"{PREFIX}: {who} never reached the collective {report.phase} (stuck, crashed, or on "
+        f"another code path); rank {reporter} failed waiting for it: see its line above"
+    )
+
+
+def outcome(
+    failures: dict[int, Failure], marker_fresh: bool, finished: bool = False
+) -> tuple[int, str | None]:
+    """One exit status (and at most one line to print) from the workers' ends. `finished`:
+    the kit trainer's summary.json of THIS launch exists (the run completed)."""
+    codes = [f.code for f in failures.values()]
+    if EXIT_BAD_INPUT in codes:
+        return EXIT_BAD_INPUT, None  # the worker already printed its one line
+    if EXIT_DIVERGED in codes:
+        return EXIT_DIVERGED, None
+    if marker_fresh:
+        return EXIT_REQUEUE, f"{PREFIX}: a checkpoint was saved on a stop signal; exit 75 (requeue)"
+    if not codes:
+        return EXIT_OK, None
+    rank, failure = culprit(failures)
+    how = _how(failure.code)
+    stalled = _stalled(failures)
+    if finished and all(c in (-signal.SIGABRT, *COLLATERAL) for c in codes):
+        # The one forgiven case: the run wrote its summary (every step, the last checkpoint
+        # and the metrics are on disk), then a worker aborted in interpreter teardown. The
+        # known cause, gloo's exit race, is prevented by train/teardown.py; this stays for
+        # a wait that ran out or another library's C++ `terminate` at exit. Reporting it
+        # would make SLURM mark a finished job FAILED and a PyTorchJob restart it. A crash
+        # before the summary, or any exit code, is still a failure.
+        return EXIT_OK, (
+            f"{PREFIX}: rank {rank} ended by {how} after the run finished (summary.json of "
+            "this launch is written); exit 0"
+        )
+    return EXIT_FAILED, stalled or f"{PREFIX}: rank {rank} failed ({how}); see its output above"
+
+
+def _how(code: int) -> str:
+    return f"exit code {code}" if code >= 0 else f"signal {signame(-code)}"
+
+
+def signame(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return str(num)
