@@ -1,8 +1,8 @@
 """A worker's interpreter exits only after gloo's worker threads have let go of their last work.
 
 The abort this prevents: `terminate called without an active exception` (SIGABRT) at the
-exit of a rank whose run had finished. What happens, found by forcing the race (the gloo
-threads on SCHED_IDLE beside a busy process on one CPU, tests/launch/test_teardown.py):
+exit of a rank whose run had finished. What happens (forced in tests/launch/test_teardown.py,
+whose LD_PRELOAD holds a gloo thread before it takes the GIL):
   1. torch 2.14's backward (torch/autograd/graph.py, _engine_run_backward) stashes a
      `contextvars.Context` in the thread-local Python objects for the whole pass.
   2. A gloo collective launched in backward (DDP's gradient buckets, FSDP's reduce-scatter)
@@ -64,36 +64,35 @@ def gloo_workers() -> list[str]:
 
 
 def _sample(tid: str) -> tuple[str, int, int] | None:
-    """(scheduler state, voluntary and involuntary context switches), or None once gone."""
+    """(scheduler state, voluntary and involuntary context switches), or None once gone:
+    all three from /proc/self/task/TID/status."""
     try:
-        with open(f"{_TASKS}/{tid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
         with open(f"{_TASKS}/{tid}/status") as f:
-            counts = dict(line.split(":", 1) for line in f if "ctxt_switches" in line)
-    except (OSError, IndexError, ValueError):
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return (
+            fields["State"].split()[0],
+            int(fields["voluntary_ctxt_switches"]),
+            int(fields["nonvoluntary_ctxt_switches"]),
+        )
+    except (OSError, KeyError, IndexError, ValueError):
         return None
-    return (
-        state,
-        int(counts.get("voluntary_ctxt_switches", "0")),
-        int(counts.get("nonvoluntary_ctxt_switches", "0")),
-    )
 
 
 def wait_for_idle_gloo_workers(
     wait_s: float = WAIT_S, quiet_s: float = QUIET_S, poll_s: float = POLL_S
 ) -> bool:
     """True once every gloo worker thread is parked (or there is none); False after wait_s.
-    Each poll sleeps, so the GIL is free for any thread that still needs it."""
+    Each poll sleeps, so the GIL is free for any thread that still needs it. The threads are
+    listed once: a process group started at exit is not one this wait could help."""
     deadline = time.monotonic() + wait_s
-    last: dict[str, tuple[str, int, int] | None] = {}
+    tids = gloo_workers()
+    last: dict[str, tuple[str, int, int]] = {}
     quiet_since = None
     while True:
-        now = {tid: _sample(tid) for tid in gloo_workers()}
-        now = {tid: s for tid, s in now.items() if s is not None}
-        parked = all(s[0] == "S" for s in now.values()) and now == last
+        now = {tid: s for tid in tids if (s := _sample(tid)) is not None}
         if not now:
             return True
-        if parked:
+        if now == last and all(s[0] == "S" for s in now.values()):
             quiet_since = quiet_since or time.monotonic()
             if time.monotonic() - quiet_since >= quiet_s:
                 return True

@@ -197,7 +197,6 @@ def test_install_registers_once(monkeypatch):
     assert registered == [teardown.wait_for_idle_gloo_workers]
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_the_trainer_and_a_users_entry_install_it(monkeypatch, tmp_path):
     """Both ways a worker runs under the kit register the wait before any user code."""
     from ddpkit.train import early, node
