@@ -8,11 +8,15 @@ Facts of the CI machines (../shared/facts/environment.md), not of users' machine
   `--ulimit memlock=-1` is clamped to the host's hard limit, and the default nofile/nproc
   limits are refused unless given explicitly;
 - no registry for images: the CPU base image is made locally (debootstrap + Python + the
-  CPU-only torch wheel that `pip download` copies from local disk) and cached, in podman's
-  store and as a `podman save` tarball under ~/.cache/ddpkit (DDPKIT_CACHE overrides);
+  torch this venv runs, copied in from its site-packages) and kept in podman's store;
+  ~/.cache/ddpkit holds only its lock (DDPKIT_CACHE overrides);
+- disk is shared and sometimes short (a CI run once failed with ENOSPC): the base takes one
+  copy of torch (~4.5 GB: PyPI's torch is the CUDA build, and its nvidia-* libraries are
+  needed to import it), not a second download of the wheels, a layer holding them and a
+  `podman save` tarball on top (about 20 GB before);
 - the CA bundle: pip inside a build reaches PyPI only with the host's bundle mounted. The
-  base recipe below needs no network inside the build (wheels are downloaded on the host and
-  installed with --no-index); `ca_bundle_flags()` is here for builds that do.
+  base recipe below needs no network inside the build; `ca_bundle_flags()` is here for
+  builds that do.
 
 `python -m tests.container_harness` builds (or loads) the base image and prints its name.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.metadata
 import os
 import resource
 import shutil
@@ -32,26 +37,54 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-TORCH_VERSION = "2.13.0"  # the CPU-only wheel on local disk (190 MB)
-SUITE = "bookworm"  # python 3.11, matching the wheel's cp311 tag
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+SUITE = "bookworm"  # python 3.11, the ABI of this venv's cp311 wheels
 MIRROR = "http://deb.debian.org/debian"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# What the official PyTorch runtime image offers the trainer: python, torch and numpy on
+# PATH. torch's own requirements come along (its nvidia-* libraries: the CUDA build does
+# not import without them); triton does not (only torch.compile's GPU kernels use it, and
+# it is 0.9 GB), nor torchvision (imported only by the vision models).
+ROOTS = ("torch", "numpy")
+LEAVE_OUT = {"triton", "torchvision"}
+SITE = "/opt/venv/lib/python3.11/site-packages"
 
-# The base: what the official PyTorch runtime image offers train/ (python, torch, numpy
-# on PATH), minus CUDA and torchvision (PyPI's torchvision does not import beside this
-# CPU wheel).
+# The packages arrive through a build-time bind mount, so no layer holds a second copy.
 BASE_RECIPE = """\
 FROM {os_image}
-COPY wheels/ /tmp/wheels/
-RUN python3 -m venv /opt/venv \\
-    && /opt/venv/bin/pip install --no-index --find-links /tmp/wheels torch=={torch} numpy \\
-    && rm -rf /tmp/wheels /root/.cache
+RUN --mount=type=bind,source=site,target=/tmp/site \\
+    python3 -m venv /opt/venv && cp -a /tmp/site/. {site}/
 ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 """
-_KEY = hashlib.sha256(f"{SUITE}|{TORCH_VERSION}|{BASE_RECIPE}".encode()).hexdigest()[:10]
+
+
+def base_dists() -> list[importlib.metadata.Distribution]:
+    """ROOTS as installed here and what they require on this platform (extras followed:
+    torch asks for cuda-toolkit[cudart,...]), LEAVE_OUT aside."""
+    todo: list[tuple[str, str]] = [(r, "") for r in ROOTS]
+    seen: set[tuple[str, str]] = set()
+    dists: dict[str, importlib.metadata.Distribution] = {}
+    while todo:
+        name, extra = todo.pop()
+        name = canonicalize_name(name)
+        if (name, extra) in seen or name in LEAVE_OUT:
+            continue
+        seen.add((name, extra))
+        dist = dists.setdefault(name, importlib.metadata.distribution(name))
+        for line in dist.requires or []:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": extra}):
+                todo += [(req.name, "")] + [(req.name, e) for e in req.extras]
+    return [dists[n] for n in sorted(dists)]
+
+
+_PINS = "|".join(f"{d.metadata['Name']}=={d.version}" for d in base_dists())
+_KEY = hashlib.sha256(f"{SUITE}|{_PINS}|{BASE_RECIPE}".encode()).hexdigest()[:10]
 OS_IMAGE = f"localhost/ddpkit-debian-py:{SUITE}"
-BASE_IMAGE = f"localhost/ddpkit-cpu-base:torch{TORCH_VERSION}-{_KEY}"
+BASE_IMAGE = f"localhost/ddpkit-cpu-base:torch{importlib.metadata.version('torch')}-{_KEY}"
 
 Log = Callable[[str], None]
 
@@ -162,12 +195,8 @@ def _image_exists(ref: str) -> bool:
     return subprocess.run(cmd, capture_output=True).returncode == 0
 
 
-def _tarball() -> Path:
-    return cache_dir() / f"{BASE_IMAGE.rsplit('/', 1)[1].replace(':', '_')}.tar"
-
-
 def _base_available() -> bool:
-    return _tarball().is_file() or _image_exists(BASE_IMAGE)
+    return _image_exists(BASE_IMAGE)
 
 
 @contextmanager
@@ -184,33 +213,45 @@ def _run(cmd: list[str], log: Log, **kw: object) -> None:
 
 
 def ensure_base_image(log: Log = print) -> tuple[str, str]:
-    """(image, how): from podman's store, from the cached tarball, or built (minutes)."""
+    """(image, how): from podman's store, or built (minutes)."""
     eng = engine()
     if eng is None:
         raise RuntimeError(skip_reason() or "no container engine")
     with _lock():
         if _image_exists(BASE_IMAGE):
             return BASE_IMAGE, "store"
-        tar = _tarball()
-        if tar.is_file():
-            _run([eng, "load", "-q", "-i", str(tar)], log)
-            if _image_exists(BASE_IMAGE):
-                return BASE_IMAGE, "tarball"
-            log(f"{tar} did not hold {BASE_IMAGE}; rebuilding")
         _build_base(eng, log)
-        tmp = tar.with_suffix(".tar.tmp")
-        tmp.unlink(missing_ok=True)
-        _run([eng, "save", "-o", str(tmp), BASE_IMAGE], log)
-        tmp.rename(tar)
         return BASE_IMAGE, "built"
 
 
+def _stage_site(dest: Path) -> int:
+    """Hard-link (copy across file systems) base_dists()' files into dest, laid out as
+    site-packages; returns the bytes staged. Files a RECORD puts outside site-packages
+    (console scripts) stay out: the image's own venv has its bin/."""
+    total = 0
+    for dist in base_dists():
+        site = Path(dist.locate_file("")).resolve()
+        for rel in dist.files or []:
+            src = Path(dist.locate_file(rel)).resolve()
+            if not src.is_file() or not src.is_relative_to(site):
+                continue
+            out = dest / src.relative_to(site)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(src, out)
+            except OSError:
+                shutil.copy2(src, out)
+            total += src.stat().st_size
+    return total
+
+
 def _build_base(eng: str, log: Log) -> None:
-    with tempfile.TemporaryDirectory(prefix="ddpkit-base-") as work:
+    with tempfile.TemporaryDirectory(prefix="ddpkit-base-", dir=cache_dir()) as work:
         ctx = Path(work) / "ctx"
-        (ctx / "wheels").mkdir(parents=True)
-        pip = [sys.executable, "-m", "pip", "download", "-q", "-d", str(ctx / "wheels")]
-        _run([*pip, f"torch=={TORCH_VERSION}", "numpy"], log)
+        size = _stage_site(ctx / "site")
+        log(
+            f"staged {_PINS.count('|') + 1} distributions ({size / 2**30:.1f} GiB) for {BASE_IMAGE}"
+        )
         if not _image_exists(OS_IMAGE):
             rootfs = Path(work) / "rootfs"
             t0 = time.monotonic()
@@ -234,9 +275,7 @@ def _build_base(eng: str, log: Log) -> None:
             if tar.wait() != 0:
                 raise RuntimeError("tar of the debootstrap root failed")
             shutil.rmtree(rootfs, ignore_errors=True)
-        (ctx / "Containerfile").write_text(
-            BASE_RECIPE.format(os_image=OS_IMAGE, torch=TORCH_VERSION)
-        )
+        (ctx / "Containerfile").write_text(BASE_RECIPE.format(os_image=OS_IMAGE, site=SITE))
         _run(
             [eng, "build", "-q", "-t", BASE_IMAGE, "-f", str(ctx / "Containerfile"), str(ctx)], log
         )
