@@ -25,6 +25,10 @@ export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 # Other engineers share the two cores: builds run niced.
 NICE="${DDPKIT_K8S_NICE:-10}"
 LOGS="$DDPKIT_K8S_CACHE/logs"
+# The compiler's cache (~4 GB after a cold build) is ours, not the user's ~/.cache/go-build,
+# and goes once every binary is built: the binaries are what is kept, and disk is shared.
+# A failed build keeps it for the retry. The module cache stays (up.sh reads CRDs from it).
+export GOCACHE="$DDPKIT_K8S_CACHE/go-build"
 mkdir -p "$K8S_BIN" "$LOGS"
 
 # The Go packages of each binary, by group. `go build -o DIR` names a binary
@@ -134,4 +138,7 @@ rc=0
 for pid in "${pids[@]}"; do
     wait "$pid" || rc=1
 done
+if ((rc == 0)); then
+    rm -rf "$GOCACHE"
+fi
 exit "$rc"
