@@ -18,12 +18,13 @@ Facts of the CI machines (../shared/facts/environment.md), not of users' machine
   base recipe below needs no network inside the build; `ca_bundle_flags()` is here for
   builds that do.
 
-`python -m tests.container_harness` builds (or loads) the base image and prints its name.
+`python -m tests.container_harness` builds the base image (or finds it in podman's store) and prints its name.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import importlib.metadata
 import os
@@ -61,7 +62,8 @@ ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
 """
 
 
-def base_dists() -> list[importlib.metadata.Distribution]:
+@functools.cache
+def base_dists() -> tuple[importlib.metadata.Distribution, ...]:
     """ROOTS as installed here and what they require on this platform (extras followed:
     torch asks for cuda-toolkit[cudart,...]), LEAVE_OUT aside."""
     todo: list[tuple[str, str]] = [(r, "") for r in ROOTS]
@@ -78,7 +80,7 @@ def base_dists() -> list[importlib.metadata.Distribution]:
             req = Requirement(line)
             if req.marker is None or req.marker.evaluate({"extra": extra}):
                 todo += [(req.name, "")] + [(req.name, e) for e in req.extras]
-    return [dists[n] for n in sorted(dists)]
+    return tuple(dists[n] for n in sorted(dists))
 
 
 _PINS = "|".join(f"{d.metadata['Name']}=={d.version}" for d in base_dists())
@@ -111,7 +113,7 @@ def skip_reason() -> str | None:
             "no container engine: install podman and runc (apt-get install podman runc) "
             "or start a Docker engine"
         )
-    if engine() == "podman" and not _base_available() and not shutil.which("debootstrap"):
+    if engine() == "podman" and not _image_exists(BASE_IMAGE) and not shutil.which("debootstrap"):
         return (
             f"no cached {BASE_IMAGE} and no debootstrap to build it (apt-get install debootstrap)"
         )
@@ -193,10 +195,6 @@ def _image_exists(ref: str) -> bool:
         return False
     cmd = [eng, "image", "exists", ref] if eng == "podman" else [eng, "image", "inspect", ref]
     return subprocess.run(cmd, capture_output=True).returncode == 0
-
-
-def _base_available() -> bool:
-    return _image_exists(BASE_IMAGE)
 
 
 @contextmanager
