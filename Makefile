@@ -47,8 +47,8 @@ $(STAMP): $(KIT)/pyproject.toml
 
 setup: $(STAMP) ## Create .venv with every dependency (idempotent)
 
-test: $(STAMP) ## Run the whole test suite (CPU; GPU tests skip without CUDA)
-	$(PY) -m pytest -q
+test: $(STAMP) ## Run the whole test suite in two lanes side by side (tests/lanes.py; GPU tests skip without CUDA)
+	cd $(KIT) && $(PY) -m tests.lanes
 
 test-fast: $(STAMP) ## Unit tests only (no multi-process, SLURM or container tests)
 	$(PY) -m pytest -q -m "not slow and not slurm and not container"

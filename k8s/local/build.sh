@@ -30,6 +30,12 @@ LOGS="$DDPKIT_K8S_CACHE/logs"
 # A failed build keeps it for the retry. The module cache stays (up.sh reads CRDs from it).
 export GOCACHE="$DDPKIT_K8S_CACHE/go-build"
 mkdir -p "$K8S_BIN" "$LOGS"
+# One build at a time, and a sign to whoever waits for one: the k8s tests wait on this lock
+# when binaries are absent (.ci/run starts the build beside `make setup` and the other test
+# lanes, so on a new machine the k8s tests find it still running). Held until every group
+# has finished: the background `go build`s inherit the descriptor.
+exec 9>"$DDPKIT_K8S_CACHE/build.lock"
+flock 9
 
 # The Go packages of each binary, by group. `go build -o DIR` names a binary
 # after the last element of its package path (dropping a /vN suffix), which
