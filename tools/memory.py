@@ -205,6 +205,7 @@ def _main(argv: list[str] | None) -> int:
         kwargs["num_params"] = parse_count(args.params)
     else:
         desc = describe_model(args)
+        warn_short_data(desc.cfg, args.gpus)
         dtype = args.dtype or desc.dtype
         optimizer = args.optimizer or desc.optimizer
         batch = desc.batch_size
@@ -232,6 +233,16 @@ def _main(argv: list[str] | None) -> int:
     return 0
 
 
+def warn_short_data(cfg: Any, gpus: int) -> None:
+    """A plan is made for the memory of a step, which the dataset's length does not change: a
+    dataset smaller than one global batch (the trainer's refusal) is one warning, not an error."""
+    from ddpkit.tools.memory_dryrun import data_shortfall
+
+    short = data_shortfall(cfg, gpus) if cfg is not None else None
+    if short:
+        print(f"warning: {short} (a real run would refuse it)", file=sys.stderr, flush=True)
+
+
 def _dry_run_main(args: argparse.Namespace) -> int:
     from ddpkit.tools import memory_dryrun
 
@@ -241,6 +252,7 @@ def _dry_run_main(args: argparse.Namespace) -> int:
         )
     desc = describe_model(args)
     cfg = desc.cfg
+    warn_short_data(cfg, args.gpus)
     if args.replicate_degree is not None:
         cfg.replicate_degree = args.replicate_degree
     if args.optimizer:

@@ -63,7 +63,8 @@ def strategy_cfg(cfg: Any, strategy: str) -> Any:
 
 
 def check_job(cfg: Any, gpus: int, nodes: int) -> None:
-    """What the cluster would refuse after the queue wait, in the trainer's own words."""
+    """What the cluster would refuse after the queue wait for the world itself, in the
+    trainer's own words. The data is another matter: see data_shortfall."""
     from ddpkit.train.config import ConfigError, check_world
 
     if gpus < 1 or nodes < 1 or gpus % nodes:
@@ -75,14 +76,22 @@ def check_job(cfg: Any, gpus: int, nodes: int) -> None:
         check_world(cfg, gpus, nodes)
     except ConfigError as e:
         raise PlanError(str(e)) from None
+
+
+def data_shortfall(cfg: Any, gpus: int) -> str | None:
+    """One line when the job's data holds fewer samples than one global batch at `gpus` ranks
+    (the trainer refuses to start), else None. A memory plan only warns of it: the memory of a
+    step does not depend on the dataset's length, and a plan is often made before the data of
+    the real run exists; `submit --plan`, a real run, refuses it."""
     samples = epoch_samples(cfg)
     global_batch = cfg.batch_size * gpus * cfg.grad_accum
-    if samples is not None and samples < global_batch:
-        raise PlanError(
-            f"the dataset has {samples} samples, fewer than one global batch (batch "
-            f"{cfg.batch_size} x world {gpus} x grad-accum {cfg.grad_accum} = {global_batch}); "
-            "lower --batch-size or --grad-accum, or give the job more data"
-        )
+    if samples is None or samples >= global_batch:
+        return None
+    return (
+        f"the dataset has {samples} samples, fewer than one global batch (batch "
+        f"{cfg.batch_size} x world {gpus} x grad-accum {cfg.grad_accum} = {global_batch}); "
+        "lower --batch-size or --grad-accum, or give the job more data"
+    )
 
 
 def epoch_samples(cfg: Any) -> int | None:
@@ -230,6 +239,9 @@ def plan_for_spec(spec: Any) -> str | None:
         )
         strategy = "DDP" if cfg.parallel == "ddp" else (cfg.sharding or "FULL_SHARD")
         dry_run(cfg, spec.world_size, spec.nodes, strategy)
+        short = data_shortfall(cfg, spec.world_size)  # the real run would refuse it
+        if short:
+            return short
     except (ConfigError, UserError) as e:
         return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return None
