@@ -10,7 +10,8 @@
 
 --dry-run builds the job's model on the meta device, parallelizes it with the kit's own
 `parallelize` over a fake process group at --gpus ranks, and reports the state measured from
-the sharded tensors (ddpkit.tools.memory_dryrun); it refuses what the cluster would refuse.
+the sharded tensors (ddpkit.tools.memory_dryrun); it refuses the world the cluster would
+refuse, and warns of data smaller than one global batch (a memory plan does not depend on it).
 --step-time predicts each strategy's step time from an alpha-beta model of the collectives (a
 preset interconnect or a commbench.json) and the compute of one step (measured here, or peak
 x MFU), next to this memory plan, and recommends one (ddpkit.tools.steptime).
@@ -198,6 +199,8 @@ def _main(argv: list[str] | None) -> int:
         return steptime.run(args)
     if args.dry_run:
         return _dry_run_main(args)
+    from ddpkit.tools import memory_dryrun
+
     dtype, optimizer = args.dtype or "fp32", args.optimizer or "adamw"
     kwargs: dict[str, Any] = {}
     batch, label = None, None
@@ -205,7 +208,7 @@ def _main(argv: list[str] | None) -> int:
         kwargs["num_params"] = parse_count(args.params)
     else:
         desc = describe_model(args)
-        warn_short_data(desc.cfg, args.gpus)
+        memory_dryrun.warn_short_data(desc.cfg, args.gpus)
         dtype = args.dtype or desc.dtype
         optimizer = args.optimizer or desc.optimizer
         batch = desc.batch_size
@@ -233,16 +236,6 @@ def _main(argv: list[str] | None) -> int:
     return 0
 
 
-def warn_short_data(cfg: Any, gpus: int) -> None:
-    """A plan is made for the memory of a step, which the dataset's length does not change: a
-    dataset smaller than one global batch (the trainer's refusal) is one warning, not an error."""
-    from ddpkit.tools.memory_dryrun import data_shortfall
-
-    short = data_shortfall(cfg, gpus) if cfg is not None else None
-    if short:
-        print(f"warning: {short} (a real run would refuse it)", file=sys.stderr, flush=True)
-
-
 def _dry_run_main(args: argparse.Namespace) -> int:
     from ddpkit.tools import memory_dryrun
 
@@ -252,7 +245,7 @@ def _dry_run_main(args: argparse.Namespace) -> int:
         )
     desc = describe_model(args)
     cfg = desc.cfg
-    warn_short_data(cfg, args.gpus)
+    memory_dryrun.warn_short_data(cfg, args.gpus)
     if args.replicate_degree is not None:
         cfg.replicate_degree = args.replicate_degree
     if args.optimizer:

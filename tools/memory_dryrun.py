@@ -94,6 +94,15 @@ def data_shortfall(cfg: Any, gpus: int) -> str | None:
     )
 
 
+def warn_short_data(cfg: Any, gpus: int) -> None:
+    """The planner's word on data_shortfall: one warning line on stderr, and the plan goes on."""
+    import sys
+
+    short = data_shortfall(cfg, gpus)
+    if short:
+        print(f"warning: {short} (a real run would refuse it)", file=sys.stderr, flush=True)
+
+
 def epoch_samples(cfg: Any) -> int | None:
     """Training samples per epoch where the config alone says it (synthetic data); None for
     data that must be opened to count."""
