@@ -34,6 +34,7 @@ import argparse
 import json
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from ddpkit.tools.memory_model import (
@@ -182,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     for key in MODEL_FLAGS:
         m.add_argument(f"--{key.replace('_', '-')}", type=int)
     m.add_argument("--dataset", help="shapes the input (mnist, cifar10, imagefolder, ...)")
+    m.add_argument(
+        "--input-shape",
+        help="one sample's input for your own model, C,H,W (default: the dataset's shape)",
+    )
     return p
 
 
@@ -190,7 +195,34 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    from ddpkit.tools.spec.load import in_workspace
+
     args = build_parser().parse_args(argv)
+    for key in ("config", "intra", "inter"):  # files named from here, read in the workspace
+        value = getattr(args, key)
+        if value and Path(value).is_file():
+            setattr(args, key, str(Path(value).resolve()))
+    with in_workspace(workspace(args.config)):
+        return _plan(args)
+
+
+def workspace(config: str | None) -> Path:
+    """The job's workspace, the launcher's rule (the job file's directory or its `workspace`
+    key; without a job file, here): the user's `--model pkg.mod:factory` imports from it."""
+    import tomllib
+
+    from ddpkit.tools.spec.load import resolve_workspace
+
+    if not config:
+        return Path.cwd()
+    try:
+        data = tomllib.loads(Path(config).read_text())
+    except (OSError, ValueError):
+        return Path.cwd()  # load_cfg says what is wrong with the file, in one line
+    return resolve_workspace(config, data)
+
+
+def _plan(args: argparse.Namespace) -> int:
     if sum(x is not None for x in (args.params, args.model, args.config)) != 1:
         raise PlanError("pass exactly one of --params N, --model NAME or --config FILE")
     if args.step_time:

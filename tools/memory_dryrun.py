@@ -23,7 +23,14 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from ddpkit.tools.memory_model import OPTIM_BYTES, PlanError, RankState, in_shape, shard_rows
+from ddpkit.tools.memory_model import (
+    OPTIM_BYTES,
+    PlanError,
+    RankState,
+    cannot_run,
+    in_shape,
+    shard_rows,
+)
 from ddpkit.train.errors import UserError
 
 FP32 = 4
@@ -146,8 +153,8 @@ def build_model(cfg: Any) -> Any:
         spec = lookup.model_spec(cfg)
         shape, classes = in_shape(cfg)
         return lookup.meta_model(spec, cfg, SimpleNamespace(in_shape=shape, num_classes=classes))
-    except UserError as e:
-        raise PlanError(str(e)) from None
+    except Exception as e:  # a UserError's line, or the user's factory's failure in one
+        raise cannot_run(cfg, e) from None
 
 
 def dry_run(cfg: Any, gpus: int, nodes: int, strategy: str) -> DryRun:
