@@ -1,9 +1,9 @@
 """Per-GPU memory plan for DDP and each FSDP sharding strategy (ZeRO accounting).
 
-    python -m ddpkit.tools.memory --params 7e9 --gpus 8 [--nodes 1] [--dtype fp32|bf16|fp16]
-                           [--optimizer adamw|adam|sgd] [--gpu-mem 80] [--json]
-    python -m ddpkit.tools.memory --model gpt --n-layer 12 --d-model 768 --gpus 8 [--batch-size 16]
-    python -m ddpkit.tools.memory --config configs/gpt.toml --gpus 8
+    ddpkit memory --params 7e9 --gpus 8 [--nodes 1] [--dtype fp32|bf16|fp16]
+                [--optimizer adamw|adam|sgd] [--gpu-mem 80] [--json]
+    ddpkit memory --model gpt --n-layer 12 --d-model 768 --gpus 8 [--batch-size 16]
+    ddpkit memory --config configs/gpt.toml --gpus 8
     ddpkit memory --config job.toml --gpus 1024 --nodes 128 --strategy FULL_SHARD --dry-run [--json]
     ddpkit memory --config job.toml --gpus 512 --nodes 64 --step-time --inter ib400 \
                   --mfu 0.4 --peak-tflops 989 --gpu-mem 80 [--json]
@@ -134,9 +134,9 @@ def to_json(plan: Plan) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = CliParser(
-        prog="python -m ddpkit.tools.memory",
+        prog="ddpkit memory",
         description="Per-GPU memory under DDP, SHARD_GRAD_OP, FULL_SHARD and HYBRID_SHARD.",
-        epilog="Example: python -m ddpkit.tools.memory --params 7e9 --gpus 8 --gpu-mem 80",
+        epilog="Example: ddpkit memory --params 7e9 --gpus 8 --gpu-mem 80",
     )
     src = p.add_argument_group("what to plan (one of)")
     src.add_argument("--params", help="parameter count: 7e9, 7B, 125M")
@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument(
         "--overlap", type=float, default=1.0, help="share of compute that hides comm (0..1)"
     )
-    m = p.add_argument_group("model flags (with --model or --config; as in python -m ddpkit.train)")
+    m = p.add_argument_group("model flags (with --model or --config; as in ddpkit train)")
     for key in MODEL_FLAGS:
         m.add_argument(f"--{key.replace('_', '-')}", type=int)
     m.add_argument("--dataset", help="shapes the input (mnist, cifar10, imagefolder, ...)")

@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     p = CliParser(
-        prog="python -m ddpkit.tools.plot",
+        prog="ddpkit plot",
         description="PNG charts (loss, lr, throughput, memory, grad norm) from metrics.jsonl.",
     )
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
