@@ -161,9 +161,7 @@ class SlurmBackend(Backend):
         print(f"submitted job array {ids[0].split('_')[0]} ({len(ids)} members of {base}):")
         for job_id, spec in zip(ids, specs, strict=True):
             print(f"  {job_id}: {spec.name}, run dir {spec.run_dir}")
-        print(
-            f"logs: {logs}/<job>_<node>_log.out; status: ddpkit status slurm ID"
-        )
+        print(f"logs: {logs}/<job>_<node>_log.out; status: ddpkit status slurm ID")
         if not opts.wait:
             return 0
         codes = [self.wait(job_id, opts.poll_s) for job_id in ids]
