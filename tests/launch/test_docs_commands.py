@@ -9,6 +9,8 @@ pipes cut) is one case:
   instead: the same job rendered, with the same flags and the same checks;
 - a template line (`{a,b}`, `a|b`, `[OPT]`, `JOB`, `runs/a`, ...) names commands and backends:
   every combination it names is one the CLI has (`list local` may not be shown if refused).
+Each `make TARGET` of an indented line is a target of the Makefile and runs as written in the
+project (`make -f <kit>/Makefile`), or its render stands in, or MAKE_WHY_NOT says why not.
 """
 
 from __future__ import annotations
@@ -145,3 +147,80 @@ def test_a_documented_template_names_commands_that_exist(where, cmd):
                 assert backend.list_jobs is not Backend.list_jobs, (
                     f"{where}: `{cmd}` shows `ddpkit list {words[1]}`, which the CLI refuses"
                 )
+
+
+# --- the Makefile's ways in -----------------------------------------------------------------
+
+# Targets the docs show that a test cannot run as written, and why (the stand-in or the test
+# that covers them).
+MAKE_WHY_NOT = {
+    "setup": "installs the kit's own venv, which this test runs from",
+    "test": "the whole test suite, this file included",
+    "test-fast": "the unit tests, this file included",
+    "lint": "CI's lint step over the checkout",
+    "train": "trains for minutes; tests/launch/test_make.py runs `make train` on a short job",
+    "bench": "benchmarks for minutes",
+    "docker-build": "builds a container image (the container tests do)",
+    "docker-run": "runs a container image (the container tests do)",
+    "k8s-up": "starts a Kubernetes control plane (the k8s tests do)",
+    "k8s-down": "stops the Kubernetes control plane other tests use",
+    "k8s-delete": "needs a Kubernetes API server (kubectl delete)",
+    "slurm-up": "starts the machine's SLURM cluster, which the slurm tests share",
+    "slurm-down": "stops the SLURM cluster other tests use",
+    "slurm-status": "needs a job submitted from the workspace (the slurm tests submit one)",
+    "slurm-logs": "needs a job submitted from the workspace (the slurm tests submit one)",
+    "slurm-cancel": "needs a job submitted from the workspace (the slurm tests submit one)",
+}
+# Targets that queue or apply a job: the render target of the same job runs instead.
+MAKE_STAND_IN = {"slurm-submit": "slurm-render", "k8s-apply": "k8s-render"}
+MAKE_TARGETS = set(re.findall(r"^([a-z0-9-]+):", (REPO / "Makefile").read_text(), re.M))
+
+
+def documented_make() -> list[tuple[str, str, list[str]]]:
+    """(file:line, target, VAR=value words) of each `make` target an indented line shows:
+    `a && make b`, `make a | b` (alternatives) and `[VAR=x]` (optional: left out) included."""
+    found = []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for n, line in enumerate(doc.read_text().splitlines(), 1):
+            m = re.match(r"^\s{4,}(make\s.*)$", line)
+            if not m:
+                continue
+            text = re.sub(r"\[[^\]]*\]", "", re.split(r"\s#\s", m.group(1))[0])
+            parts = re.split(r"\s(\||&&|>)\s", text)  # [part, sep, part, ...]
+            for sep, part in zip(["|", *parts[1::2]], parts[0::2], strict=True):
+                words = part.split()
+                if words and words[0] == "make":
+                    words = words[1:]
+                elif sep != "|":  # `&& kubectl ...`, `> job.yaml`: not a make target
+                    continue
+                target = [w for w in words if "=" not in w and not w.startswith("-")]
+                if target and re.fullmatch(r"[a-z0-9-]+", target[0]):
+                    where = f"{doc.relative_to(REPO)}:{n}"
+                    found.append((where, target[0], [w for w in words if "=" in w]))
+    return found
+
+
+MAKE = documented_make()
+
+
+def test_the_docs_make_lines_are_found():
+    assert {"train", "slurm-submit", "k8s-render", "slurm-logs"} <= {t for _, t, _ in MAKE}
+
+
+@pytest.mark.parametrize(
+    ("where", "target", "variables"), MAKE, ids=[f"{w}:{t}" for w, t, _ in MAKE]
+)
+def test_a_documented_make_target_runs_as_written(workspace, where, target, variables):
+    assert target in MAKE_TARGETS, f"{where}: `make {target}`: the Makefile has no such target"
+    run = MAKE_STAND_IN.get(target, target)
+    if run in MAKE_WHY_NOT:
+        pytest.skip(f"make {target}: {MAKE_WHY_NOT[run]}")
+    from tests.trainrun import clean_env
+
+    r = subprocess.run(
+        ["make", "-s", "--no-print-directory", "-f", str(REPO / "Makefile"),
+         "-o", str(REPO / ".venv" / ".installed"), run, *variables],
+        cwd=workspace, env=clean_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    how = f" (run as `make {run}`: it queues or applies the job)" if run != target else ""
+    assert r.returncode == 0, f"{where}: `make {target}`{how} -> exit {r.returncode}\n{r.stderr}"
