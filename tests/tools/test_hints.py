@@ -13,29 +13,21 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-CODE_DIRS = ("ddpkit", "train", "tools", "docker", "slurm", "k8s")
+CODE_DIRS = ("ddpkit", "train", "tools", "docker", "slurm", "k8s", "examples")
 # `README 'Section'`, `docs/x.md "Section"`, and a bare `docs/x.md`
 SECTION = re.compile(r"\b(README(?:\.md)?|docs/[\w-]+\.md)\s+['\"]([^'\"]+)['\"]")
 PAGE = re.compile(r"\bdocs/[\w-]+\.md\b")
 MODULE_HINT = re.compile(r"python3? -m ddpkit\.tools\.\w+")
 
 
-def _strings() -> list[tuple[str, str, bool]]:
-    """(file:line, text, is_docstring) of every string constant (f-string parts too)."""
+def _strings() -> list[tuple[str, str]]:
+    """(file:line, text) of every string constant (docstrings and f-string parts too)."""
     out = []
     for d in CODE_DIRS:
         for path in sorted((ROOT / d).rglob("*.py")):
-            tree = ast.parse(path.read_text())
-            docs = set()
-            for node in ast.walk(tree):
-                body = getattr(node, "body", None)
-                first = body[0] if isinstance(body, list) and body else None
-                if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                    docs.add(id(first.value))
-            for node in ast.walk(tree):
+            for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                    where = f"{path.relative_to(ROOT)}:{node.lineno}"
-                    out.append((where, node.value, id(node) in docs))
+                    out.append((f"{path.relative_to(ROOT)}:{node.lineno}", node.value))
     return out
 
 
@@ -49,12 +41,12 @@ def _headings(doc: str) -> list[str]:
 
 def test_the_scan_sees_the_kits_messages():
     assert len(STRINGS) > 1000
-    assert any("no such directory" in s for _, s, _ in STRINGS)
+    assert any("no such directory" in s for _, s in STRINGS)
 
 
 def test_every_named_section_is_a_heading_that_exists():
     bad = []
-    for where, text, _ in STRINGS:
+    for where, text in STRINGS:
         for doc, section in SECTION.findall(text):
             exists = (ROOT / doc).is_file() or doc.startswith("README")
             if not exists or not any(section.lower() in h for h in _headings(doc)):
@@ -65,7 +57,7 @@ def test_every_named_section_is_a_heading_that_exists():
 def test_every_named_docs_page_exists():
     bad = [
         f"{where}: {page}"
-        for where, text, _ in STRINGS
+        for where, text in STRINGS
         for page in PAGE.findall(text)
         if not (ROOT / page).is_file()
     ]
@@ -73,14 +65,8 @@ def test_every_named_docs_page_exists():
 
 
 def test_hints_name_the_ddpkit_command_not_a_module():
-    """A message, a usage line or --help's prog names `ddpkit CMD`; a module's own docstring
-    may mention its module path, but not as the command to type."""
-    bad = [
-        f"{where}: {m}"
-        for where, text, is_doc in STRINGS
-        for m in MODULE_HINT.findall(text)
-        if not is_doc
-    ]
+    """A message, a usage line, --help's prog or a docstring's usage names `ddpkit CMD`."""
+    bad = [f"{where}: {m}" for where, text in STRINGS for m in MODULE_HINT.findall(text)]
     assert not bad, "hints naming `python -m` instead of the ddpkit command:\n" + "\n".join(bad)
 
 
