@@ -75,7 +75,7 @@ def test_the_docs_have_commands_to_check():
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     """A project holding the kit's example configs and scripts (the paths the docs use), a
-    train.py of its own (what `ddpkit init` finds), and job.toml: "your job" of the planner's
+    train.py and a models/ package of its own (what `ddpkit init` finds), and job.toml: "your job" of the planner's
     examples, the ~350M gpt with the data of a real 512-rank run."""
     ws = tmp_path_factory.mktemp("docs")
     shutil.copytree(REPO / "configs", ws / "configs")
@@ -86,6 +86,11 @@ def workspace(tmp_path_factory):
     assert "synthetic_samples = 1024" in job
     (ws / "job.toml").write_text(
         job.replace("synthetic_samples = 1024", "synthetic_samples = 65536")
+    )
+    (ws / "models").mkdir()  # "your own model" of docs/tools.md: a factory for 3x32x32 images
+    (ws / "models" / "__init__.py").write_text(
+        "import torch.nn as nn\n\n\ndef build_model(cfg=None, in_shape=None, num_classes=None):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))\n"
     )
     (ws / "train.py").write_text(
         "import torch.distributed as dist\n\n"
