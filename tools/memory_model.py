@@ -71,7 +71,7 @@ def cannot_run(cfg: Any, e: BaseException) -> PlanError:
     first = (str(e).strip().splitlines() or [""])[0][:300]
     shape = "x".join(str(d) for d in in_shape(cfg)[0])
     return PlanError(
-        f"--model {cfg.model}: the planner cannot run it on meta tensors of input {shape} per "
+        f"--model {cfg.model}: the planner cannot build or run it on input {shape} per "
         f"sample ({type(e).__name__}: {first}); pass the model's input with --input-shape "
         "C,H,W (or --dataset NAME), or plan by size with --params N"
     )

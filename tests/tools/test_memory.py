@@ -218,8 +218,9 @@ def test_memory_plans_the_users_own_model_from_the_workspace(tmp_path, one_line_
     flagged = memory("--model", "models:build_model", "--input-shape", "3,32,32")
     assert flagged.returncode == 0, flagged.stderr
     assert json.loads(flagged.stdout)["num_params"] == params
-    line = one_line_error(memory("--model", "models:build_model"))  # MNIST's 1x28x28 by default
-    assert "models:build_model" in line and "--input-shape" in line and "1x28x28" in line
+    for how in ([], ["--dry-run"], ["--step-time"]):  # MNIST's 1x28x28 by default
+        line = one_line_error(memory("--model", "models:build_model", *how))
+        assert "models:build_model" in line and "--input-shape" in line and "1x28x28" in line
     # the job's dataset shapes the input, and the job file's directory is the workspace
     (proj / "job.toml").write_text('[train]\nmodel = "models:build_model"\ndataset = "cifar10"\n')
     job = memory("--config", str(proj / "job.toml"), "--dry-run", cwd=tmp_path)
