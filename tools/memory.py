@@ -198,6 +198,7 @@ def _main(argv: list[str] | None) -> int:
     from ddpkit.tools.spec.load import in_workspace
 
     args = build_parser().parse_args(argv)
+    args.config_shown = args.config  # as the user wrote it, for the report's header
     for key in ("config", "intra", "inter"):  # files named from here, read in the workspace
         value = getattr(args, key)
         if value and Path(value).is_file():
@@ -244,7 +245,7 @@ def _plan(args: argparse.Namespace) -> int:
         dtype = args.dtype or desc.dtype
         optimizer = args.optimizer or desc.optimizer
         batch = desc.batch_size
-        label = desc.name + (f" ({args.config})" if args.config else "")
+        label = desc.name + (f" ({args.config_shown})" if args.config else "")
         kwargs.update(
             num_params=desc.num_params,
             shapes=desc.shapes,
@@ -301,7 +302,7 @@ def _dry_run_main(args: argparse.Namespace) -> int:
     )
     gpu_mem = int(args.gpu_mem * GB) if args.gpu_mem else None
     out = dry_run_report(runs, plan, gpu_mem)
-    out["model"] = desc.name + (f" ({args.config})" if args.config else "")
+    out["model"] = desc.name + (f" ({args.config_shown})" if args.config else "")
     print(json.dumps(out, indent=2) if args.json else render_dry_run(out))
     return 0
 

@@ -111,6 +111,6 @@ def run(args: Any) -> int:
     gpu_mem = int(args.gpu_mem * 1e9) if args.gpu_mem else None
     out = plan(cfg, args.gpus, args.nodes, intra, inter, compute, gpu_mem, args.overlap, wanted)
     if args.config:
-        out["model"] += f" ({args.config})"
+        out["model"] += f" ({getattr(args, 'config_shown', args.config)})"
     print(json.dumps(out, indent=2) if args.json else render(out))
     return 0
