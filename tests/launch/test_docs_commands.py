@@ -229,3 +229,14 @@ def test_a_documented_make_target_runs_as_written(workspace, where, target, vari
     )  # fmt: skip
     how = f" (run as `make {run}`: it queues or applies the job)" if run != target else ""
     assert r.returncode == 0, f"{where}: `make {target}`{how} -> exit {r.returncode}\n{r.stderr}"
+
+
+def test_the_readme_install_states_what_pip_needs():
+    """The Python pyproject.toml requires, how to take torch's CPU build, the shared venv."""
+    import tomllib
+
+    readme = (REPO / "README.md").read_text()
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert f"Python {requires.replace('>=', '>= ')}" in readme, requires
+    assert "--index-url https://download.pytorch.org/whl/cpu" in readme
+    assert "venv on the shared filesystem" in readme
