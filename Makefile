@@ -79,13 +79,15 @@ docker-run: $(STAMP) ## Run the image here: GPUS=N processes and GPUs, else one 
 	else echo "ddpkit: no GPU visible here; the container runs on the CPU (gloo)" >&2; extra=(--set accelerator=cpu); fi; \
 	$(LAUNCH) submit docker --make "$${extra[@]}"
 
-k8s-up: $(STAMP) ## Start a real local Kubernetes control plane + Kubeflow controllers (built once into ~/.cache/ddpkit-k8s; NODES: node agents)
+# The cluster targets run shell scripts: no venv first (k8s/local/up.sh takes .venv's python
+# when there is one, else python3, and says in one line when the node agent lacks a package).
+k8s-up: ## Start a real local Kubernetes control plane + Kubeflow controllers (built once into ~/.cache/ddpkit-k8s; NODES: node agents)
 	DDPKIT_K8S_NODES=$${NODES:-0} bash $(KIT)/k8s/local/up.sh
 
 k8s-down: ## Stop the local Kubernetes control plane
 	bash $(KIT)/k8s/local/down.sh
 
-slurm-up: $(STAMP) ## Start a real local SLURM cluster (NODES, default 2)
+slurm-up: ## Start a real local SLURM cluster (NODES, default 2)
 	bash $(KIT)/slurm/local/up.sh "$${NODES:-2}"
 
 slurm-down: ## Stop the local SLURM cluster

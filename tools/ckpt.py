@@ -1,8 +1,8 @@
 """Inspect a ddpkit checkpoint, or export its model to one file for inference.
 
-    python -m ddpkit.tools.ckpt inspect runs/default [--json]   # or .../checkpoints[/step-300]
-    python -m ddpkit.tools.ckpt export  runs/default/checkpoints/step-300 model.pt
-    python -m ddpkit.tools.ckpt export  runs/hf-run OUT_DIR --format hf      # an hf:DIR model
+    ddpkit ckpt inspect runs/default [--json]   # or .../checkpoints[/step-300]
+    ddpkit ckpt export  runs/default/checkpoints/step-300 model.pt
+    ddpkit ckpt export  runs/hf-run OUT_DIR --format hf      # an hf:DIR model
 
 The export holds {"model": {name: tensor}, "meta": {...}} with full (unsharded) tensors and
 loads with `torch.load(path, weights_only=True)`. `--format hf` (for a model trained as
@@ -43,6 +43,12 @@ def _step_dirs(d: Path) -> list[tuple[int, Path]]:
 def _checkpoint_dir(path: str) -> Path:
     """A step-N dir as given; for a run dir or a checkpoints dir, its newest complete one."""
     p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise UserError(
+            f"{path}: a file, not a checkpoint directory (a checkpoint is a DCP step-N "
+            "directory; an export's .pt is read with torch.load); pass a run dir, its "
+            "checkpoints dir or a step-N dir"
+        )
     if not p.is_dir():
         raise UserError(
             f"{path}: no such directory; pass a run dir, its checkpoints dir or a step-N dir"
@@ -306,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     ap = CliParser(
-        prog="python -m ddpkit.tools.ckpt",
+        prog="ddpkit ckpt",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,8 +1,8 @@
 """Check that this node (or, under torchrun/srun, every node) can run a distributed job.
 
-    python -m ddpkit.tools.doctor [--rdzv-endpoint HOST:PORT] [--ckpt-dir DIR] [--config FILE] [--json]
+    ddpkit doctor [--rdzv-endpoint HOST:PORT] [--ckpt-dir DIR] [--config FILE] [--json]
     torchrun --nnodes 2 --nproc-per-node 8 ... -m ddpkit.tools.doctor      # every rank, one report
-    srun --ntasks-per-node 1 python -m ddpkit.tools.doctor --rdzv-endpoint head:29500
+    srun --ntasks-per-node 1 ddpkit doctor --rdzv-endpoint head:29500
 
 Checks: torch/CUDA/NCCL versions, GPUs and CUDA_VISIBLE_DEVICES, /dev/shm size, memlock
 and open-files limits, NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME against the interfaces that
@@ -241,7 +241,7 @@ def cross_rank(reports: list[dict[str, Any]], times: dict[str, float]) -> list[F
 
 def build_parser() -> argparse.ArgumentParser:
     p = CliParser(
-        prog="python -m ddpkit.tools.doctor",
+        prog="ddpkit doctor",
         description="Find what will break a distributed job on this node (or every node).",
     )
     p.add_argument(

@@ -1,16 +1,17 @@
 """Per-GPU memory plan for DDP and each FSDP sharding strategy (ZeRO accounting).
 
-    python -m ddpkit.tools.memory --params 7e9 --gpus 8 [--nodes 1] [--dtype fp32|bf16|fp16]
-                           [--optimizer adamw|adam|sgd] [--gpu-mem 80] [--json]
-    python -m ddpkit.tools.memory --model gpt --n-layer 12 --d-model 768 --gpus 8 [--batch-size 16]
-    python -m ddpkit.tools.memory --config configs/gpt.toml --gpus 8
+    ddpkit memory --params 7e9 --gpus 8 [--nodes 1] [--dtype fp32|bf16|fp16]
+                [--optimizer adamw|adam|sgd] [--gpu-mem 80] [--json]
+    ddpkit memory --model gpt --n-layer 12 --d-model 768 --gpus 8 [--batch-size 16]
+    ddpkit memory --config configs/gpt.toml --gpus 8
     ddpkit memory --config job.toml --gpus 1024 --nodes 128 --strategy FULL_SHARD --dry-run [--json]
     ddpkit memory --config job.toml --gpus 512 --nodes 64 --step-time --inter ib400 \
                   --mfu 0.4 --peak-tflops 989 --gpu-mem 80 [--json]
 
 --dry-run builds the job's model on the meta device, parallelizes it with the kit's own
 `parallelize` over a fake process group at --gpus ranks, and reports the state measured from
-the sharded tensors (ddpkit.tools.memory_dryrun); it refuses what the cluster would refuse.
+the sharded tensors (ddpkit.tools.memory_dryrun); it refuses the world the cluster would
+refuse, and warns of data smaller than one global batch (a memory plan does not depend on it).
 --step-time predicts each strategy's step time from an alpha-beta model of the collectives (a
 preset interconnect or a commbench.json) and the compute of one step (measured here, or peak
 x MFU), next to this memory plan, and recommends one (ddpkit.tools.steptime).
@@ -33,6 +34,7 @@ import argparse
 import json
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from ddpkit.tools.memory_model import (
@@ -132,9 +134,9 @@ def to_json(plan: Plan) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = CliParser(
-        prog="python -m ddpkit.tools.memory",
+        prog="ddpkit memory",
         description="Per-GPU memory under DDP, SHARD_GRAD_OP, FULL_SHARD and HYBRID_SHARD.",
-        epilog="Example: python -m ddpkit.tools.memory --params 7e9 --gpus 8 --gpu-mem 80",
+        epilog="Example: ddpkit memory --params 7e9 --gpus 8 --gpu-mem 80",
     )
     src = p.add_argument_group("what to plan (one of)")
     src.add_argument("--params", help="parameter count: 7e9, 7B, 125M")
@@ -177,10 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument(
         "--overlap", type=float, default=1.0, help="share of compute that hides comm (0..1)"
     )
-    m = p.add_argument_group("model flags (with --model or --config; as in python -m ddpkit.train)")
+    m = p.add_argument_group("model flags (with --model or --config; as in ddpkit train)")
     for key in MODEL_FLAGS:
         m.add_argument(f"--{key.replace('_', '-')}", type=int)
     m.add_argument("--dataset", help="shapes the input (mnist, cifar10, imagefolder, ...)")
+    m.add_argument(
+        "--input-shape",
+        help="one sample's input for your own model, C,H,W (default: the dataset's shape)",
+    )
     return p
 
 
@@ -189,7 +195,35 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    from ddpkit.tools.spec.load import in_workspace
+
     args = build_parser().parse_args(argv)
+    args.config_shown = args.config  # as the user wrote it, for the report's header
+    for key in ("config", "intra", "inter"):  # files named from here, read in the workspace
+        value = getattr(args, key)
+        if value and Path(value).is_file():
+            setattr(args, key, str(Path(value).resolve()))
+    with in_workspace(workspace(args.config)):
+        return _plan(args)
+
+
+def workspace(config: str | None) -> Path:
+    """The job's workspace, the launcher's rule (the job file's directory or its `workspace`
+    key; without a job file, here): the user's `--model pkg.mod:factory` imports from it."""
+    import tomllib
+
+    from ddpkit.tools.spec.load import resolve_workspace
+
+    if not config:
+        return Path.cwd()
+    try:
+        data = tomllib.loads(Path(config).read_text())
+    except (OSError, ValueError):
+        return Path.cwd()  # load_cfg says what is wrong with the file, in one line
+    return resolve_workspace(config, data)
+
+
+def _plan(args: argparse.Namespace) -> int:
     if sum(x is not None for x in (args.params, args.model, args.config)) != 1:
         raise PlanError("pass exactly one of --params N, --model NAME or --config FILE")
     if args.step_time:
@@ -198,6 +232,8 @@ def _main(argv: list[str] | None) -> int:
         return steptime.run(args)
     if args.dry_run:
         return _dry_run_main(args)
+    from ddpkit.tools import memory_dryrun
+
     dtype, optimizer = args.dtype or "fp32", args.optimizer or "adamw"
     kwargs: dict[str, Any] = {}
     batch, label = None, None
@@ -205,10 +241,11 @@ def _main(argv: list[str] | None) -> int:
         kwargs["num_params"] = parse_count(args.params)
     else:
         desc = describe_model(args)
+        memory_dryrun.warn_short_data(desc.cfg, args.gpus)
         dtype = args.dtype or desc.dtype
         optimizer = args.optimizer or desc.optimizer
         batch = desc.batch_size
-        label = desc.name + (f" ({args.config})" if args.config else "")
+        label = desc.name + (f" ({args.config_shown})" if args.config else "")
         kwargs.update(
             num_params=desc.num_params,
             shapes=desc.shapes,
@@ -241,6 +278,7 @@ def _dry_run_main(args: argparse.Namespace) -> int:
         )
     desc = describe_model(args)
     cfg = desc.cfg
+    memory_dryrun.warn_short_data(cfg, args.gpus)
     if args.replicate_degree is not None:
         cfg.replicate_degree = args.replicate_degree
     if args.optimizer:
@@ -264,7 +302,7 @@ def _dry_run_main(args: argparse.Namespace) -> int:
     )
     gpu_mem = int(args.gpu_mem * GB) if args.gpu_mem else None
     out = dry_run_report(runs, plan, gpu_mem)
-    out["model"] = desc.name + (f" ({args.config})" if args.config else "")
+    out["model"] = desc.name + (f" ({args.config_shown})" if args.config else "")
     print(json.dumps(out, indent=2) if args.json else render_dry_run(out))
     return 0
 

@@ -23,7 +23,14 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from ddpkit.tools.memory_model import OPTIM_BYTES, PlanError, RankState, in_shape, shard_rows
+from ddpkit.tools.memory_model import (
+    OPTIM_BYTES,
+    PlanError,
+    RankState,
+    cannot_run,
+    in_shape,
+    shard_rows,
+)
 from ddpkit.train.errors import UserError
 
 FP32 = 4
@@ -63,7 +70,8 @@ def strategy_cfg(cfg: Any, strategy: str) -> Any:
 
 
 def check_job(cfg: Any, gpus: int, nodes: int) -> None:
-    """What the cluster would refuse after the queue wait, in the trainer's own words."""
+    """What the cluster would refuse after the queue wait for the world itself, in the
+    trainer's own words. The data is another matter: see data_shortfall."""
     from ddpkit.train.config import ConfigError, check_world
 
     if gpus < 1 or nodes < 1 or gpus % nodes:
@@ -75,14 +83,31 @@ def check_job(cfg: Any, gpus: int, nodes: int) -> None:
         check_world(cfg, gpus, nodes)
     except ConfigError as e:
         raise PlanError(str(e)) from None
+
+
+def data_shortfall(cfg: Any, gpus: int) -> str | None:
+    """One line when the job's data holds fewer samples than one global batch at `gpus` ranks
+    (the trainer refuses to start), else None. A memory plan only warns of it: the memory of a
+    step does not depend on the dataset's length, and a plan is often made before the data of
+    the real run exists; `submit --plan`, a real run, refuses it."""
     samples = epoch_samples(cfg)
     global_batch = cfg.batch_size * gpus * cfg.grad_accum
-    if samples is not None and samples < global_batch:
-        raise PlanError(
-            f"the dataset has {samples} samples, fewer than one global batch (batch "
-            f"{cfg.batch_size} x world {gpus} x grad-accum {cfg.grad_accum} = {global_batch}); "
-            "lower --batch-size or --grad-accum, or give the job more data"
-        )
+    if samples is None or samples >= global_batch:
+        return None
+    return (
+        f"the dataset has {samples} samples, fewer than one global batch (batch "
+        f"{cfg.batch_size} x world {gpus} x grad-accum {cfg.grad_accum} = {global_batch}); "
+        "lower --batch-size or --grad-accum, or give the job more data"
+    )
+
+
+def warn_short_data(cfg: Any, gpus: int) -> None:
+    """The planner's word on data_shortfall: one warning line on stderr, and the plan goes on."""
+    import sys
+
+    short = data_shortfall(cfg, gpus)
+    if short:
+        print(f"warning: {short} (a real run would refuse it)", file=sys.stderr, flush=True)
 
 
 def epoch_samples(cfg: Any) -> int | None:
@@ -128,8 +153,8 @@ def build_model(cfg: Any) -> Any:
         spec = lookup.model_spec(cfg)
         shape, classes = in_shape(cfg)
         return lookup.meta_model(spec, cfg, SimpleNamespace(in_shape=shape, num_classes=classes))
-    except UserError as e:
-        raise PlanError(str(e)) from None
+    except Exception as e:  # a UserError's line, or the user's factory's failure in one
+        raise cannot_run(cfg, e) from None
 
 
 def dry_run(cfg: Any, gpus: int, nodes: int, strategy: str) -> DryRun:
@@ -230,6 +255,9 @@ def plan_for_spec(spec: Any) -> str | None:
         )
         strategy = "DDP" if cfg.parallel == "ddp" else (cfg.sharding or "FULL_SHARD")
         dry_run(cfg, spec.world_size, spec.nodes, strategy)
+        short = data_shortfall(cfg, spec.world_size)  # the real run would refuse it
+        if short:
+            return short
     except (ConfigError, UserError) as e:
         return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return None

@@ -49,6 +49,33 @@ MODEL_FLAGS = (
 
 IMAGEFOLDER_CLASSES = 10  # an image folder's classes are its subdirectories: 10 assumed
 
+# --input-shape of this plan (one per process: the planner is a command), else the dataset's.
+_input_shape: tuple[int, ...] | None = None
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """--input-shape: one sample's shape, `3,224,224` or `3x224x224`."""
+    try:
+        shape = tuple(int(x) for x in text.replace("x", ",").split(","))
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise PlanError(f"--input-shape {text!r}: give one sample's shape, e.g. 3,224,224")
+    return shape
+
+
+def cannot_run(cfg: Any, e: BaseException) -> PlanError:
+    """A model the planner cannot build or run forward on meta tensors: one line."""
+    if isinstance(e, UserError):
+        return PlanError(str(e))
+    first = (str(e).strip().splitlines() or [""])[0][:300]
+    shape = "x".join(str(d) for d in in_shape(cfg)[0])
+    return PlanError(
+        f"--model {cfg.model}: the planner cannot build or run it on input {shape} per "
+        f"sample ({type(e).__name__}: {first}); pass the model's input with --input-shape "
+        "C,H,W (or --dataset NAME), or plan by size with --params N"
+    )
+
 
 def _image_datasets() -> dict[str, tuple[tuple[int, ...], int | None]]:
     """(x shape, classes) of each built-in image dataset, from the registry (the shapes the
@@ -118,6 +145,8 @@ def load_cfg(args: argparse.Namespace) -> Any:
             values.update(load_toml(args.config))
     except ConfigError as e:
         raise PlanError(str(e)) from None
+    global _input_shape
+    _input_shape = parse_shape(args.input_shape) if getattr(args, "input_shape", None) else None
     if args.model:
         values["model"] = args.model
     for key in (*MODEL_FLAGS, "dataset"):
@@ -138,10 +167,10 @@ def load_cfg(args: argparse.Namespace) -> Any:
         if getattr(cfg, key) < 1:
             raise PlanError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(cfg, key)}")
     images = _image_datasets()
-    if _kind(cfg) != "tokens" and cfg.dataset not in images:
+    if _input_shape is None and _kind(cfg) != "tokens" and cfg.dataset not in images:
         raise PlanError(
-            f"--dataset {cfg.dataset} does not fit --model {cfg.model}; "
-            f"use one of {', '.join(images)}"
+            f"--dataset {cfg.dataset} does not fit --model {cfg.model} (the planner knows the "
+            f"input shape of {', '.join(images)}); pass --input-shape C,H,W or one of those"
         )
     return cfg
 
@@ -159,6 +188,9 @@ def _kind(cfg: Any) -> str:
 def in_shape(cfg: Any) -> tuple[tuple[int, ...], int]:
     if _kind(cfg) == "tokens":
         return (cfg.seq_len,), cfg.vocab_size
+    if _input_shape is not None:
+        classes = _image_datasets().get(cfg.dataset, ((), None))[1]
+        return _input_shape, classes or cfg.synthetic_classes
     shape, classes = _image_datasets()[cfg.dataset]
     return shape, classes or cfg.synthetic_classes
 
@@ -168,8 +200,11 @@ def build_meta(cfg: Any, dtype: str = "fp32") -> Any:
     from ddpkit.train.models import build_model
 
     shape, classes = in_shape(cfg)
-    with torch.device("meta"):
-        model = build_model(cfg, shape, classes)
+    try:
+        with torch.device("meta"):
+            model = build_model(cfg, shape, classes)
+    except Exception as e:  # the user's factory, whatever it raises: one line
+        raise cannot_run(cfg, e) from None
     if dtype != "fp32":
         model = model.to({"bf16": torch.bfloat16, "fp16": torch.float16}[dtype])
     return model
@@ -231,7 +266,10 @@ def saved_activation_bytes(cfg: Any, batch: int, dtype: str) -> int:
             stack.enter_context(
                 mock.patch.object(masking, "find_packed_sequence_indices", lambda *a, **k: None)
             )
-        return saved_bytes(model, lambda: F.cross_entropy(_logits(model(x)), y))
+        try:
+            return saved_bytes(model, lambda: F.cross_entropy(_logits(model(x)), y))
+        except Exception as e:  # a forward that does not fit the input: one line
+            raise cannot_run(cfg, e) from None
 
 
 def _logits(out: Any) -> Any:

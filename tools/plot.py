@@ -1,8 +1,8 @@
 """Charts from a run's metrics.jsonl: loss, learning rate, throughput, memory, grad norm.
 
-    python -m ddpkit.tools.plot RUN_DIR                 # PNGs next to the metrics, in RUN_DIR
-    python -m ddpkit.tools.plot RUN_A RUN_B [--out DIR]  # the runs side by side on each chart
-    python -m ddpkit.tools.plot RUN_DIR --x time         # wall-clock seconds on the x axis
+    ddpkit plot RUN_DIR                 # PNGs next to the metrics, in RUN_DIR
+    ddpkit plot RUN_A RUN_B [--out DIR]  # the runs side by side on each chart
+    ddpkit plot RUN_DIR --x time         # wall-clock seconds on the x axis
 
 A run that was preempted and resumed logs the steps since its last checkpoint twice (the
 file is appended to); the newest record of each step wins. A half-written last line (a run
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     p = CliParser(
-        prog="python -m ddpkit.tools.plot",
+        prog="ddpkit plot",
         description="PNG charts (loss, lr, throughput, memory, grad norm) from metrics.jsonl.",
     )
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")

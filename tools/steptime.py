@@ -66,6 +66,7 @@ def render(out: dict[str, Any]) -> str:
 
 def run(args: Any) -> int:
     """`ddpkit memory --step-time ...` (the flags are ddpkit.tools.memory's)."""
+    from ddpkit.tools.memory_dryrun import warn_short_data
     from ddpkit.tools.memory_model import load_cfg
 
     if args.params is not None or args.dry_run:
@@ -85,6 +86,7 @@ def run(args: Any) -> int:
     if args.nics is not None and args.nics < 1:
         raise PlanError(f"--nics {args.nics} must be >= 1 (network ports per node)")
     cfg = load_cfg(args)
+    warn_short_data(cfg, args.gpus)
     if args.replicate_degree is not None:
         cfg.replicate_degree = args.replicate_degree
     if args.optimizer:
@@ -109,6 +111,6 @@ def run(args: Any) -> int:
     gpu_mem = int(args.gpu_mem * 1e9) if args.gpu_mem else None
     out = plan(cfg, args.gpus, args.nodes, intra, inter, compute, gpu_mem, args.overlap, wanted)
     if args.config:
-        out["model"] += f" ({args.config})"
+        out["model"] += f" ({getattr(args, 'config_shown', args.config)})"
     print(json.dumps(out, indent=2) if args.json else render(out))
     return 0

@@ -55,6 +55,15 @@ def compute_given(cfg: Any, seconds: float) -> Compute:
 def measure_compute(cfg: Any, reps: int = 5, warmup: int = 2) -> Compute:
     """Forward, backward and optimizer step of the job's model on this CPU, one micro-batch
     (median of `reps` after `warmup`), in this process's torch thread count."""
+    from ddpkit.tools.memory_model import cannot_run
+
+    try:  # the user's model on the input the planner has: what it cannot run is one line
+        return _measure(cfg, reps, warmup)
+    except Exception as e:
+        raise cannot_run(cfg, e) from None
+
+
+def _measure(cfg: Any, reps: int, warmup: int) -> Compute:
     import torch
     import torch.nn.functional as F
     from ddpkit.tools.memory_model import _kind, in_shape

@@ -1,7 +1,7 @@
 """`python -m ddpkit.train`: parse, validate, set up the process group, train, exit with a status.
 
 Exit status: 0 done; 2 bad input (one line on stderr, no traceback); 75 a preemption signal
-was received and a checkpoint saved: requeue and run the same command again (see README).
+was received and a checkpoint saved: requeue and run the same command again (docs/checkpoints.md).
 """
 
 from __future__ import annotations

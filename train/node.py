@@ -404,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         code = 128 + stopped_by
         line = (
             f"{PREFIX}: stopped by {signame(stopped_by)} without a requeue request "
-            f"(exit {code}); see README 'Preemption' to ask for a requeue"
+            f"(exit {code}); see docs/running.md 'Preemption in your own script' to ask for a requeue"
         )
     # The outcome is decided: a late stop signal (srun stopping the step once a node exited)
     # must not turn it into a death by signal while the interpreter shuts down.

@@ -10,7 +10,7 @@ A config names each part with a string:
             | "hf:PATH"                                       local text/JSON lines/parquet files
     loss    = "cross_entropy" | "pkg.module:loss"
 
-The contracts (README "Your own model" says the same):
+The contracts (docs/training.md "Your own model, data and loss" says the same):
 
 - Model factory: `factory(cfg, **model_args) -> torch.nn.Module`. `cfg` is the resolved
   TrainConfig, `model_args` the `[train.model_args]` table (`--model-args '{"k": 1}'`). It is

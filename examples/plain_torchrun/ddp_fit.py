@@ -4,7 +4,7 @@
 
 ddpkit runs it unchanged on every backend (examples/plain_torchrun/job.toml):
 
-    python -m ddpkit.tools.launch submit local --config examples/plain_torchrun/job.toml
+    ddpkit submit local --config examples/plain_torchrun/job.toml
     make slurm-submit NODES=2 GPUS=2 CONFIG=examples/plain_torchrun/job.toml
 
 It fits y = x @ w_true with a linear layer on random data drawn from a fixed seed, and rank

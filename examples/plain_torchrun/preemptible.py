@@ -1,7 +1,7 @@
 """The plain script plus the ddpkit preemption contract (train/preempt.py): on a stop
 signal it saves, asks for a requeue and exits; run again, it resumes from its checkpoint.
 
-    python -m ddpkit.tools.launch submit local --config examples/plain_torchrun/job.toml \
+    ddpkit submit local --config examples/plain_torchrun/job.toml \
         --set script=examples/plain_torchrun/preemptible.py
 """
 

@@ -207,7 +207,7 @@ def test_script_that_ignores_the_signal_ends_cleanly(tmp_path: Path) -> None:
     assert proc.returncode == 128 + signal.SIGTERM
     assert error_lines(err) == [
         "ddpkit node: stopped by SIGTERM without a requeue request (exit 143); "
-        "see README 'Preemption' to ask for a requeue"
+        "see docs/running.md 'Preemption in your own script' to ask for a requeue"
     ]
 
 

@@ -85,3 +85,21 @@ def test_a_run_dir_in_args_takes_every_output_with_it(tmp_path: Path) -> None:
     assert json.loads((t2 / "summary.json").read_text())["steps"] == 3
     assert (t2 / "local" / "node-0.log").is_file() and not (tmp_path / "runs" / "split").exists()
     assert f"outputs: {t2}" in p.stdout
+
+
+@pytest.mark.parametrize("target", ["slurm-up", "k8s-up"])
+def test_cluster_targets_run_their_script_without_installing_the_venv(target: str) -> None:
+    """`make -C <kit> slurm-up` runs a shell script: it must not first install every dev extra.
+    `-n -W pyproject.toml`: print what make would run were the venv's stamp out of date."""
+    p = subprocess.run(
+        ["make", "-n", "--no-print-directory", "-W", str(ROOT / "pyproject.toml"), target],
+        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "pip install" not in p.stdout and "-m venv" not in p.stdout, p.stdout
+    assert "/local/up.sh" in p.stdout  # the script itself still runs
+    ctl = subprocess.run(
+        ["make", "-n", "--no-print-directory", "-W", str(ROOT / "pyproject.toml"), "slurm-render"],
+        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert "pip install" in ctl.stdout  # the check can see an install where one is due

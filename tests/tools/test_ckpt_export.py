@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,19 @@ def test_a_read_error_with_every_file_in_place_keeps_its_traceback(run, tmp_path
     assert p.returncode == 1, p.stderr
     assert "Traceback" in p.stderr and "a disk error, not a prune" in p.stderr
     assert not out.exists() and not (tmp_path / "model.pt.tmp").exists()
+
+
+def test_inspect_of_a_file_says_it_is_a_file(tmp_path, one_line_error):
+    """`ddpkit ckpt inspect model.pt`: an existing file is not "no such directory"."""
+    ddpkit = str(Path(sys.executable).with_name("ddpkit"))
+    pt = tmp_path / "model.pt"
+    pt.write_bytes(b"not a checkpoint directory")
+
+    def inspect(path: Path) -> str:
+        p = subprocess.run([ddpkit, "ckpt", "inspect", str(path)], capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+        return one_line_error(p)
+
+    line = inspect(pt)
+    assert "a file, not a checkpoint directory" in line and "no such directory" not in line
+    assert "no such directory" in inspect(tmp_path / "missing")

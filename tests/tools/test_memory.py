@@ -186,3 +186,45 @@ def test_planner_matches_measured_state_bytes(tmp_path, world, flags, strategy, 
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr
         assert (run_dir / "loss.png").is_file() and (run_dir / "memory.png").is_file()
+
+
+def _user_project(tmp_path: Path) -> Path:
+    """A user's project: a models/ package whose factory takes 3x32x32 images (not MNIST's)."""
+    proj = tmp_path / "proj"
+    (proj / "models").mkdir(parents=True)
+    (proj / "models" / "__init__.py").write_text(
+        "import torch.nn as nn\n\n\n"
+        "def build_model(cfg=None, in_shape=None, num_classes=None):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))\n"
+    )
+    return proj
+
+
+def test_memory_plans_the_users_own_model_from_the_workspace(tmp_path, one_line_error):
+    """`ddpkit memory --model models:build_model` from the directory holding models/ imports
+    it (no PYTHONPATH); the input shape comes from a flag or the job's dataset; a model the
+    planner cannot run on the input it has is one line, exit 2."""
+    ddpkit = str(Path(sys.executable).with_name("ddpkit"))
+    proj = _user_project(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+    def memory(*args: str, cwd: Path = proj) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [ddpkit, "memory", "--gpus", "8", "--json", *args],
+            cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    params = 3 * 32 * 32 * 10 + 10
+    flagged = memory("--model", "models:build_model", "--input-shape", "3,32,32")
+    assert flagged.returncode == 0, flagged.stderr
+    assert json.loads(flagged.stdout)["num_params"] == params
+    for how in ([], ["--dry-run"], ["--step-time"]):  # MNIST's 1x28x28 by default
+        line = one_line_error(memory("--model", "models:build_model", *how))
+        assert "models:build_model" in line and "--input-shape" in line and "1x28x28" in line
+    # the job's dataset shapes the input, and the job file's directory is the workspace
+    (proj / "job.toml").write_text('[train]\nmodel = "models:build_model"\ndataset = "cifar10"\n')
+    job = memory("--config", str(proj / "job.toml"), "--dry-run", cwd=tmp_path)
+    assert job.returncode == 0, job.stderr
+    assert json.loads(job.stdout)["params"] == params
+    bad = one_line_error(memory("--model", "models:build_model", "--input-shape", "3,x"))
+    assert "--input-shape" in bad

@@ -125,13 +125,32 @@ def test_a_layer_fsdp_cannot_shard_is_refused():
     "args, needle",
     [
         (["--gpus", "8", "--strategy", "HYBRID_SHARD", "--replicate-degree", "3"], "8 % 3 = 2"),
-        (["--gpus", "1024", "--strategy", "FULL_SHARD"], "fewer than one global batch"),
         (["--gpus", "12", "--nodes", "5"], "not a multiple of --nodes 5"),
     ],
 )
 def test_cli_refuses_what_fails_on_the_cluster(args, needle, one_line_error):
     proc = run_module("ddpkit.tools.memory", "--config", "configs/gpt.toml", "--dry-run", *args)
     assert needle in one_line_error(proc)
+
+
+@pytest.mark.parametrize("how", [["--dry-run"], [], ["--step-time", "--mfu", "0.4"]])
+def test_a_plan_warns_of_less_data_than_a_global_batch_and_plans(how):
+    """The memory of a step does not depend on the dataset's length: a plan at a world the
+    example's data cannot fill is made, with one warning line (the real run refuses it)."""
+    proc = run_module(
+        "ddpkit.tools.memory", "--config", "configs/gpt.toml", "--gpus", "1024", "--nodes", "128",
+        "--strategy", "FULL_SHARD", "--peak-tflops", "989", "--json", *how,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    warnings = [ln for ln in proc.stderr.splitlines() if "fewer than one global batch" in ln]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert json.loads(proc.stdout)  # the plan itself
+    enough = run_module(
+        "ddpkit.tools.memory", "--config", "configs/gpt.toml", "--gpus", "8", "--json", *how,
+        "--peak-tflops", "989",
+    )  # fmt: skip
+    assert enough.returncode == 0 and "global batch" not in enough.stderr, enough.stderr
 
 
 def test_cli_refuses_a_scalar_parameter(one_line_error):

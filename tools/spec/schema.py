@@ -138,7 +138,7 @@ class K8sSpec:
     queue: str | None = None  # Kueue LocalQueue / Volcano queue name
     scheduler: str | None = None  # schedulerName, e.g. "volcano"
     shm_size: str = "16Gi"  # /dev/shm as a memory-backed emptyDir
-    rdma: bool = False  # request RDMA/InfiniBand devices; needs an unlimited memlock (README)
+    rdma: bool = False  # request RDMA/InfiniBand devices; unlimited memlock (docs/kubernetes.md)
     rdma_resource: str = "rdma/ib"  # the device plugin's RDMA resource, requested when rdma
     pvc_size: str | None = None  # also render the PVC (ReadWriteMany), e.g. "100Gi"
     storage_class: str | None = None  # storageClassName of the rendered PVC

@@ -81,7 +81,7 @@ def _call(fn: Callable[..., Any], what: str, api: str, namespace: str, *args: An
             name = details.get("name") or "NAME"
             raise SpecError(
                 f"{what}: already exists in namespace {namespace!r}; delete it first "
-                f"(python -m ddpkit.tools.launch cancel k8s {name} -n {namespace}, or make k8s-delete) "
+                f"(ddpkit cancel k8s {name} -n {namespace}, or make k8s-delete) "
                 "or rename the job (--set name=NEW)"
             ) from None
         if e.status == 404 and details.get("kind") == "namespaces":

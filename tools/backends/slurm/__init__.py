@@ -117,7 +117,7 @@ class SlurmBackend(Backend):
         record_job(self.name, job_id, name=spec.name, log_dir=str(logs), run_dir=spec.run_dir)
         print(f"submitted job {job_id} ({spec.name}: {spec.nodes} node(s) x {spec.nproc_per_node})")
         print(f"logs: {logs}/{job_id}_<node>_log.out (.err); run dir: {spec.run_dir}")
-        print(f"follow: python -m ddpkit.tools.launch logs slurm {job_id} --follow")
+        print(f"follow: ddpkit logs slurm {job_id} --follow")
         if opts.wait:
             follower = LogFollower(logs, job_id)
             on_poll = lambda _st: follower.emit()  # noqa: E731
@@ -161,9 +161,7 @@ class SlurmBackend(Backend):
         print(f"submitted job array {ids[0].split('_')[0]} ({len(ids)} members of {base}):")
         for job_id, spec in zip(ids, specs, strict=True):
             print(f"  {job_id}: {spec.name}, run dir {spec.run_dir}")
-        print(
-            f"logs: {logs}/<job>_<node>_log.out; status: python -m ddpkit.tools.launch status slurm ID"
-        )
+        print(f"logs: {logs}/<job>_<node>_log.out; status: ddpkit status slurm ID")
         if not opts.wait:
             return 0
         codes = [self.wait(job_id, opts.poll_s) for job_id in ids]
