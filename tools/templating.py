@@ -17,17 +17,30 @@ from typing import Any
 
 import jinja2
 import yaml
+from ddpkit.train.errors import UserError
 
 # The folder that holds slurm/, k8s/ and docker/: the checkout's root in a development
 # install, site-packages/ddpkit in a wheel's (package-dir maps both the same way).
 KIT_DIR = Path(__file__).resolve().parent.parent
 
 
+def check_passable(value: str) -> str:
+    """`value` if a program can receive it unchanged as an argument or environment value;
+    a NUL cannot (execve ends the string there), so it is refused at render, in one line."""
+    if "\0" in value:
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        raise UserError(
+            f"{shown!r} holds a NUL character, which no argument or environment value can "
+            "carry (the program would get it cut short); remove it"
+        )
+    return value
+
+
 def shell_quote(value: Any) -> str:
     """One shell word, inert whatever it contains ($(), backticks, quotes, ;, newlines)."""
     if isinstance(value, bool):
         value = "1" if value else "0"
-    return shlex.quote(str(value))
+    return shlex.quote(check_passable(str(value)))
 
 
 def shell_join(values: Any) -> str:
@@ -78,6 +91,7 @@ def yaml_reads_as_non_string(value: str) -> bool:
 
 
 def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    check_passable(value)
     if any(c in value for c in YAML_BREAKS):
         # PyYAML writes these raw in plain, single-quoted and block scalars, where a reader
         # folds them to a space or a newline; double quotes escape them (\N, \L, \P).
@@ -132,6 +146,7 @@ def render_template(template: str, **context: Any) -> str:
 
 __all__ = [
     "YamlDumper",
+    "check_passable",
     "dump_yaml_all",
     "environment",
     "render_template",

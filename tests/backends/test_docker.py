@@ -223,12 +223,28 @@ def test_rendered_text_is_the_argv_and_quotes_hostile_values(tmp_path, fake_bin)
         (["--set", "docker.gpus=0,1", "--gpus", "4"], "2 device(s)"),
         (["--set", "docker.gpus=first"], 'use "all" or device ids'),
         (["--set", "image=-v/:/host"], "is not an image reference"),
+        (["--set", "docker.data_dir=/data/a:b"], "docker.data_dir '/data/a:b' holds a ':'"),
+        (["--set", "docker.data_dir=/d", "--set", "train.data_dir=x:y"], "holds a ':'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, expect, launcher, one_line_error):
     r = launcher("render", "docker", "--config", "configs/default.toml", *args)
     assert expect in one_line_error(r), r.stderr
     assert r.stdout == ""
+
+
+@pytest.mark.parametrize("backend", ["local", "slurm", "k8s", "docker"])
+def test_a_value_no_program_can_receive_is_refused_at_render(backend, launcher, one_line_error,
+                                                              tmp_path):  # fmt: skip
+    """A NUL (a TOML escape can write one) cannot reach a program in argv or the environment:
+    every backend refuses it in one line instead of cutting the value short."""
+    job = tmp_path / "ddpkit.toml"
+    for table in ('[env]\nX = "a\\u0000b"\n', 'args = ["--data-dir", "d\\u0000x"]\n'):
+        job.write_text(f'name = "nul"\nimage = "nul:1"\nscript = "train.py"\n{table}')
+        (tmp_path / "train.py").write_text("print('hi')\n")
+        r = launcher("render", backend, "--config", str(job), cwd=tmp_path)
+        assert "NUL character" in one_line_error(r), r.stderr
+        assert r.stdout == ""
 
 
 def test_build_argv_bakes_the_builders_ids_but_never_root():
