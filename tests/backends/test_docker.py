@@ -152,6 +152,30 @@ def test_make_docker_run_asks_for_the_gpus_there_are(fake_bin, tmp_path):
     assert (tmp_path / ".ddpkit" / "jobs" / "docker" / "last_job.json").is_file()
 
 
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_submit_without_gpus_runs_on_the_cpu_and_says_so(engine, fake_bin, launcher, tmp_path):
+    """`ddpkit submit docker` where nvidia-smi sees no GPU: no GPU flag or CDI device (podman
+    refused nvidia.com/gpu=0 with exit 126), the processes on the CPU, one line saying so;
+    where it sees one, the GPUs as rendered."""
+    fake_bin.add(engine, RECORDING_ENGINE)
+    runs, notes = [], []
+    for gpu in (False, True):
+        fake_bin.add("nvidia-smi", "#!/bin/sh\nexit 0\n" if gpu else "#!/bin/sh\nexit 9\n")
+        r = launcher("submit", "docker", "--engine", engine, "--gpus", "2", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        log = (fake_bin.path / f"{engine}.log").read_text().splitlines()
+        runs.append([a for a in map(json.loads, log) if a[0] == "run"][-1])
+        notes.append([line for line in r.stderr.splitlines() if "GPU" in line])
+    cpu, gpu = runs
+    assert "--gpus" not in cpu and "--device" not in cpu, cpu
+    assert "PET_NPROC_PER_NODE=2" in cpu
+    assert notes[0] == [
+        "ddpkit: no GPU visible here (nvidia-smi -L); the container runs 2 process(es) on "
+        'the CPU (gloo), as accelerator = "cpu" says'
+    ], notes[0]
+    assert ("--gpus" in gpu or "--device" in gpu) and notes[1] == [], (gpu, notes[1])
+
+
 def test_logs_follow_and_list_ask_the_engine(fake_bin, launcher):
     fake_bin.add("docker", RECORDING_ENGINE)
     r = launcher("logs", "docker", "job1", "--follow")
