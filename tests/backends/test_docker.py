@@ -77,6 +77,35 @@ def test_the_image_context_holds_the_dockerfile_entrypoint_configs_and_the_wheel
     assert tops == {"ddpkit", next(t for t in tops if t.endswith(".dist-info"))}
 
 
+def _kit_files() -> dict[str, int]:
+    skip = {".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache"}
+    return {
+        str(p.relative_to(REPO_ROOT)): p.stat().st_mtime_ns
+        for p in REPO_ROOT.rglob("*")
+        if not skip & set(p.relative_to(REPO_ROOT).parts)
+    }
+
+
+def test_ddpkit_build_writes_nothing_into_the_kits_checkout(fake_bin, tmp_path):
+    """`ddpkit build` from a user's project with the kit installed from its checkout: the
+    wheel is built from a copy (setuptools leaves build/ and ddpkit.egg-info beside what it
+    builds), and the kit's files stay as they were."""
+    if not (REPO_ROOT / "pyproject.toml").is_file():
+        pytest.skip("the kit is installed from a wheel here: no checkout to write into")
+    fake_bin.add("docker", RECORDING_ENGINE)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "ddpkit.toml").write_text('name = "proj"\nimage = "proj:1"\nscript = "train.py"\n')
+    before = _kit_files()
+    r = subprocess.run([str(VENV_BIN / "ddpkit"), "build"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    builds = [json.loads(a) for a in (fake_bin.path / "docker.log").read_text().splitlines()]
+    assert [a[0] for a in builds if a[0] == "build"] == ["build", "build"], builds
+    after = _kit_files()
+    assert sorted(set(after) - set(before)) == []
+    assert [f for f in before if after.get(f) != before[f]] == []
+
+
 # --- render ---------------------------------------------------------------------------------
 
 
