@@ -92,6 +92,13 @@ def yaml_reads_as_non_string(value: str) -> bool:
 
 def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
     check_passable(value)
+    if bad := re.search("[\ud800-\udfff]", value):
+        # A byte that is not UTF-8 (an argument read with surrogateescape): YAML and JSON hold
+        # text only, so the pod would get U+FFFD in its place.
+        raise UserError(
+            f"{value!r} holds the byte 0x{ord(bad[0]) & 0xFF:02x}, which is not UTF-8 text and "
+            "cannot go into a YAML manifest as written; pass it as UTF-8"
+        )
     if any(c in value for c in YAML_BREAKS):
         # PyYAML writes these raw in plain, single-quoted and block scalars, where a reader
         # folds them to a space or a newline; double quotes escape them (\N, \L, \P).
