@@ -77,6 +77,35 @@ def test_the_image_context_holds_the_dockerfile_entrypoint_configs_and_the_wheel
     assert tops == {"ddpkit", next(t for t in tops if t.endswith(".dist-info"))}
 
 
+def _kit_files() -> dict[str, int]:
+    skip = {".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache"}
+    return {
+        str(p.relative_to(REPO_ROOT)): p.stat().st_mtime_ns
+        for p in REPO_ROOT.rglob("*")
+        if not skip & set(p.relative_to(REPO_ROOT).parts)
+    }
+
+
+def test_ddpkit_build_writes_nothing_into_the_kits_checkout(fake_bin, tmp_path):
+    """`ddpkit build` from a user's project with the kit installed from its checkout: the
+    wheel is built from a copy (setuptools leaves build/ and ddpkit.egg-info beside what it
+    builds), and the kit's files stay as they were."""
+    if not (REPO_ROOT / "pyproject.toml").is_file():
+        pytest.skip("the kit is installed from a wheel here: no checkout to write into")
+    fake_bin.add("docker", RECORDING_ENGINE)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "ddpkit.toml").write_text('name = "proj"\nimage = "proj:1"\nscript = "train.py"\n')
+    before = _kit_files()
+    r = subprocess.run([str(VENV_BIN / "ddpkit"), "build"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    builds = [json.loads(a) for a in (fake_bin.path / "docker.log").read_text().splitlines()]
+    assert [a[0] for a in builds if a[0] == "build"] == ["build", "build"], builds
+    after = _kit_files()
+    assert sorted(set(after) - set(before)) == []
+    assert [f for f in before if after.get(f) != before[f]] == []
+
+
 # --- render ---------------------------------------------------------------------------------
 
 
@@ -152,6 +181,30 @@ def test_make_docker_run_asks_for_the_gpus_there_are(fake_bin, tmp_path):
     assert (tmp_path / ".ddpkit" / "jobs" / "docker" / "last_job.json").is_file()
 
 
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_submit_without_gpus_runs_on_the_cpu_and_says_so(engine, fake_bin, launcher, tmp_path):
+    """`ddpkit submit docker` where nvidia-smi sees no GPU: no GPU flag or CDI device (podman
+    refused nvidia.com/gpu=0 with exit 126), the processes on the CPU, one line saying so;
+    where it sees one, the GPUs as rendered."""
+    fake_bin.add(engine, RECORDING_ENGINE)
+    runs, notes = [], []
+    for gpu in (False, True):
+        fake_bin.add("nvidia-smi", "#!/bin/sh\nexit 0\n" if gpu else "#!/bin/sh\nexit 9\n")
+        r = launcher("submit", "docker", "--engine", engine, "--gpus", "2", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        log = (fake_bin.path / f"{engine}.log").read_text().splitlines()
+        runs.append([a for a in map(json.loads, log) if a[0] == "run"][-1])
+        notes.append([line for line in r.stderr.splitlines() if "GPU" in line])
+    cpu, gpu = runs
+    assert "--gpus" not in cpu and "--device" not in cpu, cpu
+    assert "PET_NPROC_PER_NODE=2" in cpu
+    assert notes[0] == [
+        "ddpkit: no GPU visible here (nvidia-smi -L); the container runs 2 process(es) on "
+        'the CPU (gloo), as accelerator = "cpu" says'
+    ], notes[0]
+    assert ("--gpus" in gpu or "--device" in gpu) and notes[1] == [], (gpu, notes[1])
+
+
 def test_logs_follow_and_list_ask_the_engine(fake_bin, launcher):
     fake_bin.add("docker", RECORDING_ENGINE)
     r = launcher("logs", "docker", "job1", "--follow")
@@ -223,12 +276,28 @@ def test_rendered_text_is_the_argv_and_quotes_hostile_values(tmp_path, fake_bin)
         (["--set", "docker.gpus=0,1", "--gpus", "4"], "2 device(s)"),
         (["--set", "docker.gpus=first"], 'use "all" or device ids'),
         (["--set", "image=-v/:/host"], "is not an image reference"),
+        (["--set", "docker.data_dir=/data/a:b"], "docker.data_dir '/data/a:b' holds a ':'"),
+        (["--set", "docker.data_dir=/d", "--set", "train.data_dir=x:y"], "holds a ':'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, expect, launcher, one_line_error):
     r = launcher("render", "docker", "--config", "configs/default.toml", *args)
     assert expect in one_line_error(r), r.stderr
     assert r.stdout == ""
+
+
+@pytest.mark.parametrize("backend", ["local", "slurm", "k8s", "docker"])
+def test_a_value_no_program_can_receive_is_refused_at_render(backend, launcher, one_line_error,
+                                                              tmp_path):  # fmt: skip
+    """A NUL (a TOML escape can write one) cannot reach a program in argv or the environment:
+    every backend refuses it in one line instead of cutting the value short."""
+    job = tmp_path / "ddpkit.toml"
+    for table in ('[env]\nX = "a\\u0000b"\n', 'args = ["--data-dir", "d\\u0000x"]\n'):
+        job.write_text(f'name = "nul"\nimage = "nul:1"\nscript = "train.py"\n{table}')
+        (tmp_path / "train.py").write_text("print('hi')\n")
+        r = launcher("render", backend, "--config", str(job), cwd=tmp_path)
+        assert "NUL character" in one_line_error(r), r.stderr
+        assert r.stdout == ""
 
 
 def test_build_argv_bakes_the_builders_ids_but_never_root():

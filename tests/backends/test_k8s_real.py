@@ -83,13 +83,43 @@ def server_dry_run(env: dict, manifest: str) -> subprocess.CompletedProcess[str]
         ("--nodes", "2", "--set", "k8s.elastic.min=1", "--set", "k8s.elastic.max=2"),
         ("--nodes", "2", "--gpus", "2", "--set", "k8s.api=trainjob"),  # Trainer v2.3
         ("--nodes", "2", "--set", "k8s.pvc_size=10Gi", "--set", "accelerator=cpu"),
+        ("--set", "env.A=1e-3", "--set", "env.B=yes", "--", "--lr", "1e-3"),  # YAML 1.2 numbers
     ],
-    ids=["pytorchjob", "elastic", "trainjob-2.3", "pvc-cpu"],
+    ids=["pytorchjob", "elastic", "trainjob-2.3", "pvc-cpu", "number-like-values"],
 )
 def test_the_real_server_and_webhooks_accept_what_render_prints(cluster, tmp_path, args):
     r = server_dry_run(cluster, render(tmp_path, *args))
     assert r.returncode == 0, r.stderr
     assert "created (server dry run)" in r.stdout
+
+
+# What users type that a YAML reader may take for a number, boolean, null or date.
+TYPED = ["1e-3", "1E5", ".5", "0755", "0o17", "0x1F", "1_000", "1:30", "yes", "off", "y", "N",
+         "null", "~", "", "2024-01-01", "2024-1-2", ".inf", "<<", "a\x85b", "x\u2028y"]  # fmt: skip
+
+
+@pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
+def test_a_users_flags_and_env_values_reach_the_real_server_as_typed(cluster, tmp_path, api):
+    """`ddpkit render k8s -- --lr 1e-3 | kubectl apply`: the server takes every value a user
+    types as the string it is (its reader is go-yaml v2 then JSON) and stores it unchanged."""
+    (tmp_path / "train.py").write_text("import sys\nprint(sys.argv)\n")
+    (tmp_path / "ddpkit.toml").write_text('name = "typed"\nscript = "train.py"\n')
+    sets = [a for i, v in enumerate(TYPED) for a in ("--set", f"env.V{i}={v}")]
+    flags = [a for v in TYPED for a in ("--x", v)]
+    manifest = render(tmp_path, "--set", f"k8s.api={api}", *sets, "--", *flags)
+    r = subprocess.run(["kubectl", "apply", "--dry-run=server", "-o", "json", "-f", "-"],
+                       input=manifest, env=cluster, capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    obj = json.loads(r.stdout)
+    obj = obj["items"][-1] if obj.get("kind") == "List" else obj
+    if api == "trainjob":
+        c = obj["spec"]["trainer"]
+    else:
+        (c,) = obj["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
+    assert c["args"][-len(flags) :] == flags
+    env = {e["name"]: e.get("value", "") for e in c["env"]}
+    assert [env[f"V{i}"] for i in range(len(TYPED))] == TYPED
 
 
 @pytest.mark.parametrize("version", ["2.0", "2.1"])

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 
 from ddpkit.tools.backends.docker import user as docker_user
@@ -79,13 +80,32 @@ def build_argv(
     return argv + [str(context)]
 
 
+def copy_kit_sources(dest: Path) -> None:
+    """What the wheel is built from: pyproject.toml, the files it names and the package dirs
+    its package-dir maps (read from it, so a new package needs no change here)."""
+    project = tomllib.loads((KIT_DIR / "pyproject.toml").read_text())
+    meta, tool = project["project"], project["tool"]["setuptools"]
+    readme = meta.get("readme", "")
+    readme = readme.get("file", "") if isinstance(readme, dict) else readme
+    files = ["pyproject.toml", readme, *meta.get("license-files", [])]
+    for name in filter(None, files):
+        shutil.copy2(KIT_DIR / name, dest / name)
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for folder in sorted(set(tool["package-dir"].values())):
+        shutil.copytree(KIT_DIR / folder, dest / folder, ignore=skip)
+
+
 def kit_wheel(dest: Path) -> Path:
     """The ddpkit wheel the image installs: built from the checkout (a development install),
     else the installed distribution's own files packed again (a wheel's RECORD lists them)."""
     dest.mkdir(parents=True, exist_ok=True)
     if (KIT_DIR / "pyproject.toml").is_file():
         cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
-        r = subprocess.run([*cmd, "-w", str(dest), str(KIT_DIR)], capture_output=True, text=True)
+        with tempfile.TemporaryDirectory(prefix="ddpkit-src-") as src:
+            # setuptools writes build/ and *.egg-info beside the sources it builds: it builds
+            # a copy, so nothing is written into the kit's checkout.
+            copy_kit_sources(Path(src))
+            r = subprocess.run([*cmd, "-w", str(dest), src], capture_output=True, text=True)
         if r.returncode:
             tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["?"]
             raise SpecError(f"building the ddpkit wheel failed: {tail[0]}")

@@ -7,7 +7,7 @@ from pathlib import Path, PurePosixPath
 from ddpkit.tools.backends.containers import CONTAINER_WORKDIR, validate_docker
 from ddpkit.tools.backends.docker import user as docker_user
 from ddpkit.tools.spec import JobSpec, SpecError
-from ddpkit.tools.templating import shell_quote
+from ddpkit.tools.templating import check_passable, shell_quote
 from ddpkit.train.config import TrainConfig
 
 FILE_EXT = "sh"
@@ -22,6 +22,18 @@ DEFAULT_UID = 1000  # the image's user when built by root (never build a root-us
 def host_path(path: str) -> Path:
     p = Path(path)
     return p if p.is_absolute() else Path.cwd() / p  # the workspace (launch.run)
+
+
+def volume(*paths: tuple[str, Path | PurePosixPath], options: str = "") -> str:
+    """A `-v host:container[:options]` value. The engine splits it at every ':', so a path
+    holding one would be mounted somewhere else: refused, naming the setting."""
+    for key, path in paths:
+        if ":" in str(path):
+            raise SpecError(
+                f"{key} {str(path)!r} holds a ':', which docker/podman -v reads as a "
+                "separator (the path would not arrive as written); use a path without ':'"
+            )
+    return ":".join([*(str(p) for _, p in paths), *([options] if options else [])])
 
 
 def _under_runs(spec: JobSpec, key: str, value: str) -> None:
@@ -114,16 +126,16 @@ def run_argv(spec: JobSpec, engine: str = "docker") -> list[str]:
     ]
     if spec.mem and spec.mem != "0":
         argv.append(f"--memory={spec.mem}")
-    out_dir = host_path(d.out_dir or RUNS)
-    argv += ["-v", f"{out_dir}:{WORKDIR / RUNS}"]
+    argv += ["-v", volume(("docker.out_dir", host_path(d.out_dir or RUNS)), ("", WORKDIR / RUNS))]
     if d.data_dir:
         data_in = PurePosixPath(spec.train.get("data_dir", TrainConfig.data_dir))
-        argv += ["-v", f"{host_path(d.data_dir)}:{WORKDIR / data_in}:ro"]
+        argv += ["-v", volume(("docker.data_dir", host_path(d.data_dir)),
+                              ("train.data_dir", WORKDIR / data_in), options="ro")]  # fmt: skip
     for key, value in environment(spec).items():
         argv += ["-e", f"{key}={value}"]
     argv += list(d.extra_args)
     argv.append(spec.image)
-    return argv + node_args(spec)
+    return [check_passable(a) for a in argv + node_args(spec)]
 
 
 def node_args(spec: JobSpec) -> list[str]:

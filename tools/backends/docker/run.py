@@ -7,6 +7,7 @@ import contextlib
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from ddpkit.tools.backends import JobState, JobStatus, last_job, record_job
@@ -41,8 +42,34 @@ def prepare_out_dir(spec: JobSpec, engine: str) -> Path:
     return out_dir
 
 
+def gpus_visible() -> bool:
+    """Whether this machine has an NVIDIA GPU the engine could hand to the container (the
+    question `make docker-run` asks too)."""
+    try:
+        probe = subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+def for_this_machine(spec: JobSpec) -> JobSpec:
+    """A GPU job on a machine without GPUs runs its processes on the CPU (gloo), said in one
+    line, instead of the engine refusing devices it does not have (podman: `unresolvable CDI
+    devices`, exit 126). Render stays the job as written."""
+    if spec.accelerator != "gpu" or gpus_visible():
+        return spec
+    n = spec.nproc_per_node
+    print(
+        f"ddpkit: no GPU visible here (nvidia-smi -L); the container runs {n} process(es) on "
+        'the CPU (gloo), as accelerator = "cpu" says',
+        file=sys.stderr,
+    )
+    return replace(spec, accelerator="cpu", docker=replace(spec.docker, gpus=None))
+
+
 def submit(spec: JobSpec, opts: argparse.Namespace) -> int:
     engine = find_engine(getattr(opts, "engine", None))
+    spec = for_this_machine(spec)
     argv = run_argv(spec, engine)
     prepare_out_dir(spec, engine)
     info = {"engine": engine, "image": spec.image, "run_dir": spec.run_dir}

@@ -1,7 +1,8 @@
 """Kubernetes backend: a Kubeflow PyTorchJob (kubeflow.org/v1) or TrainJob (Trainer v2).
 
-Manifests are built as dicts by small pure functions and dumped with yaml.safe_dump, so
-every user string comes out as the literal string (no splicing into YAML). Every pod runs
+Manifests are built as dicts by small pure functions and dumped with the kit's safe dumper
+(templating.dump_yaml_all), so every user string reaches the API server as that string (no
+splicing into YAML; quoted where any YAML reader would take it for a number). Every pod runs
 k8s/launch.sh (embedded as `bash -c`): wait for a TCP connection to the rendezvous
 endpoint, then `exec torchrun ... -m ddpkit.train ...` with the rendezvous taken from the PET_*
 variables the controller injects (facts/kubeflow.md). submit/status/logs/cancel use the

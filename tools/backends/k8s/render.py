@@ -1,5 +1,7 @@
-"""The Kubernetes manifests, built as dicts by small pure functions and dumped with
-yaml.safe_dump, so every user string comes out as the literal string (no splicing into YAML)."""
+"""The Kubernetes manifests, built as dicts by small pure functions and dumped with the kit's
+safe YAML dumper, so every user string reaches the API server as that string (no splicing into
+YAML, and quoted wherever a YAML 1.1, 1.2 or go-yaml reader would take it for a number or a
+boolean)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ import posixpath
 from pathlib import PurePosixPath
 from typing import Any
 
-import yaml
 from ddpkit.tools.backends.containers import CONTAINER_WORKDIR, validate_k8s
 from ddpkit.tools.backends.k8s import crds as k8s_crds
 from ddpkit.tools.backends.k8s.checks import check
@@ -15,7 +16,7 @@ from ddpkit.tools.backends.k8s.crds import PYTORCH_CONTAINER as CONTAINER
 from ddpkit.tools.backends.k8s.crds import PYTORCHJOB, TRAINJOB
 from ddpkit.tools.backends.k8s.crds import RUNTIME as TRAINER_RUNTIME
 from ddpkit.tools.spec import JobSpec
-from ddpkit.tools.templating import KIT_DIR
+from ddpkit.tools.templating import KIT_DIR, dump_yaml_all
 
 FILE_EXT = "yaml"
 PORT_NAME = "pytorchjob-port"
@@ -351,21 +352,6 @@ def manifests(spec: JobSpec) -> list[dict[str, Any]]:
     return [claim, job] if claim else [job]
 
 
-class _Dumper(yaml.SafeDumper):
-    def ignore_aliases(self, data: Any) -> bool:  # Master and Worker share one template dict
-        return True
-
-
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
-    # The embedded script reads as a block; PyYAML falls back to quoting when a block
-    # cannot hold the string exactly, so this changes the looks, never the value.
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_Dumper.add_representer(str, _str)
-
-
 def render(spec: JobSpec) -> str:
     docs = manifests(spec)
     head = [f"# ddpkit job {spec.name!r}: kubectl apply -f <this file>"]
@@ -387,8 +373,4 @@ def render(spec: JobSpec) -> str:
             "# no k8s.pvc: checkpoints stay on each pod's disk and are lost with the pod; "
             "set k8s.pvc (or k8s.pvc_size)"
         )
-    # explicit_start: every document opens with ---, so renders can be concatenated (sweeps)
-    body = yaml.dump_all(
-        docs, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100, explicit_start=True
-    )
-    return "\n".join(head) + "\n" + body
+    return "\n".join(head) + "\n" + dump_yaml_all(docs)
