@@ -55,6 +55,7 @@ def _checkpoint_dir(path: str) -> Path:
 
     complete = [q for _, q in steps if is_complete(q)]
     if complete:
+        _warn_newer_incomplete(steps, complete[-1])
         return complete[-1]
     if steps:
         raise UserError(
@@ -67,6 +68,20 @@ def _checkpoint_dir(path: str) -> Path:
     )
 
 
+def _warn_newer_incomplete(steps: list[tuple[int, Path]], chosen: Path) -> None:
+    """One warning line per step dir newer than the one read (a save cut short, a damaged
+    marker), as a resume says it: the newest is not silently passed over."""
+    from ddpkit.train.ckpt.layout import why_incomplete
+
+    newest = next(n for n, q in steps if q == chosen)
+    for n, q in steps:
+        if n > newest:
+            print(
+                f"warning: skipping incomplete checkpoint {q} ({why_incomplete(q)})",
+                file=sys.stderr,
+            )
+
+
 def _dtype_size(dtype: Any) -> int:
     import torch
 
@@ -74,12 +89,12 @@ def _dtype_size(dtype: Any) -> int:
 
 
 def inspect(path: Path) -> dict[str, Any]:
+    from ddpkit.train.ckpt.layout import marker
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
-    marker = path / MARKER
-    info = json.loads(marker.read_text()) if marker.is_file() else {}
+    info, problem = marker(path)  # a bad marker is shown as such, its fields as unknown
     entries = []
     for key in sorted(meta):
         m = meta[key]
@@ -99,11 +114,15 @@ def inspect(path: Path) -> dict[str, Any]:
             entries.append({"key": key, "shape": None, "dtype": "object", "bytes": None})
     from ddpkit.train.ckpt.files import verify_files
 
+    if info is None:
+        info, checksums = {}, f"not checked ({problem})"
+    else:  # what a resume would find: "ok", what is wrong, or none recorded (an older save)
+        checksums = (verify_files(path, info) or "ok") if "files" in info else "none recorded"
     return {
         "path": str(path),
-        "complete": marker.is_file(),
-        # what a resume would find: "ok", what is wrong, or none recorded (an older save)
-        "checksums": (verify_files(path, info) or "ok") if "files" in info else "none recorded",
+        "complete": problem is None,
+        "marker": problem or "ok",
+        "checksums": checksums,
         "step": info.get("step"),
         "world_size": info.get("world_size"),
         "parallel": info.get("parallel"),
@@ -118,9 +137,9 @@ def inspect(path: Path) -> dict[str, Any]:
 def verified(path: Path) -> None:
     """Refuse a checkpoint whose files fail their recorded checksums, the check a resume
     makes (ddpkit.train.ckpt.verify): every reader of a checkpoint trusts it alike."""
-    from ddpkit.train.ckpt import read_marker, verify
+    from ddpkit.train.ckpt import verify
 
-    if "files" not in (read_marker(path) or {}):
+    if "files" not in _marker(path):
         return  # a checkpoint from before the checksums (or a bare DCP dir): nothing to check
     problem = verify(path)
     if problem is not None:
@@ -183,9 +202,16 @@ def read_while_pruned(path: Path, files: set[str], tool: str) -> Iterator[None]:
 
 
 def _marker(path: Path) -> dict[str, Any]:
-    from ddpkit.train.ckpt import read_marker
+    """The step dir's marker, {} where there is none (a bare DCP dir); one that is there but
+    unreadable or of another shape is refused, as a resume skips it."""
+    from ddpkit.train.ckpt.layout import marker
 
-    return read_marker(path) or {}
+    info, problem = marker(path)
+    if info is None and (path / MARKER).exists():
+        raise UserError(
+            f"{path}: {problem}; export an older step-N dir (a resume would skip this one too)"
+        )
+    return info or {}
 
 
 def model_tensors(path: Path) -> dict[str, Any]:
@@ -290,7 +316,7 @@ def _print_inspect(r: dict[str, Any]) -> None:
     print(
         f"{r['path']}: step {r['step']}, written by {r['world_size']} ranks "
         f"({r['parallel']}{'/' + r['sharding'] if r['sharding'] else ''}), model {r['model']}, "
-        f"{'complete' if r['complete'] else 'INCOMPLETE (no .complete marker)'}"
+        f"{'complete' if r['complete'] else 'INCOMPLETE (' + r['marker'] + ')'}"
     )
     print(f"tensors: {r['tensor_bytes'] / 2**20:.2f} MiB, model {r['model_bytes'] / 2**20:.2f} MiB")
     print(f"checksums: {r['checksums']}")
