@@ -3,11 +3,16 @@ back (job records, the last metrics line) checked for shape."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from ddpkit.tools.backends import progress, record_job
 from ddpkit.tools.spec import SpecError
 
 from tests.badjson import cases, damaged
+from tests.trainrun import clean_env
 
 
 def test_the_wait_loop_prints_on_a_state_change_not_every_poll(capsys):
@@ -126,3 +131,20 @@ def test_a_damaged_metrics_line_shows_no_progress(tmp_path, label):
 def test_an_eta_that_is_no_duration_shows_the_step_alone(tmp_path, eta, shown):
     (tmp_path / "metrics.jsonl").write_text(f'{{"step": 12, "eta_s": {eta}}}\n')
     assert progress(tmp_path) == shown
+
+
+def test_ddpkit_status_with_a_damaged_record_is_one_line(tmp_path, one_line_error):
+    """As a user meets it: the installed command in the workspace, the record's jobs cut to
+    a number; one line naming the file and the way out, exit 2."""
+    path = tmp_path / ".ddpkit" / "jobs" / "local" / "last_job.json"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"job": "4242", "run_dir": 3, "log": "x.log"}')
+    ddpkit = Path(sys.executable).with_name("ddpkit")
+    p = subprocess.run(
+        [str(ddpkit), "status", "local"], cwd=tmp_path, env=clean_env(), capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert one_line_error(p) == (
+        f"error: {path} is not a job record this kit wrote (run_dir: an integer (3), not a "
+        "string); pass a job id (ddpkit status local JOB), or delete it and submit again"
+    )
