@@ -95,11 +95,12 @@ def _model(path: str, data_kind: DataKind) -> ModelSpec:
                 raise ConfigError(
                     f"--model {path} returned a {type(model).__name__}; expected {MODEL_CONTRACT}"
                 )
-        if not any(p.requires_grad for p in model.parameters()):
-            raise ConfigError(
-                f"--model {path} returned a {type(model).__name__} without a parameter that "
-                "requires grad (nothing to train); give it at least one trainable parameter"
-            )
+            if not any(p.requires_grad for p in model.parameters()):
+                raise ConfigError(
+                    f"--model {path} returned a {type(model).__name__} without a parameter "
+                    "that requires grad (nothing to train); give it at least one trainable "
+                    "parameter"
+                )
         check_same_on_every_rank(model, path)
         if cfg.parallel == "ddp":
             check_all_used_on_first_forward(model, path)

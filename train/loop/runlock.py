@@ -10,7 +10,8 @@ agent pid, launch id and a heartbeat (its mtime, touched every LOCK_HEARTBEAT_S)
 - otherwise refuses: ConfigError naming the owner (one line, exit 2, nothing written).
 A lock that names no owner is never waited on forever: an empty one older than
 LOCK_SETTLE_S (a newcomer writes its owner right after creating it) or one that holds
-garbage is a dead job's, taken over with a warning; a directory or an unreadable file in
+garbage (not JSON of LOCK_SHAPE) is a dead job's, taken over with a warning saying what is
+wrong with it; a directory or an unreadable file in
 its place is refused in one line (it is not the kit's to delete).
 Torch-free: it runs before the run dir is written.
 """
