@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 SAMPLES: dict[str, Any] = {
@@ -49,7 +49,7 @@ def _at(doc: Any, path: tuple[str, ...]) -> Any:
 def damaged(
     doc: dict[str, Any],
     types: dict[str, tuple[str, ...]],
-    required: set[str] = frozenset(),  # type: ignore[assignment]
+    required: Collection[str] = (),
     at: tuple[str, ...] = (),
     whole: bool = True,
 ) -> Iterator[tuple[str, bytes]]:
