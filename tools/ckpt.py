@@ -69,13 +69,14 @@ def _checkpoint_dir(path: str) -> Path:
 
 
 def _warn_newer_incomplete(steps: list[tuple[int, Path]], chosen: Path) -> None:
-    """One warning line per step dir newer than the one read (a save cut short, a damaged
-    marker), as a resume says it: the newest is not silently passed over."""
+    """One warning line per newer step dir whose marker is there but damaged, as a resume
+    says it: such a checkpoint is not passed over in silence. (One without a marker is a
+    save still running, or cut short: the usual sight beside a live run, not worth a line.)"""
     from ddpkit.train.ckpt.layout import why_incomplete
 
     newest = next(n for n, q in steps if q == chosen)
     for n, q in steps:
-        if n > newest:
+        if n > newest and (q / MARKER).exists():
             print(
                 f"warning: skipping incomplete checkpoint {q} ({why_incomplete(q)})",
                 file=sys.stderr,
