@@ -61,6 +61,7 @@ def _checkpoint_dir(path: str) -> Path:
 
     complete = [q for _, q in steps if is_complete(q)]
     if complete:
+        _warn_newer_incomplete(steps, complete[-1])
         return complete[-1]
     if steps:
         raise UserError(
@@ -73,6 +74,21 @@ def _checkpoint_dir(path: str) -> Path:
     )
 
 
+def _warn_newer_incomplete(steps: list[tuple[int, Path]], chosen: Path) -> None:
+    """One warning line per newer step dir whose marker is there but damaged, as a resume
+    says it: such a checkpoint is not passed over in silence. (One without a marker is a
+    save still running, or cut short: the usual sight beside a live run, not worth a line.)"""
+    from ddpkit.train.ckpt.layout import why_incomplete
+
+    newest = next(n for n, q in steps if q == chosen)
+    for n, q in steps:
+        if n > newest and (q / MARKER).exists():
+            print(
+                f"warning: skipping incomplete checkpoint {q} ({why_incomplete(q)})",
+                file=sys.stderr,
+            )
+
+
 def _dtype_size(dtype: Any) -> int:
     import torch
 
@@ -80,12 +96,12 @@ def _dtype_size(dtype: Any) -> int:
 
 
 def inspect(path: Path) -> dict[str, Any]:
+    from ddpkit.train.ckpt.layout import marker
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
-    marker = path / MARKER
-    info = json.loads(marker.read_text()) if marker.is_file() else {}
+    info, problem = marker(path)  # a bad marker is shown as such, its fields as unknown
     entries = []
     for key in sorted(meta):
         m = meta[key]
@@ -105,11 +121,15 @@ def inspect(path: Path) -> dict[str, Any]:
             entries.append({"key": key, "shape": None, "dtype": "object", "bytes": None})
     from ddpkit.train.ckpt.files import verify_files
 
+    if info is None:
+        info, checksums = {}, f"not checked ({problem})"
+    else:  # what a resume would find: "ok", what is wrong, or none recorded (an older save)
+        checksums = (verify_files(path, info) or "ok") if "files" in info else "none recorded"
     return {
         "path": str(path),
-        "complete": marker.is_file(),
-        # what a resume would find: "ok", what is wrong, or none recorded (an older save)
-        "checksums": (verify_files(path, info) or "ok") if "files" in info else "none recorded",
+        "complete": problem is None,
+        "marker": problem or "ok",
+        "checksums": checksums,
         "step": info.get("step"),
         "world_size": info.get("world_size"),
         "parallel": info.get("parallel"),
@@ -124,9 +144,9 @@ def inspect(path: Path) -> dict[str, Any]:
 def verified(path: Path) -> None:
     """Refuse a checkpoint whose files fail their recorded checksums, the check a resume
     makes (ddpkit.train.ckpt.verify): every reader of a checkpoint trusts it alike."""
-    from ddpkit.train.ckpt import read_marker, verify
+    from ddpkit.train.ckpt import verify
 
-    if "files" not in (read_marker(path) or {}):
+    if "files" not in _marker(path):
         return  # a checkpoint from before the checksums (or a bare DCP dir): nothing to check
     problem = verify(path)
     if problem is not None:
@@ -189,9 +209,16 @@ def read_while_pruned(path: Path, files: set[str], tool: str) -> Iterator[None]:
 
 
 def _marker(path: Path) -> dict[str, Any]:
-    from ddpkit.train.ckpt import read_marker
+    """The step dir's marker, {} where there is none (a bare DCP dir); one that is there but
+    unreadable or of another shape is refused, as a resume skips it."""
+    from ddpkit.train.ckpt.layout import marker
 
-    return read_marker(path) or {}
+    info, problem = marker(path)
+    if info is None and (path / MARKER).exists():
+        raise UserError(
+            f"{path}: {problem}; export an older step-N dir (a resume would skip this one too)"
+        )
+    return info or {}
 
 
 def model_tensors(path: Path) -> dict[str, Any]:
@@ -296,7 +323,7 @@ def _print_inspect(r: dict[str, Any]) -> None:
     print(
         f"{r['path']}: step {r['step']}, written by {r['world_size']} ranks "
         f"({r['parallel']}{'/' + r['sharding'] if r['sharding'] else ''}), model {r['model']}, "
-        f"{'complete' if r['complete'] else 'INCOMPLETE (no .complete marker)'}"
+        f"{'complete' if r['complete'] else 'INCOMPLETE (' + r['marker'] + ')'}"
     )
     print(f"tensors: {r['tensor_bytes'] / 2**20:.2f} MiB, model {r['model_bytes'] / 2**20:.2f} MiB")
     print(f"checksums: {r['checksums']}")

@@ -11,7 +11,6 @@ still going) is skipped.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 from ddpkit.train.contract import METRICS_FILE, SUMMARY_FILE
 from ddpkit.train.errors import CliParser, UserError, run_cli
+from ddpkit.train.jsonshape import Opt, ShapeError, load, loads
 
 # chart file -> (title, y label, metric keys to draw, scale applied to the values)
 CHARTS: dict[str, tuple[str, str, tuple[str, ...], float]] = {
@@ -73,24 +73,21 @@ def load_run(path: Path) -> Run:
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
+            rec = loads(line, {"step": int, "throughput_unit": Opt(str)})
+        except ShapeError:
             skipped += 1
             continue
-        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-            # --eval-interval records (eval_* keys) beside the training steps of the same
-            # number; a resumed run re-logs steps: the newest of each kind wins
-            (evals if "eval_loss" in rec else by_step)[rec["step"]] = rec
-        else:
-            skipped += 1
+        # --eval-interval records (eval_* keys) beside the training steps of the same
+        # number; a resumed run re-logs steps: the newest of each kind wins
+        (evals if "eval_loss" in rec else by_step)[rec["step"]] = rec
     if not by_step:
         raise PlotError(f"{metrics} holds no step records yet; wait for the first logged step")
     summary = None
     if (path / SUMMARY_FILE).is_file():
-        try:
-            summary = json.loads((path / SUMMARY_FILE).read_text())
-        except json.JSONDecodeError:
-            summary = None
+        try:  # what the charts read of it; a bad one: one warning, the charts without it
+            summary = load(path / SUMMARY_FILE, {"eval_loss": Opt((float, None))})
+        except (OSError, ShapeError) as e:
+            print(f"warning: ignoring {path / SUMMARY_FILE} ({e})", file=sys.stderr)
     records = [by_step[s] for s in sorted(by_step)]
     return Run(
         path.resolve().name, path, records, skipped, summary, [evals[s] for s in sorted(evals)]

@@ -14,13 +14,13 @@ the node's network bandwidth / the groups sharing it).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ddpkit.tools.commbench import bus_factor
 from ddpkit.tools.memory_model import PlanError
+from ddpkit.train.jsonshape import ListOf, Opt, ShapeError, load
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -99,6 +99,14 @@ def fit_line(sizes: list[float], times: list[float]) -> tuple[float, float]:
     return a, c
 
 
+# What fit_commbench reads of `ddpkit commbench --json` (a file of another shape: one line).
+COMMBENCH_SHAPE = {
+    "world_size": Opt((int, None)),
+    "hosts": Opt((list, None)),
+    "results": Opt(ListOf({"op": str, "size_bytes": int, "time_us": float})),
+}
+
+
 def fit_commbench(data: dict[str, Any], name: str = "commbench") -> Link:
     """A Link from `ddpkit commbench --json` output: per op, t = a + c*S at the measured world n
     gives busbw = factor(n)/c and hop = a/steps(n). An op the file lacks takes another's fit."""
@@ -139,8 +147,8 @@ def load_link(text: str, ports: int = 1) -> Link:
     if text in PRESETS or path.suffix != ".json":
         return preset(text, ports)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+        data = load(path, COMMBENCH_SHAPE)
+    except (OSError, ShapeError) as e:
         raise PlanError(f"cannot read commbench JSON {text}: {e}") from None
     return fit_commbench(data, path.name)
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from ddpkit.train.jsonshape import Opt, ShapeError, load
 
 # --- exit statuses ---------------------------------------------------------------------------
 EXIT_OK = 0
@@ -104,13 +107,20 @@ def finished_in_launch(run_dir: str | Path, launch_id: str | None, since: float)
     return _written_by_launch(Path(run_dir) / SUMMARY_FILE, launch_id, since)
 
 
+_STAMP = {"launch_id": Opt((str, None)), "time": Opt((float, None))}  # extra keys: anything
+_warned: set[str] = set()  # a bad marker is said once, not on every poll
+
+
 def _written_by_launch(path: Path, launch_id: str | None, since: float) -> bool:
     try:
-        body = json.loads(path.read_text())
+        body = load(path, _STAMP)
         mtime = path.stat().st_mtime
-    except (OSError, ValueError):
+    except OSError:
         return False
-    if not isinstance(body, dict):
+    except ShapeError as e:  # not this launch's: one warning, no requeue on its word
+        if str(path) not in _warned:
+            _warned.add(str(path))
+            print(f"warning: ignoring {path} ({e})", file=sys.stderr, flush=True)
         return False
     if launch_id and body.get("launch_id") is not None:
         return body.get("launch_id") == launch_id

@@ -6,8 +6,10 @@ Torch-free to import; the user's module is imported when a spec is asked for."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ddpkit.train.errors import ConfigError, UserError
@@ -49,6 +51,25 @@ def load_object(path: str, flag: str, expected: str) -> Any:
     return obj
 
 
+@contextlib.contextmanager
+def until_checked() -> Iterator[None]:
+    """Hold the warnings a user's hook raises until its result is checked: shown as usual
+    when it passes, dropped when the hook breaks its contract (a UserError), whose one line
+    says what is wrong; torch's warning of the same mistake (float() of a tensor that
+    requires grad), once per rank, would bury it."""
+    broken = False
+    try:
+        with warnings.catch_warnings(record=True) as held:
+            try:
+                yield
+            except UserError:
+                broken = True
+                raise
+    finally:
+        for w in [] if broken else held:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
+
+
 def call_factory(fn: Callable[..., Any], cfg: TrainConfig, args: dict, flag: str, path: str):
     try:
         return fn(cfg, **args)
@@ -68,16 +89,18 @@ def _model(path: str, data_kind: DataKind) -> ModelSpec:
     def build(cfg: TrainConfig, data: Any) -> nn.Module:
         from torch import nn
 
-        model = call_factory(factory, cfg, cfg.model_args, "--model", path)
-        if not isinstance(model, nn.Module):
-            raise ConfigError(
-                f"--model {path} returned a {type(model).__name__}; expected {MODEL_CONTRACT}"
-            )
-        if not any(p.requires_grad for p in model.parameters()):
-            raise ConfigError(
-                f"--model {path} returned a {type(model).__name__} without a parameter that "
-                "requires grad (nothing to train); give it at least one trainable parameter"
-            )
+        with until_checked():
+            model = call_factory(factory, cfg, cfg.model_args, "--model", path)
+            if not isinstance(model, nn.Module):
+                raise ConfigError(
+                    f"--model {path} returned a {type(model).__name__}; expected {MODEL_CONTRACT}"
+                )
+            if not any(p.requires_grad for p in model.parameters()):
+                raise ConfigError(
+                    f"--model {path} returned a {type(model).__name__} without a parameter "
+                    "that requires grad (nothing to train); give it at least one trainable "
+                    "parameter"
+                )
         check_same_on_every_rank(model, path)
         if cfg.parallel == "ddp":
             check_all_used_on_first_forward(model, path)
@@ -218,8 +241,9 @@ def dataset_spec(cfg: TrainConfig) -> DatasetSpec:
     def build(cfg: TrainConfig, rank0_download: bool, kind: DataKind) -> DataBundle:
         from ddpkit.train.data import bundle_from_user
 
-        out = call_factory(fn, cfg, cfg.dataset_args, "--dataset", path)
-        return bundle_from_user(out, path, DATASET_CONTRACT)
+        with until_checked():
+            out = call_factory(fn, cfg, cfg.dataset_args, "--dataset", path)
+            return bundle_from_user(out, path, DATASET_CONTRACT)
 
     return DatasetSpec(path, build, "any")
 
@@ -232,10 +256,12 @@ def loss(name: str) -> Callable[..., Any]:
 
     def checked_loss(output: Any, target: Any) -> Any:
         nonlocal checked
-        value = fn(output, target)
-        if not checked:
-            import torch
+        if checked:
+            return fn(output, target)
+        import torch
 
+        with until_checked():
+            value = fn(output, target)
             if not isinstance(value, torch.Tensor):
                 got = f"a {type(value).__name__}"
             elif value.dim() != 0 or not value.is_floating_point():
@@ -244,7 +270,7 @@ def loss(name: str) -> Callable[..., Any]:
                 got = None
             if got:
                 raise ConfigError(f"--loss {name} returned {got}; expected {LOSS_CONTRACT}")
-            checked = True
+        checked = True
         return value
 
     return checked_loss

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from ddpkit.train.contract import REQUEUE_MARKER
 
+from tests.badjson import cases, damaged
 from tests.trainrun import PY, ROOT, clean_env
 
 PLAIN_JOB = "examples/plain_torchrun/job.toml"
@@ -224,6 +225,25 @@ def test_fresh_requeue_marker_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     os.utime(marker, (1000.0, 1000.0))
     assert not fresh_requeue_marker(tmp_path, "launch-b", since=2000.0)
     assert fresh_requeue_marker(tmp_path, "launch-b", since=500.0)
+
+
+STAMP = {"launch_id": "launch-a", "time": 1.7e9, "step": 3}
+STAMPS = cases(damaged(STAMP, {"launch_id": ("string", "null"), "time": ("number", "null")}))
+
+
+@pytest.mark.parametrize("label", list(STAMPS))
+@pytest.mark.parametrize("name", [REQUEUE_MARKER, "summary.json"])
+def test_a_damaged_requeue_marker_or_summary_is_not_this_launchs(tmp_path, capsys, name, label):
+    """The node launcher asks after a stop whether this launch asked for a requeue (or
+    finished), polling: a marker of another shape is no, with one warning for all polls."""
+    from ddpkit.train.contract import finished_in_launch, fresh_requeue_marker
+
+    ask = fresh_requeue_marker if name == REQUEUE_MARKER else finished_in_launch
+    (tmp_path / name).write_bytes(STAMPS[label])
+    assert not ask(tmp_path, "launch-a", 0.0)
+    assert not ask(tmp_path, "launch-a", 0.0)
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"warning: ignoring {tmp_path / name} ("), line
 
 
 @pytest.mark.slow

@@ -6,13 +6,16 @@ trainer's own order: the marker first, then the directory)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from ddpkit.tools import ckpt
 
+from tests.badjson import marker_cases
 from tests.trainrun import PY, ROOT, clean_env, train
 
 DRIVER = """
@@ -113,3 +116,45 @@ def test_inspect_of_a_file_says_it_is_a_file(tmp_path, one_line_error):
     line = inspect(pt)
     assert "a file, not a checkpoint directory" in line and "no such directory" not in line
     assert "no such directory" in inspect(tmp_path / "missing")
+
+
+# --- a newest step dir whose marker is damaged ------------------------------------------------
+
+MARKERS = marker_cases()
+
+
+@pytest.fixture(scope="module")
+def damaged_run(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of `run` with a step-9 beside its step-2: the same files, a marker to damage."""
+    copy = tmp_path_factory.mktemp("damaged") / "r"
+    shutil.copytree(run, copy)
+    shutil.copytree(copy / "checkpoints" / "step-2", copy / "checkpoints" / "step-9")
+    return copy
+
+
+@pytest.mark.parametrize("label", list(MARKERS))
+def test_a_damaged_marker_is_skipped_by_inspect_and_refused_by_export(
+    damaged_run, label, tmp_path, capsys
+):
+    """What a resume does: inspect of the run takes the previous step dir with one warning;
+    inspect of the step dir itself shows why it is incomplete; export refuses it in one line."""
+    newest = damaged_run / "checkpoints" / "step-9"
+    (newest / ".complete").write_bytes(MARKERS[label])
+    assert ckpt.main(["inspect", str(damaged_run), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["path"] == str(damaged_run / "checkpoints" / "step-2")
+    [warning] = err.splitlines()
+    assert warning.startswith(
+        f"warning: skipping incomplete checkpoint {newest} (bad .complete marker: "
+    ), warning
+
+    assert ckpt.main(["inspect", str(newest), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["complete"] is False and shown["marker"].startswith("bad .complete marker: ")
+    assert shown["checksums"] == f"not checked ({shown['marker']})"
+
+    out_file = tmp_path / "model.pt"
+    assert ckpt.main(["export", str(newest), str(out_file)]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(f"error: {newest}: bad .complete marker: ") and err.count("\n") == 1
+    assert not out and not out_file.exists()

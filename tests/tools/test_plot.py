@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from ddpkit.tools.plot import load_run
 
+from tests.badjson import cases, damaged
 from tests.trainrun import run_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,3 +176,28 @@ def test_plot_runs_star_after_a_comparison(tmp_path):
     assert again.returncode == 0, again.stderr
     assert again.stderr == f"skipped {runs / 'compare'}: no metrics.jsonl (not a run dir)\n"
     assert "a:" in again.stdout and "b:" in again.stdout
+
+
+SUMMARIES = cases(damaged({"steps": 3, "eval_loss": 1.5}, {"eval_loss": ("number", "null")}))
+
+
+@pytest.mark.parametrize("label", list(SUMMARIES))
+def test_a_damaged_summary_is_one_warning_and_the_charts_without_it(tmp_path, capsys, label):
+    path = write_run(tmp_path / "r", [record(s, 2.0 / s) for s in (1, 2, 3)])
+    (path / "summary.json").write_bytes(SUMMARIES[label])
+    run = load_run(path)
+    assert run.summary is None and len(run.records) == 3
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"warning: ignoring {path / 'summary.json'} (")
+
+
+LINES = cases(damaged(record(2, 1.0), {"step": ("integer",), "throughput_unit": ("string",)},
+                      required={"step"}))  # fmt: skip
+
+
+@pytest.mark.parametrize("label", [lb for lb in LINES if lb not in ("empty", "blank")])
+def test_a_damaged_metrics_line_is_skipped_and_counted(tmp_path, label):
+    path = write_run(tmp_path / "r", [record(1, 2.0)], tail=LINES[label].decode(errors="replace"))
+    run = load_run(path)
+    assert [r["step"] for r in run.records] == [1] and run.skipped == 1
+    assert run.throughput_unit == "samples/s"

@@ -16,6 +16,7 @@ from ddpkit.tools.memory_model import PlanError, load_cfg
 from ddpkit.tools.steptime_links import Fabric, Link
 from ddpkit.tools.steptime_model import STRATEGIES, Compute, ModelComm, Prediction, predict
 
+from tests.badjson import cases, damaged
 from tests.trainrun import PY, ROOT, clean_env, torchrun_cmd, train
 
 OPS = steptime_links.OPS
@@ -126,6 +127,36 @@ def test_fit_recovers_latency_and_bandwidth_from_commbench_rows():
         assert lk.hop_s[op] == pytest.approx(hop, rel=1e-6)
     with pytest.raises(PlanError, match="measured on 1 rank"):
         steptime_links.fit_commbench({"world_size": 1, "results": rows})
+
+
+BENCH = {
+    "world_size": 2,
+    "hosts": ["a"],
+    "backend": "gloo",
+    "results": [{"op": "all_reduce", "size_bytes": 4096, "time_us": 12.5}],
+}
+BENCHES = cases(
+    damaged(BENCH, {"world_size": ("integer", "null"), "hosts": ("list", "null"),
+                    "results": ("list",)})
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("label", list(BENCHES))
+def test_a_damaged_commbench_file_is_one_line(tmp_path, label):
+    path = tmp_path / "commbench.json"
+    path.write_bytes(BENCHES[label])
+    with pytest.raises(PlanError) as e:
+        steptime_links.load_link(str(path))
+    assert str(e.value).startswith(f"cannot read commbench JSON {path}: ")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("row", [3, "x", None, [1], {}, {"op": "all_reduce", "size_bytes": "1"}])
+def test_a_damaged_commbench_row_is_one_line(tmp_path, row):
+    path = tmp_path / "commbench.json"
+    path.write_text(json.dumps({**BENCH, "results": [row]}))
+    with pytest.raises(PlanError, match=r"^cannot read commbench JSON .*: results\[0\]"):
+        steptime_links.load_link(str(path))
 
 
 def pred(name: str, step: float, fits: bool | None) -> Prediction:

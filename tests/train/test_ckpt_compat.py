@@ -4,6 +4,7 @@ since it was written, parts an older version kept elsewhere, and what a failed l
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,6 +14,8 @@ from ddpkit.train.ckpt import compat, layout
 from ddpkit.train.ckpt.io import ChecksumError
 from ddpkit.train.ckpt.parts import Values
 from ddpkit.train.errors import ConfigError
+
+from tests.badjson import MARKER, marker_cases
 
 CKPT = Path("/ckpt/step-8")
 
@@ -109,3 +112,31 @@ def test_what_a_complete_checkpoint_is(tmp_path: Path, marker, metadata, complet
         (step / ".metadata").write_bytes(b"")
     assert layout.is_complete(step) is complete
     assert (layout.list_checkpoints(tmp_path)[0] == [step]) is complete
+
+
+MARKERS = marker_cases()
+
+
+@pytest.mark.parametrize("label", list(MARKERS))
+def test_a_marker_of_another_shape_makes_an_incomplete_step_dir_saying_why(tmp_path, label):
+    """The campaign's case (records that are numbers) and every other damage: skipped with a
+    one-phrase reason by everything that reads markers, never an AttributeError later."""
+    step = tmp_path / "step-6"
+    step.mkdir()
+    (step / ".metadata").write_bytes(b"")
+    (step / ".complete").write_bytes(MARKERS[label])
+    info, why = layout.marker(step)
+    assert info is None and why.startswith("bad .complete marker: ") and "\n" not in why, why
+    assert layout.why_incomplete(step) == why
+    assert layout.verify(step) == why
+    assert layout.list_checkpoints(tmp_path) == ([], [step])
+
+
+def test_the_marker_as_written_is_complete(tmp_path):
+    """The counterpart of the damages above: the undamaged marker passes."""
+    step = tmp_path / "step-6"
+    step.mkdir()
+    (step / ".metadata").write_bytes(b"")
+    (step / ".complete").write_text(json.dumps(MARKER))
+    assert layout.marker(step) == (MARKER, None)
+    assert layout.list_checkpoints(tmp_path) == ([step], [])

@@ -17,6 +17,7 @@ import pytest
 from ddpkit.train.config import ConfigError
 from ddpkit.train.loop.runlock import LOCK_SETTLE_S, RunLock
 
+from tests.badjson import cases, damaged
 from tests.trainrun import clean_env, train
 
 
@@ -47,6 +48,39 @@ def test_a_lock_that_names_no_owner_is_taken_over_with_a_warning(tmp_path, body)
     finally:
         run_lock.release()
     assert not lock.exists()
+
+
+# A lock as RunLock writes it (another host's: only its shape decides), and its keys' types.
+LOCK = {"host": "elsewhere", "pid": 4242, "agent_pid": None, "launch_id": "L1", "time": 1.7e9}
+LOCKS = cases(
+    damaged(
+        LOCK,
+        {"host": ("string",), "pid": ("integer",), "agent_pid": ("integer", "null"),
+         "launch_id": ("string", "null"), "time": ("number",)},
+        required={"host", "pid"},
+    )
+)  # fmt: skip
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("label", list(LOCKS))
+def test_a_lock_of_another_shape_is_an_owner_less_one(tmp_path, label):
+    """Every damage of a lock file (wrong-typed owner fields, another JSON type, not JSON) is
+    a lock that names no owner: taken over with one warning saying so, never a traceback."""
+    lock = tmp_path / ".lock"
+    lock.write_bytes(LOCKS[label])
+    old = time.time() - 10 * LOCK_SETTLE_S
+    os.utime(lock, (old, old))
+    said: list[str] = []
+    run_lock = RunLock(tmp_path, log=said.append)
+    run_lock.acquire()
+    try:
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+        [line] = said
+        assert line.startswith(f"warning: taking over the stale lock {lock} of a dead job (an ")
+        assert "owner-less lock" in line and "\n" not in line, line
+    finally:
+        run_lock.release()
 
 
 @pytest.mark.timeout(30)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.trainrun import run_module, train
+from tests.trainrun import clean_env, run_module, train
 
 pytestmark = pytest.mark.slow
 
@@ -286,3 +288,60 @@ def test_a_rewind_keeps_its_own_saves_and_sets_the_later_timeline_aside(tmp_path
     assert aside == ["step-6", "step-8"]
     again = train(rd, *args, "--steps", "8")
     assert again.summary["resumed_from"].endswith("checkpoints/step-6"), again.out
+
+
+# --- a damaged marker, the way the campaign found it: a user's project, the ddpkit command -----
+
+DDPKIT = Path(sys.executable).with_name("ddpkit")  # the console script of this install
+JOB = """\
+name = "meta"
+nproc_per_node = 2
+accelerator = "cpu"
+[train]
+steps = 6
+ckpt_interval = 3
+log_interval = 3
+eval = false
+batch_size = 16
+synthetic_samples = 1024
+"""
+
+
+def _ddpkit(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(DDPKIT), *args], cwd=project, env=clean_env(), capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+
+
+def test_a_marker_whose_records_are_numbers_is_skipped_for_the_previous_checkpoint(tmp_path):
+    """The campaign's case: the newest marker's file records are numbers, not objects. It was
+    a 31-line AttributeError in training and in `ckpt inspect`; now both take step-3 and say
+    why step-6 is skipped in one line."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "ddpkit.toml").write_text(JOB)
+    first = _ddpkit(project, "run")
+    assert first.returncode == 0, first.stdout + first.stderr
+    ckpts = project / "runs" / "meta" / "checkpoints"
+    newest = ckpts / "step-6"
+    marker = json.loads((newest / ".complete").read_text())
+    marker["files"] = {name: 1 for name in marker["files"]}
+    (newest / ".complete").write_text(json.dumps(marker))
+    why = "bad .complete marker: files['.metadata']: an integer (1), not an object"
+
+    rel = newest.relative_to(project)  # the tools say paths as the user gave them
+
+    shown = _ddpkit(project, "ckpt", "inspect", "runs/meta")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert shown.stdout.startswith(f"{rel.parent / 'step-3'}: step 3, written by 2 ranks")
+    assert shown.stderr == f"warning: skipping incomplete checkpoint {rel} ({why})\n"
+
+    again = _ddpkit(project, "run", "--set", "train.steps=8")
+    out = again.stdout + again.stderr
+    assert again.returncode == 0 and "Traceback" not in out, out
+    [skip] = [line for line in out.splitlines() if "skipping" in line]
+    assert skip in [f"warning: skipping incomplete checkpoint {p} ({why})" for p in (newest, rel)]
+    summary = json.loads((project / "runs" / "meta" / "summary.json").read_text())
+    assert summary["resumed_from"].endswith(f"{rel.parent / 'step-3'}"), summary
+    assert summary["steps"] == 8

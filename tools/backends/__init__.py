@@ -60,6 +60,7 @@ from typing import Any, ClassVar
 from ddpkit.tools.spec import JobSpec, SpecError
 from ddpkit.train import typed
 from ddpkit.train.contract import METRICS_FILE
+from ddpkit.train.jsonshape import ShapeError, load, loads
 
 BACKENDS = {
     "local": "ddpkit.tools.backends.local:LocalBackend",
@@ -228,15 +229,12 @@ def progress(run_dir: str | Path | None) -> str:
     try:
         with (Path(run_dir) / METRICS_FILE).open("rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
-            rec = json.loads(f.read().decode(errors="replace").strip().splitlines()[-1])
-    except (OSError, ValueError, IndexError):
+            rec = loads(f.read().decode(errors="replace").strip().splitlines()[-1], {"step": int})
+    except (OSError, ShapeError, IndexError):  # a line cut short or of another shape: none
         return ""
-    step = rec.get("step") if isinstance(rec, dict) else None
-    if not isinstance(step, int) or isinstance(step, bool):
-        return ""
-    eta = rec.get("eta_s")
-    if not isinstance(eta, (int, float)) or isinstance(eta, bool):
-        return f" step {step}"
+    step, eta = rec["step"], rec.get("eta_s")
+    if not isinstance(eta, (int, float)) or isinstance(eta, bool) or not 0 <= eta < 1e9:
+        return f" step {step}"  # none yet, or not a duration (NaN, infinite, negative)
     from ddpkit.train.metrics import format_duration
 
     return f" step {step} eta {format_duration(eta)}"
@@ -367,12 +365,20 @@ def record_job(backend: str, job: str, **info: Any) -> Path:
     return path
 
 
-def last_job(backend: str) -> dict[str, Any]:
-    """The record of the last job submitted from here; SpecError when there is none."""
+def last_job(backend: str, shape: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The record of the last job submitted from here, with a "job" and the keys of `shape`
+    (ddpkit.train.jsonshape: what the caller reads); SpecError when there is none, or when
+    it is not such a record (damaged, edited): one line, never a traceback."""
     path = _last_path(backend)
     if not path.is_file():
         raise SpecError(
             f"no {backend} job submitted from this workspace yet ({path} missing); "
             f"pass a job id (ddpkit status {backend} JOB) or run from the project's directory"
         )
-    return json.loads(path.read_text())
+    try:
+        return load(path, {"job": (str, int), **(shape or {})})
+    except (OSError, ShapeError) as e:
+        raise SpecError(
+            f"{path} is not a job record this kit wrote ({e}); pass a job id (ddpkit status "
+            f"{backend} JOB), or delete it and submit again"
+        ) from None

@@ -36,6 +36,10 @@ from ddpkit.train.contract import (
     STOP_SIGNALS,
     SUMMARY_FILE,
 )
+from ddpkit.train.jsonshape import Opt
+
+# What submit records and status/logs read back (last_job checks it).
+RECORD = {"run_dir": str, "log": str, "exit_code": Opt(int)}
 
 # To the node launcher: the stop signals (train.contract) and a closing terminal's SIGHUP.
 FORWARDED = tuple(getattr(signal, name) for name in (*STOP_SIGNALS, "SIGHUP"))
@@ -146,7 +150,7 @@ class LocalBackend(Backend):
         return rc
 
     def poll(self, job: str) -> JobStatus:
-        record = last_job(self.name)
+        record = last_job(self.name, RECORD)
         if str(record["job"]) != job:
             return JobStatus(job, JobState.UNKNOWN, detail="(not the last local job)")
         where = f"run dir {record['run_dir']}"
@@ -164,7 +168,7 @@ class LocalBackend(Backend):
         return JobStatus(job, JobState.RUNNING, detail=where)
 
     def logs(self, job: str | None, opts: argparse.Namespace) -> int:
-        record = last_job(self.name)
+        record = last_job(self.name, RECORD)
         path = Path(record["log"])
         if not path.is_file():
             print(f"job {record['job']}: no log yet ({path})")

@@ -47,11 +47,11 @@ from ddpkit.train.ckpt.files import (
 )
 from ddpkit.train.ckpt.layout import (
     ABANDONED_DIR,
-    is_complete,
     list_checkpoints,
     read_marker,
     step_of,
     verify,
+    why_incomplete,
 )
 from ddpkit.train.ckpt.parts import RngState, Stateful
 from ddpkit.train.contract import CKPT_MARKER as MARKER
@@ -76,11 +76,8 @@ def check_resume_path(resume: str) -> None:
         return
     msg = None
     path = Path(resume)
-    if not is_complete(path):
-        msg = (
-            f"--resume {resume}: not a complete ddpkit checkpoint (no {MARKER} or "
-            ".metadata); pass a step-N directory written by a finished save"
-        )
+    if (why := why_incomplete(path)) is not None:
+        msg = _not_complete(resume, why)
     elif problem := verify(path, dist.get_rank(), dist.get_world_size()):
         msg = (
             f"--resume {resume}: unusable checkpoint ({problem}); pass another step-N "
@@ -88,6 +85,13 @@ def check_resume_path(resume: str) -> None:
         )
     if (msg := first_problem(msg)) is not None:
         raise ConfigError(msg)
+
+
+def _not_complete(resume: str, why: str) -> str:
+    return (
+        f"--resume {resume}: not a complete ddpkit checkpoint ({why}); pass a step-N "
+        "directory written by a finished save"
+    )
 
 
 def first_problem(problem: str | None, group: Any = None) -> str | None:
@@ -356,18 +360,15 @@ class Checkpointer:
             return None
         if resume != "auto":
             path = Path(resume)
-            if not is_complete(path):
-                raise ConfigError(
-                    f"--resume {resume}: not a complete ddpkit checkpoint (no {MARKER} or "
-                    ".metadata); pass a step-N directory written by a finished save"
-                )
+            if (why := why_incomplete(path)) is not None:
+                raise ConfigError(_not_complete(resume, why))
             candidates = [path]
         else:
             complete, partial = list_checkpoints(self.dir)
             newest = step_of(complete[-1]) if complete else -1
-            for p in partial:
+            for p in partial:  # an interrupted save, or a marker found damaged
                 if (step_of(p) or 0) > (newest or -1):
-                    self.log(f"warning: skipping incomplete checkpoint {p} (interrupted save)")
+                    self.log(f"warning: skipping incomplete checkpoint {p} ({why_incomplete(p)})")
             candidates = complete[::-1]
         for path in candidates:
             try:

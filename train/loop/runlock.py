@@ -10,7 +10,8 @@ agent pid, launch id and a heartbeat (its mtime, touched every LOCK_HEARTBEAT_S)
 - otherwise refuses: ConfigError naming the owner (one line, exit 2, nothing written).
 A lock that names no owner is never waited on forever: an empty one older than
 LOCK_SETTLE_S (a newcomer writes its owner right after creating it) or one that holds
-garbage is a dead job's, taken over with a warning; a directory or an unreadable file in
+garbage (not JSON of LOCK_SHAPE) is a dead job's, taken over with a warning saying what is
+wrong with it; a directory or an unreadable file in
 its place is refused in one line (it is not the kit's to delete).
 Torch-free: it runs before the run dir is written.
 """
@@ -28,11 +29,20 @@ from typing import Any
 
 from ddpkit.train.contract import LAUNCH_ID_ENV
 from ddpkit.train.errors import ConfigError
+from ddpkit.train.jsonshape import Opt, ShapeError, loads
 
 LOCK_FILE = ".lock"
 LOCK_HEARTBEAT_S = 5.0
 LOCK_STALE_S = 30.0  # no heartbeat for this long: the owner is gone (any host)
 LOCK_SETTLE_S = 2.0  # an empty lock younger than this is a newcomer about to write its owner
+# What _me() writes: a lock of another shape names no owner the kit can ask ("garbage").
+LOCK_SHAPE = {
+    "host": str,
+    "pid": int,
+    "agent_pid": Opt((int, None)),
+    "launch_id": Opt((str, None)),
+    "time": Opt(float),
+}
 
 
 def _me() -> dict[str, Any]:
@@ -57,12 +67,12 @@ def _alive(pid: int) -> bool:
 
 def _read(path: Path) -> tuple[dict[str, Any] | None, float, str]:
     """(owner, mtime, what): what is "none" (no lock), "owner" (a readable one), "empty",
-    "garbage" (not a JSON object), "dir" or "unreadable" (then owner is None)."""
+    "garbage: WHY" (not JSON of LOCK_SHAPE), "dir" or "unreadable" (then owner is None)."""
     try:
         mtime = path.stat().st_mtime
         if path.is_dir():
             return None, mtime, "dir"
-        text = path.read_text()
+        text = path.read_text(errors="replace")  # not UTF-8: garbage, below
     except FileNotFoundError:
         return None, 0.0, "none"
     except OSError:
@@ -70,10 +80,9 @@ def _read(path: Path) -> tuple[dict[str, Any] | None, float, str]:
     if not text.strip():
         return None, mtime, "empty"
     try:
-        owner = json.loads(text)
-    except ValueError:
-        return None, mtime, "garbage"
-    return (owner, mtime, "owner") if isinstance(owner, dict) else (None, mtime, "garbage")
+        return loads(text, LOCK_SHAPE), mtime, "owner"
+    except ShapeError as e:
+        return None, mtime, f"garbage: {e}"
 
 
 class RunLock:

@@ -23,6 +23,10 @@ from ddpkit.tools.backends.docker.render import (
 from ddpkit.tools.spec import JobSpec, SpecError
 from ddpkit.tools.templating import shell_quote
 from ddpkit.train.contract import DEFAULT_SHUTDOWN_TIMEOUT_S, EXIT_REQUEUE, shutdown_budget_s
+from ddpkit.train.jsonshape import Opt
+
+# What submit records and status reads back (last_job checks it).
+RECORD = {"engine": Opt((str, None)), "exit_code": Opt(int)}
 
 
 def prepare_out_dir(spec: JobSpec, engine: str) -> Path:
@@ -88,7 +92,7 @@ def poll(job: str) -> JobStatus:
     this checkout recorded, if it ran the job."""
     rec: dict = {}
     with contextlib.suppress(SpecError):  # nothing submitted from here yet
-        rec = last_job("docker")
+        rec = last_job("docker", RECORD)
     engine = rec.get("engine") if rec.get("job") == job else None
     r = subprocess.run(
         [engine or find_engine(), "ps", "-a", "--filter", f"name=^{job}$", "--format",
@@ -109,7 +113,7 @@ def poll(job: str) -> JobStatus:
 def job_and_engine(job: str | None, opts: argparse.Namespace) -> tuple[str, str]:
     if job:
         return job, find_engine(getattr(opts, "engine", None))
-    rec = last_job("docker")
+    rec = last_job("docker", RECORD)
     return rec["job"], getattr(opts, "engine", None) or rec.get("engine") or find_engine()
 
 

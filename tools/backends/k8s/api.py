@@ -251,7 +251,7 @@ def _target(job: str | None, opts: Any) -> tuple[str, str, str]:
     """(name, namespace, api): the argument, --namespace and --config, else the last job."""
     spec = getattr(opts, "spec", None)
     if job is None:
-        rec = last_job("k8s")
+        rec = last_job("k8s", {"namespace": str, "api": str})
         return rec["job"], getattr(opts, "namespace", None) or rec["namespace"], rec["api"]
     ns = getattr(opts, "namespace", None) or (spec.k8s.namespace if spec else "default")
     return job, ns, spec.k8s.api if spec else "pytorchjob"
@@ -261,7 +261,7 @@ def where(job: str) -> tuple[str, str]:
     """(namespace, api) of a job named without options: the last one submitted here if it is
     that job, else the defaults."""
     try:
-        rec = last_job("k8s")
+        rec = last_job("k8s", {"namespace": str, "api": str})
     except SpecError:
         rec = {}
     if rec.get("job") == job:

@@ -54,6 +54,7 @@ from ddpkit.tools.backends.slurm.render import (
     validate,
 )
 from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.train.jsonshape import Opt
 
 __all__ = [
     "GRACE_MARGIN_S",
@@ -183,7 +184,7 @@ class SlurmBackend(Backend):
 
     def logs(self, job: str | None, opts: argparse.Namespace) -> int:
         job_id = check_job_id(self.job_or_last(job))
-        record = last_job(self.name) if job is None else {}
+        record = last_job(self.name, {"log_dir": Opt(str)}) if job is None else {}
         root = record.get("log_dir")
         if root is None:
             info = job_fields(job_id) or {}
