@@ -39,6 +39,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -55,12 +56,21 @@ from ddpkit.train.contract import (
     SHUTDOWN_ENV,
     STOP_SIGNALS,
     TORCHRUN_SIGNALS,
+    asks_requeue,
     finished_in_launch,
     fresh_requeue_marker,
+    requeue_signals,
     shutdown_budget_s,
 )
 from ddpkit.train.errors import CliParser, UserError, run_cli
-from ddpkit.train.outcome import PREFIX, Failure, outcome, signame
+from ddpkit.train.outcome import (
+    PREFIX,
+    Failure,
+    WorkerEnd,
+    last_attempt_exits_0,
+    outcome,
+    signame,
+)
 
 MARKER_WAIT_S = 5.0  # how long a node waits for the marker of a rank 0 elsewhere
 
@@ -286,6 +296,12 @@ def workers_die_with_launcher() -> bool:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs.setdefault("preexec_fn", in_child)
             super().__init__(*args, **kwargs)
+            env = kwargs.get("env") or {}
+            try:
+                who = (int(env["RANK"]), int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
+            except (KeyError, ValueError):
+                return
+            threading.Thread(target=_watch_end, args=(self.pid, *who), daemon=True).start()
 
     if getattr(handler, "Popen", None) is not subprocess.Popen:
         return False  # a torch whose handler changed: leave it alone
@@ -294,6 +310,23 @@ def workers_die_with_launcher() -> bool:
 
 
 _PR_SET_PDEATHSIG = 1
+
+# Each worker's end as it happened (pid -> WorkerEnd), which torchrun's ProcessFailure lacks:
+# its timestamp is whole seconds read when the agent polls (a rank the agent stopped after
+# another one's failure ties with it), and a rank that exits 0 is not reported at all.
+ENDS: dict[int, WorkerEnd] = {}
+
+
+def _watch_end(pid: int, rank: int, attempt: int) -> None:
+    """Wait for the worker's end without reaping it (torchrun's poll reaps), and note it."""
+    code = None
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        if info is not None:
+            code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+    except ChildProcessError:  # reaped already: its code is torchrun's to tell
+        pass
+    ENDS[pid] = WorkerEnd(rank, code, time.time(), attempt)
 
 
 def _quiet_torch_logs() -> None:
@@ -362,13 +395,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         torchrun.run(args)
     except ChildFailedError as e:
-        failures = {int(rank): Failure.of(f) for rank, f in e.failures.items()}
+        failures = {int(rank): Failure.of(f, ENDS.get(f.pid)) for rank, f in e.failures.items()}
     except SignalException as e:
         stopped_by = int(e.sigval)
     except Exception as e:  # rendezvous timeouts, a closed store: one line, not a dump
         print(f"{PREFIX}: torchrun failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return EXIT_FAILED
-    fresh = fresh_requeue_marker(run_dir, launch_id, started)
+    cancelled = stopped_by is not None and not asks_requeue(signame(stopped_by))
+    # A cancel (SIGTERM where the requeue signal is SLURM's --signal) is never a requeue, even
+    # when a script with a handler of its own wrote the marker.
+    fresh = not cancelled and fresh_requeue_marker(run_dir, launch_id, started)
     if stopped_by == signal.SIGINT:  # Ctrl-C: the user's stop, never a requeue
         finished = is_default_entry(entry) and finished_in_launch(run_dir, launch_id, started)
         for name in STOP_SIGNALS:
@@ -382,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         return EXIT_INTERRUPTED
-    if stopped_by is not None and not fresh and not args.standalone:
+    if stopped_by is not None and not fresh and not cancelled and not args.standalone:
         # Rank 0 may sit on another node and write the marker just after this node's
         # workers left: give it a moment before calling this a plain stop.
         deadline = time.monotonic() + MARKER_WAIT_S
@@ -390,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.2)
             fresh = fresh_requeue_marker(run_dir, launch_id, started)
     finished = is_default_entry(entry) and finished_in_launch(run_dir, launch_id, started)
-    code, line = outcome(failures, fresh, finished)
+    code, line = outcome(failures, fresh, finished, left=last_attempt_exits_0(ENDS))
     if (
         stopped_by is not None
         and code == EXIT_OK
@@ -399,6 +435,12 @@ def main(argv: list[str] | None = None) -> int:
         line = (
             f"{PREFIX}: {signame(stopped_by)} arrived during the last steps; the run finished "
             "(nothing to requeue)"
+        )
+    elif stopped_by is not None and code == EXIT_OK and cancelled:
+        code = 128 + stopped_by
+        line = (
+            f"{PREFIX}: stopped by {signame(stopped_by)}, a cancel: exit {code}, not requeued "
+            f"(this job requeues on {'/'.join(requeue_signals())} only)"
         )
     elif stopped_by is not None and code == EXIT_OK:
         code = 128 + stopped_by
