@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -326,7 +327,7 @@ def test_a_user_scripts_own_exception_keeps_its_traceback_as_python_prints_it(tm
     assert lines[-1] == "[rank1]: ValueError: a real bug on rank 1", p.stderr
     assert (
         p.stderr.splitlines()[-1]
-        == "ddpkit node: rank 1 failed (exit code 1); see its output above"
+        == f"ddpkit node: rank 1 failed (exit code 1) on {socket.gethostname()}; see its output above"
     )
 
 
@@ -353,3 +354,78 @@ def test_a_rank_stuck_after_torchruns_sigterm_is_not_the_culprit():
     # rank 1 was SIGKILLed; torchrun SIGTERMed rank 0, whose watchdog left with exit 1
     failures = {0: Failure(1, 12.0, stuck=True), 1: Failure(KILL, 9.0)}
     assert outcome(failures, marker_fresh=False)[1].startswith("ddpkit node: rank 1 failed")
+
+
+def test_with_exact_ends_the_first_rank_to_end_is_blamed_whatever_its_signal():
+    # rank 1 SIGKILLed (the OOM killer); rank 0's collective failed 10 ms later (exit 1):
+    # torchrun's whole-second stamps tie them, the launcher's own times do not.
+    failures = {0: Failure(1, 100.01, exact=True), 1: Failure(KILL, 100.0, exact=True)}
+    code, line = outcome(failures, marker_fresh=False)
+    assert code == EXIT_FAILED and "rank 1 failed (signal SIGKILL)" in line
+    # and the SIGTERM torchrun sent rank 0 afterwards is never the cause
+    assert (
+        culprit({0: Failure(TERM, 100.2, exact=True), 1: Failure(KILL, 100.0, exact=True)})[0] == 1
+    )
+
+
+def test_a_rank_that_left_with_exit_0_before_the_failure_is_named():
+    failures = {0: Failure(1, 50.0, exact=True)}
+    code, line = outcome(failures, marker_fresh=False, left={1: 49.0})
+    assert code == EXIT_FAILED and line.startswith("ddpkit node: rank 1 left first (exit 0)")
+    assert "rank 0 then failed (exit code 1)" in line
+    # a rank that ended after the failure is no clue
+    assert "left first" not in outcome(failures, marker_fresh=False, left={1: 51.0})[1]
+
+
+OOM_KILLED = """
+import os, signal, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+for step in range(100000):
+    dist.all_reduce(torch.ones(4))
+    if step == 20 and dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does
+    time.sleep(0.01)
+"""
+
+LEAVES_EARLY = """
+import datetime, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+# a dataset whose length differs per rank: rank 1 runs out first and returns
+for step in range(20 if dist.get_rank() == 1 else 10000):
+    dist.all_reduce(torch.ones(4))
+    time.sleep(0.01)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("script", "expect"),
+    [
+        (OOM_KILLED, "ddpkit node: rank 1 failed (signal SIGKILL) on "),
+        (LEAVES_EARLY, "ddpkit node: rank 1 left first (exit 0) while the others still ran"),
+    ],
+    ids=["sigkilled", "left-early"],
+)
+def test_the_rank_that_stopped_taking_part_is_named_not_the_first_to_notice(
+    tmp_path, script, expect
+):
+    """A user's script at world 2: rank 1 is SIGKILLed, or returns early (exit 0); rank 0
+    then fails in its next collective and torchrun stops the rest. The line names rank 1:
+    the launcher times every worker's end itself instead of trusting torchrun's stamps,
+    which are whole seconds and tied rank 0's SIGTERM with rank 1's SIGKILL."""
+    (tmp_path / "job.py").write_text(script)
+    p = subprocess.run(
+        [*NODE, "--standalone", "--nproc-per-node", "2", "--", "job.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert p.returncode == EXIT_FAILED, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith(expect), p.stderr[-3000:]
+    assert "rank 0 failed" not in last, last
