@@ -329,6 +329,30 @@ def _watch_end(pid: int, rank: int, attempt: int) -> None:
     ENDS[pid] = WorkerEnd(rank, code, time.time(), attempt)
 
 
+def one_stop_signal() -> None:
+    """The launch's first stop signal is its only one: torchrun raises SignalException for
+    every signal it handles, also for one that comes while it is stopping the workers for
+    the first. That second exception cuts the first shutdown short, and torchrun's `finally`
+    stops the workers again with SIGTERM: a Ctrl-C (which `ddpkit run` repeats to the
+    launcher) reached the trainer as a preemption, and the launcher said `exit 130, not
+    requeued` while the trainer said `exiting 75 (requeue)`. Later ones are ignored; the
+    shutdown budget still ends workers that do not stop."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    raise_it = api._terminate_process_handler
+    if getattr(raise_it, "once", False):
+        return
+    seen: list[int] = []
+
+    def first_only(signum: int, frame: Any) -> None:
+        if not seen:
+            seen.append(signum)
+            raise_it(signum, frame)
+
+    first_only.once = True  # type: ignore[attr-defined]
+    api._terminate_process_handler = first_only
+
+
 def _quiet_torch_logs() -> None:
     # torchelastic logs a multi-line banner per failure and per signal; the outcome line
     # replaces them. DDPKIT_DEBUG / LOGLEVEL=INFO keep them for debugging.
@@ -388,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
 
     _quiet_torch_logs()
     workers_die_with_launcher()
+    one_stop_signal()
 
     failures: dict[int, Failure] = {}
     stopped_by: int | None = None

@@ -250,6 +250,41 @@ def test_ctrl_c_at_the_launcher_saves_and_stops_with_130_in_one_line_no_requeue(
     assert not (tmp_path / "runs/t/requeue.json").exists()
 
 
+@pytest.mark.slow
+def test_a_second_stop_signal_during_the_stop_does_not_change_the_story(tmp_path):
+    """Ctrl-C, and another stop signal before torchrun has passed it on (`ddpkit run`
+    repeats the SIGINT to the launcher; a scheduler's SIGTERM): the first one decides. It
+    used to cut torchrun's shutdown short, whose `finally` then SIGTERMed the workers: the
+    trainer saved as for a preemption (`exiting 75 (requeue)`, a requeue marker) under the
+    launcher's `stopped by SIGINT`."""
+    out = tmp_path / "out.txt"
+    with out.open("w") as sink:
+        proc = subprocess.Popen(
+            [*NODE, "--standalone", "--nproc-per-node", "2", "--", "-m", "ddpkit.train",
+             "--steps", "100000", "--no-eval", "--progress", "plain", "--log-interval", "1",
+             "--run-dir", "runs/t"],
+            cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        metrics = tmp_path / "runs/t/metrics.jsonl"
+        assert _wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 180), (
+            out.read_text()
+        )
+        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = out.read_text()
+    assert code == 130, text
+    assert "exiting 75" not in text and "requeue)" not in text, text
+    assert text.count("ddpkit node:") == 1, text
+    assert "ddpkit node: stopped by SIGINT (Ctrl-C); exit 130, not requeued" in text
+    assert "stopped by SIGINT at step" in text, text  # the trainer's one line, the same story
+    assert not (tmp_path / "runs/t/requeue.json").exists()
+
+
 USER_LOOP = """
 import time
 from pathlib import Path
