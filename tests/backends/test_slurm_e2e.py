@@ -261,8 +261,10 @@ def test_plain_torchrun_script_on_two_nodes_world_size_4(
     assert sub.returncode == 0, sub.stdout[-3000:] + sub.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["world_size"] == 4 and result["last_loss"] < result["first_loss"] / 100
-    # --wait follows every node's log, prefixed (global rank 0 may sit on either node)
-    assert re.search(r"^\[node [01]\] rank 0: world size 4", sub.stdout, re.M), sub.stdout
+    # --wait follows every node's log, prefixed by its host (rank 0 may sit on either node)
+    hosts = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True)
+    label = re.search(r"^\[([^\]]+)\] rank 0: world size 4", sub.stdout, re.M)
+    assert label and label[1] in hosts.stdout.split(), (hosts.stdout, sub.stdout)
 
 
 def test_plain_sbatch_of_the_rendered_file(slurm_cluster: int, tmp_path: Path) -> None:  # noqa: F811
