@@ -301,7 +301,10 @@ def workers_die_with_launcher() -> bool:
                 who = (int(env["RANK"]), int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
             except (KeyError, ValueError):
                 return
-            threading.Thread(target=_watch_end, args=(self.pid, *who), daemon=True).start()
+            watcher = threading.Thread(target=_watch_end, args=(self.pid, *who), daemon=True)
+            watcher.start()
+            _WATCHERS.append(watcher)
+            _STOP_AT[:] = []  # a new attempt: its stop is still to come
 
     if getattr(handler, "Popen", None) is not subprocess.Popen:
         return False  # a torch whose handler changed: leave it alone
@@ -315,6 +318,36 @@ _PR_SET_PDEATHSIG = 1
 # its timestamp is whole seconds read when the agent polls (a rank the agent stopped after
 # another one's failure ties with it), and a rank that exits 0 is not reported at all.
 ENDS: dict[int, WorkerEnd] = {}
+_WATCHERS: list[threading.Thread] = []
+_STOP_AT: list[float] = []  # when torchrun began stopping this attempt's workers
+
+
+def note_first_stop() -> None:
+    """Note when torchrun begins stopping the workers (a failure seen, or a stop signal):
+    a worker that exited 0 before then left of its own accord, while the others ran."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    close = api.SubprocessContext._close
+    if getattr(close, "noted", False):
+        return
+
+    def noted(self: Any, *args: Any, **kwargs: Any) -> None:
+        if not _STOP_AT:
+            _STOP_AT.append(time.time())
+        close(self, *args, **kwargs)
+
+    noted.noted = True  # type: ignore[attr-defined]
+    api.SubprocessContext._close = noted  # type: ignore[method-assign]
+
+
+def worker_ends(wait_s: float = 5.0) -> dict[int, WorkerEnd]:
+    """ENDS once every watcher has written its worker's end: torchrun may report a failure
+    before the watcher thread of that worker ran (a loaded node), and an untimed end would
+    fall back to torchrun's whole-second stamps."""
+    deadline = time.monotonic() + wait_s
+    for watcher in _WATCHERS:
+        watcher.join(max(0.0, deadline - time.monotonic()))
+    return ENDS
 
 
 def _watch_end(pid: int, rank: int, attempt: int) -> None:
@@ -412,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
 
     _quiet_torch_logs()
     workers_die_with_launcher()
+    note_first_stop()
     one_stop_signal()
 
     failures: dict[int, Failure] = {}
@@ -420,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         torchrun.run(args)
     except ChildFailedError as e:
-        failures = {int(rank): Failure.of(f, ENDS.get(f.pid)) for rank, f in e.failures.items()}
+        ends = worker_ends()
+        failures = {int(rank): Failure.of(f, ends.get(f.pid)) for rank, f in e.failures.items()}
     except SignalException as e:
         stopped_by = int(e.sigval)
     except Exception as e:  # rendezvous timeouts, a closed store: one line, not a dump
@@ -451,7 +486,8 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.2)
             fresh = fresh_requeue_marker(run_dir, launch_id, started)
     finished = is_default_entry(entry) and finished_in_launch(run_dir, launch_id, started)
-    code, line = outcome(failures, fresh, finished, left=last_attempt_exits_0(ENDS))
+    left = last_attempt_exits_0(worker_ends())
+    code, line = outcome(failures, fresh, finished, left, min(_STOP_AT, default=None))
     if (
         stopped_by is not None
         and code == EXIT_OK

@@ -143,10 +143,12 @@ def outcome(
     marker_fresh: bool,
     finished: bool = False,
     left: dict[int, float] | None = None,
+    stopped_at: float | None = None,
 ) -> tuple[int, str | None]:
     """One exit status (and at most one line to print) from the workers' ends. `finished`:
     the kit trainer's summary.json of THIS launch exists (the run completed). `left`: {rank:
-    when} of the workers that ended with exit 0 (the launcher's exact times)."""
+    when} of the workers that ended with exit 0; one that did so before the failure, or
+    before torchrun began stopping the workers (`stopped_at`), left while the others ran."""
     codes = [f.code for f in failures.values()]
     if EXIT_BAD_INPUT in codes:
         return EXIT_BAD_INPUT, None  # the worker already printed its one line
@@ -173,7 +175,11 @@ def outcome(
     if stalled:
         return EXIT_FAILED, stalled
     where = f" on {socket.gethostname()}"
-    early = sorted(r for r, t in (left or {}).items() if failure.exact and t < failure.when)
+    early = sorted(
+        r
+        for r, t in (left or {}).items()
+        if failure.exact and (t < failure.when or (stopped_at is not None and t <= stopped_at))
+    )
     if early:  # a rank that stops calling collectives leaves its peers failing in them
         ranks = f"rank {early[0]}" if len(early) == 1 else f"ranks {', '.join(map(str, early))}"
         return EXIT_FAILED, (

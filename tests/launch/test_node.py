@@ -13,7 +13,7 @@ import time
 
 import pytest
 from ddpkit.train.contract import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_REQUEUE
-from ddpkit.train.outcome import Failure, culprit, outcome
+from ddpkit.train.outcome import Failure, WorkerEnd, culprit, last_attempt_exits_0, outcome
 
 TERM, KILL, ABRT, SEGV = (-signal.SIGTERM, -signal.SIGKILL, -signal.SIGABRT, -signal.SIGSEGV)
 
@@ -408,8 +408,19 @@ def test_a_rank_that_left_with_exit_0_before_the_failure_is_named():
     code, line = outcome(failures, marker_fresh=False, left={1: 49.0})
     assert code == EXIT_FAILED and line.startswith("ddpkit node: rank 1 left first (exit 0)")
     assert "rank 0 then failed (exit code 1)" in line
-    # a rank that ended after the failure is no clue
-    assert "left first" not in outcome(failures, marker_fresh=False, left={1: 51.0})[1]
+    # after the failure but before torchrun began stopping the workers: it left by itself
+    assert "rank 1 left first" in outcome(failures, False, left={1: 50.2}, stopped_at=50.3)[1]
+    # after torchrun's stop (a script that handles its SIGTERM and returns): no clue
+    assert "left first" not in outcome(failures, False, left={1: 50.5}, stopped_at=50.3)[1]
+
+
+def test_only_the_last_attempts_exits_0_count():
+    ends = {
+        11: WorkerEnd(rank=1, code=0, when=49.0, attempt=1),
+        12: WorkerEnd(rank=2, code=-9, when=48.0, attempt=1),
+        13: WorkerEnd(rank=3, code=0, when=10.0, attempt=0),
+    }
+    assert last_attempt_exits_0(ends) == {1: 49.0}
 
 
 OOM_KILLED = """
