@@ -34,6 +34,7 @@ KeyboardInterrupt on Ctrl-C ends each rank quietly and the launch says it once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
@@ -242,7 +243,9 @@ def run_entry(argv: list[str]) -> int:
             runpy.run_path(os.path.abspath(target), run_name="__main__")
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED  # the launcher says it once for the launch
-    except SystemExit:
+    except SystemExit as e:
+        if e.code in (None, 0):
+            _note_returned()
         raise
     except BaseException as e:
         ours = {os.path.abspath(__file__), runpy.__file__, "<frozen runpy>"}
@@ -251,6 +254,7 @@ def run_entry(argv: list[str]) -> int:
             tb = tb.tb_next
         sys.excepthook(type(e), e.with_traceback(tb), tb)  # it prints e.__traceback__
         return EXIT_FAILED
+    _note_returned()
     return EXIT_OK
 
 
@@ -298,7 +302,11 @@ def workers_die_with_launcher() -> bool:
             super().__init__(*args, **kwargs)
             env = kwargs.get("env") or {}
             try:
-                who = (int(env["RANK"]), int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
+                who = (
+                    int(env["RANK"]),
+                    int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                    env.get(ERROR_FILE_ENV, ""),
+                )
             except (KeyError, ValueError):
                 return
             watcher = threading.Thread(target=_watch_end, args=(self.pid, *who), daemon=True)
@@ -350,7 +358,7 @@ def worker_ends(wait_s: float = 5.0) -> dict[int, WorkerEnd]:
     return ENDS
 
 
-def _watch_end(pid: int, rank: int, attempt: int) -> None:
+def _watch_end(pid: int, rank: int, attempt: int, error_file: str) -> None:
     """Wait for the worker's end without reaping it (torchrun's poll reaps), and note it."""
     code = None
     try:
@@ -359,7 +367,25 @@ def _watch_end(pid: int, rank: int, attempt: int) -> None:
             code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
     except ChildProcessError:  # reaped already: its code is torchrun's to tell
         pass
-    ENDS[pid] = WorkerEnd(rank, code, time.time(), attempt)
+    returned = None
+    if error_file:
+        with contextlib.suppress(OSError, ValueError):
+            returned = float(Path(error_file + RETURNED_SUFFIX).read_text())
+    ENDS[pid] = WorkerEnd(rank, code, time.time(), attempt, returned)
+
+
+# run_entry notes when a user's script or module returned (beside the worker's torchrun
+# error file): a rank still in its interpreter's exit when torchrun stops it has left all
+# the same, whatever its exit status then.
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+RETURNED_SUFFIX = ".ddpkit-returned"
+
+
+def _note_returned() -> None:
+    path = os.environ.get(ERROR_FILE_ENV)
+    if path:
+        with contextlib.suppress(OSError):
+            Path(path + RETURNED_SUFFIX).write_text(repr(time.time()))
 
 
 def one_stop_signal() -> None:

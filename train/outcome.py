@@ -28,18 +28,26 @@ COLLATERAL = (-signal.SIGTERM, -signal.SIGKILL)
 class WorkerEnd:
     """How and when one worker ended, seen by the launcher as it happened (train/node.py):
     `code` as torchrun's (-N: signal N; None when torchrun reaped it first), `when` in
-    seconds since the epoch, `attempt` torchrun's restart count."""
+    seconds since the epoch, `attempt` torchrun's restart count, `returned` when a user's
+    script or module returned normally (run_entry notes it), if it did."""
 
     rank: int
     code: int | None
     when: float
     attempt: int = 0
+    returned: float | None = None
 
 
 def last_attempt_exits_0(ends: dict[int, WorkerEnd]) -> dict[int, float]:
-    """{rank: when} of the workers of the last attempt that ended with exit 0."""
+    """{rank: when it left} of the workers of the last attempt that ended of their own
+    accord: their code returned (even if torchrun then stopped them in their exit), or
+    they exited 0."""
     last = max((e.attempt for e in ends.values()), default=0)
-    return {e.rank: e.when for e in ends.values() if e.attempt == last and e.code == 0}
+    return {
+        e.rank: e.returned if e.returned is not None else e.when
+        for e in ends.values()
+        if e.attempt == last and (e.returned is not None or e.code == 0)
+    }
 
 
 @dataclass(frozen=True)

@@ -419,8 +419,10 @@ def test_only_the_last_attempts_exits_0_count():
         11: WorkerEnd(rank=1, code=0, when=49.0, attempt=1),
         12: WorkerEnd(rank=2, code=-9, when=48.0, attempt=1),
         13: WorkerEnd(rank=3, code=0, when=10.0, attempt=0),
+        # its script had returned; torchrun's SIGTERM found it still exiting: it left at 47.5
+        14: WorkerEnd(rank=4, code=TERM, when=50.0, attempt=1, returned=47.5),
     }
-    assert last_attempt_exits_0(ends) == {1: 49.0}
+    assert last_attempt_exits_0(ends) == {1: 49.0, 4: 47.5}
 
 
 OOM_KILLED = """
