@@ -140,7 +140,7 @@ def test_preempted_job_requeues_resumes_and_matches(slurm_cluster: int, tmp_path
 
 def test_a_users_cancel_ends_the_job_without_a_requeue(slurm_cluster: int, tmp_path: Path) -> None:  # noqa: F811
     """`ddpkit cancel slurm` (make slurm-cancel) of a running job: scancel's SIGTERM makes
-    the trainer save and exit 75, but the job stays cancelled; a second cancel says so."""
+    the trainer save and stop, and the job stays cancelled; a second cancel says so."""
     cfg = job_file(tmp_path, "e2e-cancel")
     run = tmp_path / "e2e-cancel"
     job = submit(cfg)
