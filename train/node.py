@@ -19,10 +19,13 @@ ddpkit.train.contract, so no backend retypes it:
     the world size this launch will have: a bad flag is one line + exit 2, no process group.
 Exit status (one, whatever torchrun's): a worker's 2 (bad input) -> 2, 3 (diverged) -> 3; a
 requeue marker of this launch -> 75; Ctrl-C (SIGINT) -> 130, never a requeue (the kit's
-trainer saves on the way out); another stop signal without a marker -> 128 + signal, unless the
-run finished in this launch anyway (summary.json with its id) -> 0; other worker failures
--> 1, naming the first rank that failed of its own accord (not one torchrun stopped after
-it); success -> 0. The workers' exit waits for gloo's threads (train/teardown.py: the cause
+trainer saves on the way out); a stop signal that asks for no requeue here (a plain scancel's
+SIGTERM on SLURM: contract.REQUEUE_SIGNALS_ENV) -> 128 + signal, whatever marker a script
+wrote; another stop signal without a marker -> 128 + signal, unless the run finished in this
+launch anyway (summary.json with its id) -> 0; the first stop signal of a launch is its only
+one; other worker failures -> 1, naming the rank (and host) that stopped taking part: the
+first worker to end, by the launcher's own timing of every worker (not torchrun's
+whole-second stamps), or a rank that left early with exit 0; success -> 0. The workers' exit waits for gloo's threads (train/teardown.py: the cause
 of `terminate called without an active exception` after a finished run); should a worker of
 the kit's trainer still die by SIGABRT after it wrote this launch's summary.json, that one
 failure is forgiven -> 0 with one line. torch's
