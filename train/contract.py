@@ -50,6 +50,26 @@ STOP_SIGNALS = (*PREEMPT_SIGNALS, "SIGINT")
 # What torchrun must forward to its workers (--signals-to-handle). Its default lacks USR1/USR2,
 # and a USR1 sent to an agent that does not handle it kills the agent.
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+# Which stop signals ask for a requeue on this launch (comma-separated names). SLURM's node
+# script names its --signal (slurm.signal) alone: a plain `scancel` sends SIGTERM, and a user's
+# or an admin's cancel ends the job (SLURM's own preemption requeues it by itself). Unset:
+# every PREEMPT_SIGNAL (Kubernetes pod deletion, docker stop, `cancel local`). Another stop
+# signal still saves on the way out, then ends the launch with 128 + its number.
+REQUEUE_SIGNALS_ENV = "DDPKIT_REQUEUE_SIGNALS"
+
+
+def requeue_signals() -> tuple[str, ...]:
+    """The stop signals (names, e.g. "SIGUSR1") that ask for a requeue on this launch."""
+    named = os.environ.get(REQUEUE_SIGNALS_ENV)
+    if named is None:
+        return PREEMPT_SIGNALS
+    return tuple(n for n in (x.strip() for x in named.split(",")) if n in PREEMPT_SIGNALS)
+
+
+def asks_requeue(signal_name: str | None) -> bool:
+    """True when a save on this stop signal asks for a requeue (not a cancel, not Ctrl-C)."""
+    return signal_name in requeue_signals()
+
 
 # --- the shutdown budget -------------------------------------------------------------------------
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0  # torchrun's --shutdown-timeout default

@@ -19,10 +19,13 @@ ddpkit.train.contract, so no backend retypes it:
     the world size this launch will have: a bad flag is one line + exit 2, no process group.
 Exit status (one, whatever torchrun's): a worker's 2 (bad input) -> 2, 3 (diverged) -> 3; a
 requeue marker of this launch -> 75; Ctrl-C (SIGINT) -> 130, never a requeue (the kit's
-trainer saves on the way out); another stop signal without a marker -> 128 + signal, unless the
-run finished in this launch anyway (summary.json with its id) -> 0; other worker failures
--> 1, naming the first rank that failed of its own accord (not one torchrun stopped after
-it); success -> 0. The workers' exit waits for gloo's threads (train/teardown.py: the cause
+trainer saves on the way out); a stop signal that asks for no requeue here (a plain scancel's
+SIGTERM on SLURM: contract.REQUEUE_SIGNALS_ENV) -> 128 + signal, whatever marker a script
+wrote; another stop signal without a marker -> 128 + signal, unless the run finished in this
+launch anyway (summary.json with its id) -> 0; the first stop signal of a launch is its only
+one; other worker failures -> 1, naming the rank (and host) that stopped taking part: the
+first worker to end, by the launcher's own timing of every worker (not torchrun's
+whole-second stamps), or a rank that left early with exit 0; success -> 0. The workers' exit waits for gloo's threads (train/teardown.py: the cause
 of `terminate called without an active exception` after a finished run); should a worker of
 the kit's trainer still die by SIGABRT after it wrote this launch's summary.json, that one
 failure is forgiven -> 0 with one line. torch's
@@ -34,11 +37,13 @@ KeyboardInterrupt on Ctrl-C ends each rank quietly and the launch says it once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -55,12 +60,21 @@ from ddpkit.train.contract import (
     SHUTDOWN_ENV,
     STOP_SIGNALS,
     TORCHRUN_SIGNALS,
+    asks_requeue,
     finished_in_launch,
     fresh_requeue_marker,
+    requeue_signals,
     shutdown_budget_s,
 )
 from ddpkit.train.errors import CliParser, UserError, run_cli
-from ddpkit.train.outcome import PREFIX, Failure, outcome, signame
+from ddpkit.train.outcome import (
+    PREFIX,
+    Failure,
+    WorkerEnd,
+    last_attempt_exits_0,
+    outcome,
+    signame,
+)
 
 MARKER_WAIT_S = 5.0  # how long a node waits for the marker of a rank 0 elsewhere
 
@@ -232,7 +246,9 @@ def run_entry(argv: list[str]) -> int:
             runpy.run_path(os.path.abspath(target), run_name="__main__")
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED  # the launcher says it once for the launch
-    except SystemExit:
+    except SystemExit as e:
+        if e.code in (None, 0):
+            _note_returned()
         raise
     except BaseException as e:
         ours = {os.path.abspath(__file__), runpy.__file__, "<frozen runpy>"}
@@ -241,6 +257,7 @@ def run_entry(argv: list[str]) -> int:
             tb = tb.tb_next
         sys.excepthook(type(e), e.with_traceback(tb), tb)  # it prints e.__traceback__
         return EXIT_FAILED
+    _note_returned()
     return EXIT_OK
 
 
@@ -286,6 +303,19 @@ def workers_die_with_launcher() -> bool:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs.setdefault("preexec_fn", in_child)
             super().__init__(*args, **kwargs)
+            env = kwargs.get("env") or {}
+            try:
+                who = (
+                    int(env["RANK"]),
+                    int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                    env.get(ERROR_FILE_ENV, ""),
+                )
+            except (KeyError, ValueError):
+                return
+            watcher = threading.Thread(target=_watch_end, args=(self.pid, *who), daemon=True)
+            watcher.start()
+            _WATCHERS.append(watcher)
+            _STOP_AT[:] = []  # a new attempt: its stop is still to come
 
     if getattr(handler, "Popen", None) is not subprocess.Popen:
         return False  # a torch whose handler changed: leave it alone
@@ -294,6 +324,95 @@ def workers_die_with_launcher() -> bool:
 
 
 _PR_SET_PDEATHSIG = 1
+
+# Each worker's end as it happened (pid -> WorkerEnd), which torchrun's ProcessFailure lacks:
+# its timestamp is whole seconds read when the agent polls (a rank the agent stopped after
+# another one's failure ties with it), and a rank that exits 0 is not reported at all.
+ENDS: dict[int, WorkerEnd] = {}
+_WATCHERS: list[threading.Thread] = []
+_STOP_AT: list[float] = []  # when torchrun began stopping this attempt's workers
+
+
+def note_first_stop() -> None:
+    """Note when torchrun begins stopping the workers (a failure seen, or a stop signal):
+    a worker that exited 0 before then left of its own accord, while the others ran."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    close = api.SubprocessContext._close
+    if getattr(close, "noted", False):
+        return
+
+    def noted(self: Any, *args: Any, **kwargs: Any) -> None:
+        if not _STOP_AT:
+            _STOP_AT.append(time.time())
+        close(self, *args, **kwargs)
+
+    noted.noted = True  # type: ignore[attr-defined]
+    api.SubprocessContext._close = noted  # type: ignore[method-assign]
+
+
+def worker_ends(wait_s: float = 5.0) -> dict[int, WorkerEnd]:
+    """ENDS once every watcher has written its worker's end: torchrun may report a failure
+    before the watcher thread of that worker ran (a loaded node), and an untimed end would
+    fall back to torchrun's whole-second stamps."""
+    deadline = time.monotonic() + wait_s
+    for watcher in _WATCHERS:
+        watcher.join(max(0.0, deadline - time.monotonic()))
+    return ENDS
+
+
+def _watch_end(pid: int, rank: int, attempt: int, error_file: str) -> None:
+    """Wait for the worker's end without reaping it (torchrun's poll reaps), and note it."""
+    code = None
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        if info is not None:
+            code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+    except ChildProcessError:  # reaped already: its code is torchrun's to tell
+        pass
+    returned = None
+    if error_file:
+        with contextlib.suppress(OSError, ValueError):
+            returned = float(Path(error_file + RETURNED_SUFFIX).read_text())
+    ENDS[pid] = WorkerEnd(rank, code, time.time(), attempt, returned)
+
+
+# run_entry notes when a user's script or module returned (beside the worker's torchrun
+# error file): a rank still in its interpreter's exit when torchrun stops it has left all
+# the same, whatever its exit status then.
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+RETURNED_SUFFIX = ".ddpkit-returned"
+
+
+def _note_returned() -> None:
+    path = os.environ.get(ERROR_FILE_ENV)
+    if path:
+        with contextlib.suppress(OSError):
+            Path(path + RETURNED_SUFFIX).write_text(repr(time.time()))
+
+
+def one_stop_signal() -> None:
+    """The launch's first stop signal is its only one: torchrun raises SignalException for
+    every signal it handles, also for one that comes while it is stopping the workers for
+    the first. That second exception cuts the first shutdown short, and torchrun's `finally`
+    stops the workers again with SIGTERM: a Ctrl-C (which `ddpkit run` repeats to the
+    launcher) reached the trainer as a preemption, and the launcher said `exit 130, not
+    requeued` while the trainer said `exiting 75 (requeue)`. Later ones are ignored; the
+    shutdown budget still ends workers that do not stop."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    raise_it = api._terminate_process_handler
+    if getattr(raise_it, "once", False):
+        return
+    seen: list[int] = []
+
+    def first_only(signum: int, frame: Any) -> None:
+        if not seen:
+            seen.append(signum)
+            raise_it(signum, frame)
+
+    first_only.once = True  # type: ignore[attr-defined]
+    api._terminate_process_handler = first_only
 
 
 def _quiet_torch_logs() -> None:
@@ -355,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
 
     _quiet_torch_logs()
     workers_die_with_launcher()
+    note_first_stop()
+    one_stop_signal()
 
     failures: dict[int, Failure] = {}
     stopped_by: int | None = None
@@ -362,13 +483,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         torchrun.run(args)
     except ChildFailedError as e:
-        failures = {int(rank): Failure.of(f) for rank, f in e.failures.items()}
+        ends = worker_ends()
+        failures = {int(rank): Failure.of(f, ends.get(f.pid)) for rank, f in e.failures.items()}
     except SignalException as e:
         stopped_by = int(e.sigval)
     except Exception as e:  # rendezvous timeouts, a closed store: one line, not a dump
         print(f"{PREFIX}: torchrun failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return EXIT_FAILED
-    fresh = fresh_requeue_marker(run_dir, launch_id, started)
+    cancelled = stopped_by is not None and not asks_requeue(signame(stopped_by))
+    # A cancel (SIGTERM where the requeue signal is SLURM's --signal) is never a requeue, even
+    # when a script with a handler of its own wrote the marker.
+    fresh = not cancelled and fresh_requeue_marker(run_dir, launch_id, started)
     if stopped_by == signal.SIGINT:  # Ctrl-C: the user's stop, never a requeue
         finished = is_default_entry(entry) and finished_in_launch(run_dir, launch_id, started)
         for name in STOP_SIGNALS:
@@ -382,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         return EXIT_INTERRUPTED
-    if stopped_by is not None and not fresh and not args.standalone:
+    if stopped_by is not None and not fresh and not cancelled and not args.standalone:
         # Rank 0 may sit on another node and write the marker just after this node's
         # workers left: give it a moment before calling this a plain stop.
         deadline = time.monotonic() + MARKER_WAIT_S
@@ -390,7 +515,8 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.2)
             fresh = fresh_requeue_marker(run_dir, launch_id, started)
     finished = is_default_entry(entry) and finished_in_launch(run_dir, launch_id, started)
-    code, line = outcome(failures, fresh, finished)
+    left = last_attempt_exits_0(worker_ends())
+    code, line = outcome(failures, fresh, finished, left, min(_STOP_AT, default=None))
     if (
         stopped_by is not None
         and code == EXIT_OK
@@ -399,6 +525,12 @@ def main(argv: list[str] | None = None) -> int:
         line = (
             f"{PREFIX}: {signame(stopped_by)} arrived during the last steps; the run finished "
             "(nothing to requeue)"
+        )
+    elif stopped_by is not None and code == EXIT_OK and cancelled:
+        code = 128 + stopped_by
+        line = (
+            f"{PREFIX}: stopped by {signame(stopped_by)}, a cancel: exit {code}, not requeued "
+            f"(this job requeues on {'/'.join(requeue_signals())} only)"
         )
     elif stopped_by is not None and code == EXIT_OK:
         code = 128 + stopped_by

@@ -4,6 +4,7 @@ status a scheduler sees (the rules in train/node.py's docstring)."""
 from __future__ import annotations
 
 import signal
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,32 @@ COLLATERAL = (-signal.SIGTERM, -signal.SIGKILL)
 
 
 @dataclass(frozen=True)
+class WorkerEnd:
+    """How and when one worker ended, seen by the launcher as it happened (train/node.py):
+    `code` as torchrun's (-N: signal N; None when torchrun reaped it first), `when` in
+    seconds since the epoch, `attempt` torchrun's restart count, `returned` when a user's
+    script or module returned normally (run_entry notes it), if it did."""
+
+    rank: int
+    code: int | None
+    when: float
+    attempt: int = 0
+    returned: float | None = None
+
+
+def last_attempt_exits_0(ends: dict[int, WorkerEnd]) -> dict[int, float]:
+    """{rank: when it left} of the workers of the last attempt that ended of their own
+    accord: their code returned (even if torchrun then stopped them in their exit), or
+    they exited 0."""
+    last = max((e.attempt for e in ends.values()), default=0)
+    return {
+        e.rank: e.returned if e.returned is not None else e.when
+        for e in ends.values()
+        if e.attempt == last and (e.returned is not None or e.code == 0)
+    }
+
+
+@dataclass(frozen=True)
 class Failure:
     """One worker's end as torchrun reports it: its exit code (-N: killed by signal N)
     and when it ended (seconds since the epoch; 0 when unknown). `missing` and `phase`: what
@@ -36,10 +63,11 @@ class Failure:
     phase: str = ""
     stuck: bool = False  # its step never finished after a stop signal (the trainer's watchdog)
     blame: str = ""  # the ranks whose own code called a collective the others did not
+    exact: bool = False  # `when` is the moment it ended (WorkerEnd), not torchrun's poll
 
     @classmethod
-    def of(cls, f: Any) -> Failure:
-        """From torchrun's ProcessFailure."""
+    def of(cls, f: Any, end: WorkerEnd | None = None) -> Failure:
+        """From torchrun's ProcessFailure, timed by the launcher's WorkerEnd when it has one."""
         data = getattr(f, "error_file_data", None)
         facts = (data.get("ddpkit") if isinstance(data, dict) else None) or {}
         missing = facts.get("missing") if isinstance(facts, dict) else None
@@ -47,22 +75,38 @@ class Failure:
         facts = facts if isinstance(facts, dict) else {}
         return cls(
             int(f.exitcode),
-            float(getattr(f, "timestamp", 0) or 0),
+            end.when if end else float(getattr(f, "timestamp", 0) or 0),
             tuple(missing) if ok else (),
             str(facts.get("phase", "")),
             facts.get("stuck") is True,
             str(facts.get("blame") or ""),
+            exact=end is not None,
         )
 
 
 def culprit(failures: dict[int, Failure]) -> tuple[int, Failure]:
     """The rank to blame: the first to fail for a reason of its own, not one the agent
     stopped afterwards (torchrun SIGTERMs the rest as soon as one rank fails; a rank whose
-    step did not finish after that signal leaves through the trainer's watchdog: stuck)."""
-    own = {
-        r: f for r, f in failures.items() if f.code not in COLLATERAL and not f.stuck
-    } or failures
+    step did not finish after that signal leaves through the trainer's watchdog: stuck).
+
+    When the launcher saw every end as it happened (exact), the first to end is the one:
+    whatever stopped the others came after it, so a rank SIGKILLed by the OOM killer is
+    named even though its peers failed too (a closed connection, torchrun's SIGTERM).
+    Without exact times (whole seconds, read when the agent polls), SIGTERM and SIGKILL
+    count as the agent's doing and the others are preferred."""
+    if all(f.exact for f in failures.values()):
+        own = {r: f for r, f in failures.items() if not f.stuck} or failures
+    else:
+        own = {
+            r: f for r, f in failures.items() if f.code not in COLLATERAL and not f.stuck
+        } or failures
     return min(own.items(), key=lambda item: (item[1].when or float("inf"), item[0]))
+
+
+def _ended_first(rank: int, than: Failure, failures: dict[int, Failure]) -> bool:
+    """True when `rank` ended before `than`, by the launcher's exact times."""
+    f = failures.get(rank)
+    return f is not None and f.exact and than.exact and f.when < than.when
 
 
 def _stalled(failures: dict[int, Failure]) -> str | None:
@@ -85,9 +129,12 @@ def _stalled(failures: dict[int, Failure]) -> str | None:
     own = [
         r
         for r in report.missing
-        if r in failures
-        and failures[r].code not in COLLATERAL
-        and not (failures[r].missing or failures[r].stuck)  # waiting, or stuck: no own cause
+        if _ended_first(r, report, failures)  # it was gone before the reporter gave up
+        or (
+            r in failures
+            and failures[r].code not in COLLATERAL
+            and not (failures[r].missing or failures[r].stuck)  # waiting, or stuck: no own cause
+        )
     ]
     if own:
         return None
@@ -100,10 +147,16 @@ def _stalled(failures: dict[int, Failure]) -> str | None:
 
 
 def outcome(
-    failures: dict[int, Failure], marker_fresh: bool, finished: bool = False
+    failures: dict[int, Failure],
+    marker_fresh: bool,
+    finished: bool = False,
+    left: dict[int, float] | None = None,
+    stopped_at: float | None = None,
 ) -> tuple[int, str | None]:
     """One exit status (and at most one line to print) from the workers' ends. `finished`:
-    the kit trainer's summary.json of THIS launch exists (the run completed)."""
+    the kit trainer's summary.json of THIS launch exists (the run completed). `left`: {rank:
+    when} of the workers that ended with exit 0; one that did so before the failure, or
+    before torchrun began stopping the workers (`stopped_at`), left while the others ran."""
     codes = [f.code for f in failures.values()]
     if EXIT_BAD_INPUT in codes:
         return EXIT_BAD_INPUT, None  # the worker already printed its one line
@@ -127,7 +180,22 @@ def outcome(
             f"{PREFIX}: rank {rank} ended by {how} after the run finished (summary.json of "
             "this launch is written); exit 0"
         )
-    return EXIT_FAILED, stalled or f"{PREFIX}: rank {rank} failed ({how}); see its output above"
+    if stalled:
+        return EXIT_FAILED, stalled
+    where = f" on {socket.gethostname()}"
+    early = sorted(
+        r
+        for r, t in (left or {}).items()
+        if failure.exact and (t < failure.when or (stopped_at is not None and t <= stopped_at))
+    )
+    if early:  # a rank that stops calling collectives leaves its peers failing in them
+        ranks = f"rank {early[0]}" if len(early) == 1 else f"ranks {', '.join(map(str, early))}"
+        return EXIT_FAILED, (
+            f"{PREFIX}: {ranks} left first (exit 0) while the others still ran; rank {rank} "
+            f"then failed ({how}){where}: a rank that stops early (a shorter data shard, a "
+            "rank-dependent return) leaves its peers' collectives waiting; see the output above"
+        )
+    return EXIT_FAILED, f"{PREFIX}: rank {rank} failed ({how}){where}; see its output above"
 
 
 def _how(code: int) -> str:

@@ -18,7 +18,10 @@ The contract (the same under every backend, set by the node launcher, train/node
     rounded up) before torchrun kills it;
   - `request_requeue()` writes <run dir>/requeue.json with this launch's id; the launcher
     then exits 75 and SLURM requeues the job (Kubernetes restarts the pod, Docker reports 75).
-    Without it, the launch ends with 128 + the signal number and is not requeued.
+    Without it, the launch ends with 128 + the signal number and is not requeued;
+  - on SLURM only its --signal asks for a requeue: a plain `scancel` (SIGTERM) is a cancel,
+    so `request_requeue()` writes nothing then (DDPKIT_REQUEUE_SIGNALS, train/contract.py)
+    and the job ends with your save on disk.
 A script that never calls this module still ends cleanly: the signal ends it, exit 143.
 Ranks see a signal at slightly different steps; agree before saving collectively (e.g. an
 all_reduce of the flag, as the kit's trainer does) when your save is a collective.
@@ -37,6 +40,7 @@ from ddpkit.train.contract import (
     PREEMPT_SIGNALS,
     RUN_DIR_ENV,
     SHUTDOWN_ENV,
+    asks_requeue,
     write_requeue_marker,
 )
 
@@ -79,9 +83,12 @@ def seconds_left() -> float:
 
 def request_requeue(**info: Any) -> Path | None:
     """Ask the launcher to requeue this job (call after your checkpoint is saved). Only rank
-    0 writes; returns the marker path, or None on other ranks / outside the ddpkit launcher."""
+    0 writes; returns the marker path, or None on other ranks, outside the ddpkit launcher,
+    or when the signal received is a cancel here (SIGTERM on SLURM: not its --signal)."""
     run_dir = os.environ.get(RUN_DIR_ENV)
     if os.environ.get("RANK", "0") != "0" or not run_dir:
+        return None
+    if _received and not asks_requeue(received_signal()):
         return None
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     return write_requeue_marker(run_dir, signal=received_signal(), **info)

@@ -141,7 +141,7 @@ def test_stale_requeue_marker_does_not_fake_a_save(tmp_path: Path) -> None:
     assert p.returncode == 1, p.stderr
     # whichever rank torchrun saw fail first
     assert re.fullmatch(
-        r"ddpkit node: rank [01] failed \(exit code 1\); see its output above",
+        r"ddpkit node: rank [01] failed \(exit code 1\) on \S+; see its output above",
         error_lines(p.stderr)[-1],
     ), p.stderr
 
@@ -282,3 +282,36 @@ def test_gpus_beyond_the_visible_ones_are_refused_and_none_is_said(tmp_path, mon
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     local.check_gpus(load_spec(None, None, gpus=3))
     assert "no GPU visible; 3 CPU process(es) with gloo" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_each_local_job_has_its_own_log_and_logs_shows_the_last(tmp_path: Path) -> None:
+    """Two runs of one project: `ddpkit logs local` prints the second run's output only,
+    <run dir>/local/node-0.log is that log, and the first run's is kept in a log of its own
+    (the log used to be appended to across runs, with no separator)."""
+    import sys
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "hello.py").write_text("import sys\nprint('token', sys.argv[1], flush=True)\n")
+    (proj / "ddpkit.toml").write_text(
+        'name = "hello"\nscript = "hello.py"\nnproc_per_node = 1\naccelerator = "cpu"\n'
+    )
+    ddpkit = str(Path(sys.executable).with_name("ddpkit"))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [ddpkit, *args], cwd=proj, env=clean_env(), capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+
+    for token in ("first-run", "second-run"):
+        assert (p := run("run", "--", token)).returncode == 0, p.stdout + p.stderr
+    shown = run("logs", "local")
+    assert shown.returncode == 0, shown.stderr
+    assert "token second-run" in shown.stdout and "first-run" not in shown.stdout, shown.stdout
+    local = proj / "runs" / "hello" / "local"
+    assert (local / "node-0.log").read_text() == shown.stdout
+    logs = sorted(p for p in local.glob("node-0.*.log"))
+    assert len(logs) == 2, logs
+    assert sum("token first-run" in p.read_text() for p in logs) == 1

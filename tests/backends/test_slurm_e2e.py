@@ -140,7 +140,7 @@ def test_preempted_job_requeues_resumes_and_matches(slurm_cluster: int, tmp_path
 
 def test_a_users_cancel_ends_the_job_without_a_requeue(slurm_cluster: int, tmp_path: Path) -> None:  # noqa: F811
     """`ddpkit cancel slurm` (make slurm-cancel) of a running job: scancel's SIGTERM makes
-    the trainer save and exit 75, but the job stays cancelled; a second cancel says so."""
+    the trainer save and stop, and the job stays cancelled; a second cancel says so."""
     cfg = job_file(tmp_path, "e2e-cancel")
     run = tmp_path / "e2e-cancel"
     job = submit(cfg)
@@ -167,6 +167,83 @@ def test_a_users_cancel_ends_the_job_without_a_requeue(slurm_cluster: int, tmp_p
     assert again.returncode == 0 and "already ended (cancelled)" in again.stdout, again.stdout
 
 
+def script_job(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    """A user's project whose script uses ddpkit.train.preempt (the example), slowed down."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    shutil.copy(REPO / "examples" / "plain_torchrun" / "preemptible.py", proj / "train.py")
+    cfg = proj / "ddpkit.toml"
+    cfg.write_text(
+        f'name = "{name}"\nrdzv_port = {free_port()}\ntime = "00:15:00"\naccelerator = "cpu"\n'
+        'script = "train.py"\nargs = ["--steps", "100000", "--step-s", "0.05", "--out", '
+        f'"{proj / "out" / "result.json"}"]\n'
+    )
+    (proj / "out").mkdir()
+    return cfg, proj / "runs" / name
+
+
+def wait_until_gone_or_back(job: str, timeout: float) -> dict[str, str]:
+    """The job's last record once SLURM has finished with it (no longer in squeue), or at
+    once should it come back (requeued: Restarts > 0)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = scontrol(job)
+        if info.get("Restarts", "0") != "0":
+            return info
+        queued = subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True)
+        if not queued.stdout.strip():
+            return info
+        assert time.monotonic() < deadline, info
+        time.sleep(1)
+
+
+@pytest.mark.parametrize("entry", ["trainer", "script"])
+def test_a_plain_scancel_ends_the_job_with_its_save_and_no_requeue(
+    slurm_cluster: int,  # noqa: F811
+    tmp_path: Path,
+    entry: str,
+) -> None:
+    """`scancel JOBID`, no flags, as users and admins type it: SIGTERM. The entry point
+    saves on the way out (the kit's trainer, or a user's script through ddpkit.train.preempt)
+    and the job ends CANCELLED, never requeued: only the --signal the kit asks SLURM for
+    before the time limit requeues (test_preempted_job_requeues_resumes_and_matches)."""
+    if entry == "trainer":
+        cfg, run = job_file(tmp_path, "e2e-scancel"), tmp_path / "e2e-scancel"
+        started = lambda: len(_lines(run / "metrics.jsonl")) >= 3  # noqa: E731
+    else:
+        cfg, run = script_job(tmp_path, "e2e-scancel-script")
+        started = lambda: "started at step" in _logs(run, job)  # noqa: E731
+    job = submit(cfg)
+    try:
+        deadline = time.monotonic() + 240
+        while not started():
+            assert time.monotonic() < deadline, (scontrol(job), _logs(run, job))
+            assert scontrol(job)["JobState"] in ("PENDING", "RUNNING"), scontrol(job)
+            time.sleep(0.5)
+        subprocess.run(["scancel", job], check=True)
+        info = wait_until_gone_or_back(job, 150)
+    finally:
+        subprocess.run(["scancel", job], check=False)
+    logs = _logs(run, job)
+    assert info["JobState"] == "CANCELLED" and info.get("Restarts", "0") == "0", (info, logs)
+    assert "requeue 1 of" not in logs and not (run / "requeue.json").exists(), logs
+    if entry == "trainer":  # saved on the way out: a step before the first interval's
+        saved = [p.parent.name for p in (run / "checkpoints").glob("step-*/.complete")]
+        assert saved and all(int(n.split("-")[1]) < 100 for n in saved), (saved, logs)
+        assert "stopped by SIGTERM" in logs and "exiting 75" not in logs, logs
+    else:
+        assert (tmp_path / "proj" / "out" / "ckpt.pt").is_file(), logs
+        assert "rank 0: stop at step" in logs, logs
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _logs(run: Path, job: str) -> str:
+    return "".join(p.read_text() for p in sorted((run / "slurm").glob(f"{job}_*_log.*")))
+
+
 def test_plain_torchrun_script_on_two_nodes_world_size_4(
     slurm_cluster: int,  # noqa: F811
     tmp_path: Path,
@@ -184,8 +261,10 @@ def test_plain_torchrun_script_on_two_nodes_world_size_4(
     assert sub.returncode == 0, sub.stdout[-3000:] + sub.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["world_size"] == 4 and result["last_loss"] < result["first_loss"] / 100
-    # --wait follows every node's log, prefixed (global rank 0 may sit on either node)
-    assert re.search(r"^\[node [01]\] rank 0: world size 4", sub.stdout, re.M), sub.stdout
+    # --wait follows every node's log, prefixed by its host (rank 0 may sit on either node)
+    hosts = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True)
+    label = re.search(r"^\[([^\]]+)\] rank 0: world size 4", sub.stdout, re.M)
+    assert label and label[1] in hosts.stdout.split(), (hosts.stdout, sub.stdout)
 
 
 def test_plain_sbatch_of_the_rendered_file(slurm_cluster: int, tmp_path: Path) -> None:  # noqa: F811

@@ -65,6 +65,25 @@ def test_logs_prefix_every_node(tmp_path: Path) -> None:
     assert launch(bin_dir, "logs", "slurm", "77;rm").returncode == 2
 
 
+def test_logs_name_each_node_by_its_host_in_slurms_order(tmp_path: Path) -> None:
+    """Not `[node 1] rank 0: ...` (SLURM's task number, while torchrun's rendezvous put
+    rank 0 on that node): the host name squeue shows, task t on the t-th node."""
+    bin_dir = tmp_path / "bin"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "78_0_log.out").write_text("rank 1: up\n")
+    (logs / "78_1_log.out").write_text("rank 0: world size 2\n")
+    FakeBin(bin_dir).add(
+        "scontrol",
+        "#!/bin/sh\n"
+        'if [ "$2" = hostnames ]; then [ "$3" = "gpu-[07,12]" ] && printf "gpu-07\\ngpu-12\\n"; exit; fi\n'
+        f"echo 'JobId=78 JobState=RUNNING NodeList=gpu-[07,12] StdErr={logs}/78_0_log.err'\n",
+    )
+    p = launch(bin_dir, "logs", "slurm", "78")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["[gpu-07] rank 1: up", "[gpu-12] rank 0: world size 2"]
+
+
 def test_secrets_pass_by_name_only(tmp_path: Path) -> None:
     from ddpkit.tools.backends import slurm
     from ddpkit.tools.spec import load_spec

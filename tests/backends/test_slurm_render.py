@@ -279,6 +279,32 @@ def test_teardown_requeues_only_for_this_attempt(tmp_path: Path) -> None:
     assert (tmp_path / "scontrol.json").exists()
 
 
+def test_a_cancelled_job_is_never_requeued_by_its_teardown(tmp_path: Path) -> None:
+    """A plain scancel marks the job CANCELLED at once: even a step that exited 75 (a
+    script that asked for a requeue on any signal) leaves it ended."""
+    FakeBin(tmp_path / "bin").add(
+        "scontrol",
+        f'#!/bin/sh\nif [ "$1" = requeue ]; then touch {tmp_path / "requeued"}; exit; fi\n'
+        "echo 'JobId=42 JobName=x JobState=CANCELLED Reason=None Requeue=1 Restarts=0'\n",
+    )
+    script = "(exit 75)\n" + slurm.teardown_script(load_spec(None, []))
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "42",
+           "DDPKIT_LAUNCH_ID": "ddpkit-42-0", "PYTHONPATH": str(REPO)}  # fmt: skip
+    out = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    assert "the job was cancelled, so it is not requeued" in out.stderr, out.stderr
+    assert not (tmp_path / "requeued").exists()
+
+
+def test_only_the_kits_own_signal_asks_for_a_requeue_on_slurm(tmp_path: Path) -> None:
+    for signal, expect in (("USR1", "SIGUSR1"), ("USR2", "SIGUSR2")):
+        spec = load_spec(None, ["train.run_dir=run", f"slurm.signal={signal}"], 1, 1)
+        _, seen = run_node_script(spec, tmp_path)
+        assert seen["env"]["DDPKIT_REQUEUE_SIGNALS"] == expect  # SIGTERM (scancel): a cancel
+    with pytest.raises(SpecError, match="cannot be told from a plain `scancel`"):
+        slurm.validate(load_spec(None, ["slurm.signal=TERM"], 1, 1))
+
+
 @pytest.mark.parametrize(
     "image,ref",
     [("nvcr.io/nvidia/pytorch:24.01-py3", "nvcr.io#nvidia/pytorch:24.01-py3"),

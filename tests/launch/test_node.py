@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
 from ddpkit.train.contract import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_REQUEUE
-from ddpkit.train.outcome import Failure, culprit, outcome
+from ddpkit.train.outcome import Failure, WorkerEnd, culprit, last_attempt_exits_0, outcome
 
 TERM, KILL, ABRT, SEGV = (-signal.SIGTERM, -signal.SIGKILL, -signal.SIGABRT, -signal.SIGSEGV)
 
@@ -249,6 +250,41 @@ def test_ctrl_c_at_the_launcher_saves_and_stops_with_130_in_one_line_no_requeue(
     assert not (tmp_path / "runs/t/requeue.json").exists()
 
 
+@pytest.mark.slow
+def test_a_second_stop_signal_during_the_stop_does_not_change_the_story(tmp_path):
+    """Ctrl-C, and another stop signal before torchrun has passed it on (`ddpkit run`
+    repeats the SIGINT to the launcher; a scheduler's SIGTERM): the first one decides. It
+    used to cut torchrun's shutdown short, whose `finally` then SIGTERMed the workers: the
+    trainer saved as for a preemption (`exiting 75 (requeue)`, a requeue marker) under the
+    launcher's `stopped by SIGINT`."""
+    out = tmp_path / "out.txt"
+    with out.open("w") as sink:
+        proc = subprocess.Popen(
+            [*NODE, "--standalone", "--nproc-per-node", "2", "--", "-m", "ddpkit.train",
+             "--steps", "100000", "--no-eval", "--progress", "plain", "--log-interval", "1",
+             "--run-dir", "runs/t"],
+            cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        metrics = tmp_path / "runs/t/metrics.jsonl"
+        assert _wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 180), (
+            out.read_text()
+        )
+        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = out.read_text()
+    assert code == 130, text
+    assert "exiting 75" not in text and "requeue)" not in text, text
+    assert text.count("ddpkit node:") == 1, text
+    assert "ddpkit node: stopped by SIGINT (Ctrl-C); exit 130, not requeued" in text
+    assert "stopped by SIGINT at step" in text, text  # the trainer's one line, the same story
+    assert not (tmp_path / "runs/t/requeue.json").exists()
+
+
 USER_LOOP = """
 import time
 from pathlib import Path
@@ -326,7 +362,7 @@ def test_a_user_scripts_own_exception_keeps_its_traceback_as_python_prints_it(tm
     assert lines[-1] == "[rank1]: ValueError: a real bug on rank 1", p.stderr
     assert (
         p.stderr.splitlines()[-1]
-        == "ddpkit node: rank 1 failed (exit code 1); see its output above"
+        == f"ddpkit node: rank 1 failed (exit code 1) on {socket.gethostname()}; see its output above"
     )
 
 
@@ -353,3 +389,91 @@ def test_a_rank_stuck_after_torchruns_sigterm_is_not_the_culprit():
     # rank 1 was SIGKILLed; torchrun SIGTERMed rank 0, whose watchdog left with exit 1
     failures = {0: Failure(1, 12.0, stuck=True), 1: Failure(KILL, 9.0)}
     assert outcome(failures, marker_fresh=False)[1].startswith("ddpkit node: rank 1 failed")
+
+
+def test_with_exact_ends_the_first_rank_to_end_is_blamed_whatever_its_signal():
+    # rank 1 SIGKILLed (the OOM killer); rank 0's collective failed 10 ms later (exit 1):
+    # torchrun's whole-second stamps tie them, the launcher's own times do not.
+    failures = {0: Failure(1, 100.01, exact=True), 1: Failure(KILL, 100.0, exact=True)}
+    code, line = outcome(failures, marker_fresh=False)
+    assert code == EXIT_FAILED and "rank 1 failed (signal SIGKILL)" in line
+    # and the SIGTERM torchrun sent rank 0 afterwards is never the cause
+    assert (
+        culprit({0: Failure(TERM, 100.2, exact=True), 1: Failure(KILL, 100.0, exact=True)})[0] == 1
+    )
+
+
+def test_a_rank_that_left_with_exit_0_before_the_failure_is_named():
+    failures = {0: Failure(1, 50.0, exact=True)}
+    code, line = outcome(failures, marker_fresh=False, left={1: 49.0})
+    assert code == EXIT_FAILED and line.startswith("ddpkit node: rank 1 left first (exit 0)")
+    assert "rank 0 then failed (exit code 1)" in line
+    # after the failure but before torchrun began stopping the workers: it left by itself
+    assert "rank 1 left first" in outcome(failures, False, left={1: 50.2}, stopped_at=50.3)[1]
+    # after torchrun's stop (a script that handles its SIGTERM and returns): no clue
+    assert "left first" not in outcome(failures, False, left={1: 50.5}, stopped_at=50.3)[1]
+
+
+def test_only_the_last_attempts_exits_0_count():
+    ends = {
+        11: WorkerEnd(rank=1, code=0, when=49.0, attempt=1),
+        12: WorkerEnd(rank=2, code=-9, when=48.0, attempt=1),
+        13: WorkerEnd(rank=3, code=0, when=10.0, attempt=0),
+        # its script had returned; torchrun's SIGTERM found it still exiting: it left at 47.5
+        14: WorkerEnd(rank=4, code=TERM, when=50.0, attempt=1, returned=47.5),
+    }
+    assert last_attempt_exits_0(ends) == {1: 49.0, 4: 47.5}
+
+
+OOM_KILLED = """
+import os, signal, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+for step in range(100000):
+    dist.all_reduce(torch.ones(4))
+    if step == 20 and dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does
+    time.sleep(0.01)
+"""
+
+LEAVES_EARLY = """
+import datetime, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+# a dataset whose length differs per rank: rank 1 runs out first and returns
+for step in range(20 if dist.get_rank() == 1 else 10000):
+    dist.all_reduce(torch.ones(4))
+    time.sleep(0.01)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("script", "expect"),
+    [
+        (OOM_KILLED, "ddpkit node: rank 1 failed (signal SIGKILL) on "),
+        (LEAVES_EARLY, "ddpkit node: rank 1 left first (exit 0) while the others still ran"),
+    ],
+    ids=["sigkilled", "left-early"],
+)
+def test_the_rank_that_stopped_taking_part_is_named_not_the_first_to_notice(
+    tmp_path, script, expect
+):
+    """A user's script at world 2: rank 1 is SIGKILLed, or returns early (exit 0); rank 0
+    then fails in its next collective and torchrun stops the rest. The line names rank 1:
+    the launcher times every worker's end itself instead of trusting torchrun's stamps,
+    which are whole seconds and tied rank 0's SIGTERM with rank 1's SIGKILL."""
+    (tmp_path / "job.py").write_text(script)
+    p = subprocess.run(
+        [*NODE, "--standalone", "--nproc-per-node", "2", "--", "job.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert p.returncode == EXIT_FAILED, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith(expect), p.stderr[-3000:]
+    assert "rank 0 failed" not in last, last

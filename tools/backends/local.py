@@ -1,7 +1,8 @@
 """Local backend: the job on this machine, through the same node launcher as every cluster.
 
     render   the command (a bash script): `python -m ddpkit.train.node --standalone ... -- <entry>`
-    submit   runs it in the foreground, its output also in <run dir>/local/node-0.log;
+    submit   runs it in the foreground, its output also in a log of its own,
+             <run dir>/local/node-0.<start>-<job>.log, and node-0.log names the last one;
              the exit status is the node launcher's (0, 2 bad input, 3 diverged, 75 requeue)
     status / logs / cancel   of the last local job; cancel sends SIGTERM (the stop signal a
              scheduler sends), so the entry point can save and ask for a requeue
@@ -16,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ddpkit.tools.backends import (
@@ -94,7 +96,24 @@ def plot_run(run_dir: Path) -> None:
 
 
 def log_path(spec: JobSpec) -> Path:
+    """node-0.log: the last job's log (a symbolic link to it)."""
     return Path(spec.run_dir) / "local" / "node-0.log"
+
+
+def job_log(latest: Path, job: str) -> Path:
+    """A new job's own log beside `latest`, which is made to name it: one log per job, and
+    the documented path shows the last one (a job still running keeps writing to its own)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    own = latest.with_name(f"{latest.stem}.{stamp}-{job}{latest.suffix}")
+    own.touch()
+    link = latest.with_name(f".{latest.name}.{job}.tmp")
+    try:
+        link.unlink(missing_ok=True)
+        link.symlink_to(own.name)
+        os.replace(link, latest)
+    except OSError:  # no symbolic links here: the job's own log is still recorded
+        link.unlink(missing_ok=True)
+    return own
 
 
 class LocalBackend(Backend):
@@ -122,10 +141,10 @@ class LocalBackend(Backend):
         if spec.script or len(node_imports(spec)) > 2:  # the user's code: check it imports
             check_node_env(spec, sys.executable, "python")
         env = {**os.environ, **spec.launch_env()}
-        log = log_path(spec)
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("ab") as sink:
-            proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        log_path(spec).parent.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        log = job_log(log_path(spec), str(proc.pid))
+        with log.open("wb") as sink:
             record_job(self.name, str(proc.pid), run_dir=spec.run_dir, log=str(log))
             # A stop signal to this launcher reaches the job as it would from a scheduler.
             previous = {s: signal.signal(s, lambda n, _f: proc.send_signal(n)) for s in FORWARDED}

@@ -34,6 +34,8 @@ from ddpkit.train.contract import (
     EXIT_INTERRUPTED,
     LAUNCH_ID_ENV,
     SUMMARY_FILE,
+    asks_requeue,
+    requeue_signals,
     write_requeue_marker,
 )
 from ddpkit.train.data import DataBundle, GlobalBatchSampler, iterate_batches
@@ -516,13 +518,21 @@ class Trainer:
         self.ckpt.close()
         took = time.time() - self.stop.received_at
         budget = self.cfg.shutdown_timeout_s
-        if signum == _signal.SIGINT:  # Ctrl-C: the user's stop, never a requeue
+        if signum == _signal.SIGINT or not asks_requeue(name):
+            # Ctrl-C, or a cancel (SLURM's scancel sends SIGTERM; its requeue signal is the
+            # --signal the kit asks for): the stop is the user's, never a requeue.
+            code = EXIT_INTERRUPTED if signum == _signal.SIGINT else 128 + signum
+            why = (
+                ""
+                if signum == _signal.SIGINT
+                else f" (this job requeues on {'/'.join(requeue_signals())} only)"
+            )
             self.reporter.info(
                 f"stopped by {name} at step {self.step} (checkpoint saved, {took:.1f} s); "
-                f"exit {EXIT_INTERRUPTED}, not requeued: --resume auto continues"
+                f"exit {code}, not requeued{why}: --resume auto continues"
             )
             self.reporter.close()
-            return EXIT_INTERRUPTED
+            return code
         if took <= budget:
             self.reporter.info(
                 f"preemption save finished {took:.1f} s after {name}, within the "

@@ -197,9 +197,10 @@ class SlurmBackend(Backend):
         return self.wait(job_id, opts.poll_s, on_poll=lambda _st: follower.emit())
 
     def cancel(self, job: str | None, opts: argparse.Namespace) -> int:
-        """End the job: a save on the way out is welcome, a requeue is not. The job's
-        requeue flag is cleared first, so the batch shell's teardown (which requeues on a
-        checkpoint saved at a stop signal, and scancel's SIGTERM is one) leaves it ended."""
+        """End the job: a save on the way out is welcome, a requeue is not. scancel's SIGTERM
+        asks for none (only slurm.signal does, train/contract.py's DDPKIT_REQUEUE_SIGNALS);
+        the requeue flag is cleared first all the same, for a script of its own that writes
+        the marker on any signal."""
         job_id = check_job_id(self.job_or_last(job))
         st = self.poll(job_id)
         if st.state.terminal:

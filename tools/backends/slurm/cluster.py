@@ -217,19 +217,40 @@ def check_job_id(job: str) -> str:
     return job
 
 
+def job_hosts(job_id: str) -> list[str]:
+    """The job's nodes by host name, in SLURM's order (task t of a one-task-per-node step
+    runs on the t-th); [] while slurmctld has none to tell (pending, or forgotten)."""
+    nodes = (job_fields(job_id) or {}).get("NodeList", "")
+    if not nodes or nodes == "(null)":
+        return []
+    out = run_cmd("scontrol", "show", "hostnames", nodes)
+    return out.stdout.split() if out.returncode == 0 else []
+
+
 class LogFollower:
-    """Every node's log of a job, each line prefixed by its node: `[node 1] ...`.
-    emit() prints what is new since the last call; returns whether any log exists."""
+    """Every node's log of a job, each line prefixed by its node's host name as squeue and
+    sinfo show it: `[node2] ...` (`[node 1]`, SLURM's task number, when the host is not
+    known). Not by node rank: torchrun's rendezvous orders the nodes its own way, so global
+    rank 0 may print on the second node. emit() prints what is new since the last call;
+    returns whether any log exists."""
 
     def __init__(self, root: Path, job_id: str) -> None:
         self.root, self.job_id = root, job_id
         self.offsets: dict[Path, int] = {}
         self.partial: dict[Path, str] = {}
+        self.hosts: list[str] = []
+
+    def label(self, task: str) -> str:
+        if not self.hosts:
+            self.hosts = job_hosts(self.job_id)
+        if task.isdigit() and int(task) < len(self.hosts):
+            return self.hosts[int(task)]
+        return f"node {task}"
 
     def emit(self) -> bool:
         files = sorted(self.root.glob(f"{self.job_id}_*_log.*"))
         for path in files:
-            node = path.name.split("_")[1]
+            node = self.label(path.name.split("_")[1])
             stream = "" if path.suffix == ".out" else " err"
             with path.open(errors="replace") as f:
                 f.seek(self.offsets.get(path, 0))
@@ -239,6 +260,6 @@ class LogFollower:
             if lines[-1]:
                 self.partial[path] = lines[-1]  # a line still being written
             for line in lines[:-1]:
-                sys.stdout.write(f"[node {node}{stream}] {line}\n")
+                sys.stdout.write(f"[{node}{stream}] {line}\n")
         sys.stdout.flush()
         return bool(files)

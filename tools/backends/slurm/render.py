@@ -21,7 +21,7 @@ from ddpkit.tools.backends import (
 from ddpkit.tools.spec import ENV_NAME_RE, JobSpec, SpecError
 from ddpkit.tools.templating import render_template, shell_quote
 from ddpkit.train import typed
-from ddpkit.train.contract import EXIT_REQUEUE
+from ddpkit.train.contract import EXIT_REQUEUE, REQUEUE_SIGNALS_ENV
 
 # Values that land on `#SBATCH` lines, which sbatch (not a shell) parses: no quoting there,
 # so only plain tokens are allowed.
@@ -88,6 +88,11 @@ def grace_s(spec: JobSpec) -> int:
 def validate(spec: JobSpec) -> None:
     """The SLURM backend's own rules (launch applies them to SLURM jobs only)."""
     s = spec.slurm  # single-value rules: declared on SlurmSpec's fields (check_options)
+    if s.signal == "TERM":
+        raise SpecError(
+            "slurm.signal = TERM cannot be told from a plain `scancel` (SIGTERM), which must "
+            'end the job, not requeue it; use slurm.signal = "USR1" (the default) or "USR2"'
+        )
     grace = grace_s(spec)
     if not spec.shutdown_budget_s <= grace <= MAX_SLURM_GRACE_S:
         raise SpecError(
@@ -261,13 +266,20 @@ def node_python(spec: JobSpec) -> str:
     return f"{spec.slurm.venv}/bin/python" if spec.slurm.venv else "python"
 
 
+def node_env(spec: JobSpec) -> dict[str, str]:
+    """The node's environment: the job's, and the one signal that asks for a requeue here:
+    the --signal the kit asks SLURM for before the time limit. A plain `scancel` (SIGTERM)
+    is a cancel, and SLURM's own preemption requeues the job by itself."""
+    return {**spec.launch_env(), REQUEUE_SIGNALS_ENV: f"SIG{spec.slurm.signal}"}
+
+
 def node_script(spec: JobSpec) -> str:
     flags: list[str] = ["--nv"] if spec.accelerator == "gpu" else []
     for mount in spec.slurm.container_mounts:
         flags += ["--bind", mount]
     return render_template(
         "slurm/node.sh.j2",
-        env=sorted(spec.launch_env().items()),
+        env=sorted(node_env(spec).items()),
         multi_node=spec.nodes > 1,
         apptainer=spec.slurm.container == "apptainer",
         apptainer_flags=flags,
