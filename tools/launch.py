@@ -137,8 +137,10 @@ def run(argv: list[str]) -> int:
     # The first pass reads the common flags (backend flags stay unknown); the spec is checked
     # before submitit or the kubernetes client is imported (backends import them on use).
     first, _ = build_parser().parse_known_args(argv)
-    from ddpkit.tools.backends import load_backend, plugin_sections
+    from ddpkit.tools.backends import check_entry_point, load_backend, plugin_sections
     from ddpkit.tools.spec import load_spec
+
+    checked: set[tuple[str | None, str | None, str]] = set()
 
     backend = load_backend(first.backend)  # light: engines' clients are imported on use
     sections = plugin_sections(backend)  # [mine] tables: typed for this backend, kept for others
@@ -148,6 +150,14 @@ def run(argv: list[str]) -> int:
         spec = load_spec(
             config, sets, first.nodes, first.gpus, entry_args, backend.shares_filesystem, sections
         )
+        if first.action in ("render", "submit") and not first.print_spec:
+            # The entry point, found and compiled (never run) with the job's interpreter,
+            # for every backend, before anything is rendered or queued.
+            python = backend.entry_python(spec)
+            if (spec.script, spec.module, python) not in checked:
+                with contextlib.chdir(spec.workspace):
+                    check_entry_point(spec, python)
+                checked.add((spec.script, spec.module, python))
         backend.validate(spec)  # its [<name>] table's field checks, then its own rules
         return spec
 

@@ -262,3 +262,86 @@ def test_the_users_own_train_py_runs_on_two_slurm_nodes_from_its_project(
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert json.loads((proj / "runs/user/result.json").read_text()) == {"world_size": 4}
     assert (proj / ".ddpkit/jobs/slurm/last_job.json").is_file()
+
+
+# --- the entry point, checked once for every backend (issue 31 item 5) -----------------------
+
+TOPLEVEL_MODULE = """\
+import os
+with open("touched.txt", "a") as f:  # top-level code, no __main__ guard (torchrun -m runs it)
+    f.write(os.environ.get("RANK", "no-rank") + "\\n")
+"""
+
+
+@pytest.mark.parametrize("backend", ["local", "slurm", "k8s", "docker"])
+@pytest.mark.parametrize(
+    ("entry", "broken", "where"),
+    [
+        ("script", "train.py", "train.py:3:"),
+        ("module", "mymodels/net.py", "mymodels/net.py:3:"),
+    ],
+)
+def test_an_entry_point_that_does_not_compile_is_refused_before_render_and_queue(
+    tmp_path, one_line_error, backend, entry, broken, where
+):
+    proj = make_project(tmp_path / "proj")
+    (proj / broken).write_text("import os\n\nx = (1,\n")
+    sets = ["--set", "script=train.py" if entry == "script" else "module=mymodels.net"]
+    job = ["--config", "ddpkit.toml" if entry == "script" else "kit.toml", "--set", "train={}"]
+    for action in ("render", "submit") if backend in ("local", "slurm") else ("render",):
+        line = one_line_error(ddpkit(action, backend, *job, *sets, cwd=proj))
+        assert line.startswith(f"error: {where} SyntaxError"), line
+        assert f"{entry} " in line and "does not compile with" in line, line
+    assert not (proj / "runs").exists() and not (proj / ".ddpkit").exists()
+
+
+@pytest.mark.parametrize("backend", ["local", "slurm", "k8s", "docker"])
+def test_a_missing_entry_point_is_refused_by_every_backend(tmp_path, one_line_error, backend):
+    proj = make_project(tmp_path / "proj")
+    line = one_line_error(ddpkit("render", backend, "--set", "script=nope.py", cwd=proj))
+    assert "script 'nope.py' is not a file in the workspace" in line, line
+    args = ["--config", "kit.toml", "--set", "train={}", "--set", "module=mymodels.nope"]
+    line = one_line_error(ddpkit("render", backend, *args, cwd=proj))
+    assert "module 'mymodels.nope' is not found" in line and "mymodels.nope" in line, line
+
+
+@pytest.mark.parametrize("backend", ["local", "slurm", "k8s", "docker"])
+def test_the_entry_module_is_never_run_by_the_check(tmp_path, backend):
+    """A module with top-level code (no __main__ guard) and a package __init__ with side
+    effects: render checks it without running either."""
+    proj = make_project(tmp_path / "proj")
+    (proj / "mymodels" / "__init__.py").write_text(TOPLEVEL_MODULE)
+    (proj / "mymodels" / "job.py").write_text(TOPLEVEL_MODULE)
+    args = ["--config", "kit.toml", "--set", "train={}", "--set", "module=mymodels.job"]
+    r = ddpkit("render", backend, *args, cwd=proj)
+    assert r.returncode == 0, r.stderr
+    assert not (proj / "touched.txt").exists()
+
+
+@pytest.mark.slow
+def test_a_module_with_top_level_code_runs_only_on_the_ranks(tmp_path):
+    proj = make_project(tmp_path / "proj")
+    (proj / "mymodels" / "job.py").write_text(TOPLEVEL_MODULE)
+    args = ["--config", "kit.toml", "--set", "train={}", "--set", "module=mymodels.job"]
+    r = ddpkit("run", *args, cwd=proj)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted((proj / "touched.txt").read_text().split()) == ["0", "1"]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_syntax_error_is_refused_by_submit_slurm_and_nothing_is_queued(
+    slurm_cluster,  # noqa: F811
+    tmp_path,
+    one_line_error,
+):
+    proj = make_project(tmp_path / "proj")
+    (proj / "train.py").write_text(TRAIN_PY + "if True\n    pass\n")
+    name = f"syntax-{os.getpid()}"
+    line = one_line_error(ddpkit("submit", "slurm", "--set", f"name={name}", cwd=proj))
+    assert line.startswith(f"error: train.py:{TRAIN_PY.count(chr(10)) + 1}: SyntaxError"), line
+    queued = subprocess.run(
+        ["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, timeout=60
+    )  # this cluster keeps no accounting (sacct); no job record and no log dir either
+    assert queued.returncode == 0 and queued.stdout.strip() == "", queued.stdout
+    assert not (proj / ".ddpkit").exists() and not (proj / "runs").exists()
