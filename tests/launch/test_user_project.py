@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -268,6 +269,7 @@ def test_the_users_own_train_py_runs_on_two_slurm_nodes_from_its_project(
 
 TOPLEVEL_MODULE = """\
 import os
+import shlex
 with open("touched.txt", "a") as f:  # top-level code, no __main__ guard (torchrun -m runs it)
     f.write(os.environ.get("RANK", "no-rank") + "\\n")
 """
@@ -345,3 +347,90 @@ def test_a_syntax_error_is_refused_by_submit_slurm_and_nothing_is_queued(
     )  # this cluster keeps no accounting (sacct); no job record and no log dir either
     assert queued.returncode == 0 and queued.stdout.strip() == "", queued.stdout
     assert not (proj / ".ddpkit").exists() and not (proj / "runs").exists()
+
+
+# --- the script on the command line, its flags after `--` (issue 31 items 4 and 7) ----------
+
+
+@pytest.mark.parametrize(
+    ("argv", "fix"),
+    [
+        (["run", "--epochs", "2"], "ddpkit run -- --epochs 2"),
+        (["run", "train.py", "--steps=3", "--nodes", "1"], "ddpkit run train.py --nodes 1 -- --steps=3"),
+        (["submit", "slurm", "train.py", "--nodes", "2", "--steps", "3"], "ddpkit submit slurm train.py --nodes 2 -- --steps 3"),
+    ],
+)  # fmt: skip
+def test_flags_for_the_script_before_dashdash_get_the_fix_in_one_line(
+    tmp_path, one_line_error, argv, fix
+):
+    proj = make_project(tmp_path / "proj")
+    line = one_line_error(ddpkit(*argv, cwd=proj))
+    assert "unrecognized arguments" in line and line.endswith(f"after `--`: {fix}"), line
+    assert not (proj / "runs").exists() and not (proj / ".ddpkit").exists()
+
+
+def test_run_help_shows_the_script_and_its_flags_after_dashdash(tmp_path):
+    r = ddpkit("run", "--help", cwd=tmp_path)
+    assert r.returncode == 0 and "[script] [-- ARGS ...]" in " ".join(r.stdout.split())
+    assert "ddpkit run train.py -- --epochs 2" in " ".join(r.stdout.split())
+    s = ddpkit("submit", "--help", cwd=tmp_path)
+    assert s.returncode == 0 and "[-- ARGS ...]" in s.stdout, s.stdout
+
+
+@pytest.mark.parametrize(
+    ("value", "argv"),
+    [
+        ("--steps 3 --tag 'a b'", ["--steps", "3", "--tag", "a b"]),
+        ('["--steps", "3 4"]', ["--steps", "3 4"]),
+    ],
+)
+def test_set_args_is_split_as_a_shell_would(tmp_path, value, argv):
+    proj = make_project(tmp_path / "proj")
+    r = ddpkit("render", "local", "--set", f"args={value}", cwd=proj)
+    assert r.returncode == 0, r.stderr
+    words = shlex.split(r.stdout.strip().splitlines()[-1])
+    assert words[words.index("train.py") + 1 :] == argv
+
+
+def test_set_args_with_an_open_quote_is_one_line(tmp_path, one_line_error):
+    line = one_line_error(ddpkit("render", "local", "--set", "args=--x 'a", cwd=tmp_path))
+    assert "does not split into arguments" in line and "fix the quotes" in line, line
+
+
+def test_a_positional_that_is_no_script_is_refused(tmp_path, one_line_error):
+    line = one_line_error(ddpkit("run", "epochs", cwd=tmp_path))
+    assert "'epochs' is not a Python script" in line and "ddpkit run train.py --" in line
+
+
+@pytest.mark.parametrize("backend", ["slurm", "k8s", "docker"])
+def test_render_a_script_without_a_job_file(tmp_path, backend):
+    proj = make_project(tmp_path / "proj")
+    (proj / "ddpkit.toml").unlink()
+    (proj / "my_train.py").write_text(TRAIN_PY)
+    nodes = "1" if backend == "docker" else "2"
+    r = ddpkit("render", backend, "my_train.py", "--nodes", nodes, "--", "--steps", "3", cwd=proj)
+    assert r.returncode == 0, r.stderr
+    assert "my_train.py" in r.stdout and "runs/my-train" in r.stdout and "--steps" in r.stdout
+    assert "ddpkit.train " not in r.stdout  # not the kit's demo trainer
+
+
+@pytest.mark.slow
+def test_run_a_script_without_a_job_file_like_torchrun(tmp_path):
+    proj = make_project(tmp_path / "proj")
+    (proj / "ddpkit.toml").unlink()
+    (proj / "kit.toml").unlink()
+    r = ddpkit("run", "train.py", "--gpus", "2", "--set", "accelerator=cpu", "--",
+               "--steps", "2", cwd=proj)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads((proj / "runs/user/result.json").read_text()) == {"world_size": 2}
+    assert (proj / "runs/train/local/node-0.log").is_file()  # the job is named after it
+    assert "demo" not in r.stderr
+
+
+@pytest.mark.slow
+def test_run_without_a_job_file_or_script_says_it_runs_the_demo(tmp_path):
+    r = ddpkit("run", "--set", "accelerator=cpu", "--set", "train.steps=2", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    first = r.stderr.splitlines()[0]
+    assert "no ddpkit.toml here: running the kit's built-in demo job" in first, r.stderr
+    assert "`ddpkit run train.py` runs your script" in first

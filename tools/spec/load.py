@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import shlex
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,6 +145,16 @@ def apply_override(
     if not sep or not key:
         raise SpecError(f"--set {assignment!r}: expected key=value, e.g. --set slurm.partition=gpu")
     path = key.split(".")
+    if path in (["args"], ["train_args"]) and not raw.lstrip().startswith("["):
+        # An argv: split as a shell would (`--set 'args=--epochs 2'` is two arguments)
+        try:
+            data[key] = shlex.split(raw)
+        except ValueError as e:
+            raise SpecError(
+                f"--set {key}={raw!r} does not split into arguments ({e}); fix the quotes, "
+                'or give a TOML list: --set \'args=["--epochs", "2"]\''
+            ) from None
+        return
     try:
         value = parse_override_value(_field_type(path, sections), raw)
     except SpecError as e:
