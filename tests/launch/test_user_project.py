@@ -434,3 +434,25 @@ def test_run_without_a_job_file_or_script_says_it_runs_the_demo(tmp_path):
     first = r.stderr.splitlines()[0]
     assert "no ddpkit.toml here: running the kit's built-in demo job" in first, r.stderr
     assert "`ddpkit run train.py` runs your script" in first
+
+
+@pytest.mark.parametrize("entry", ["kit", "script"])
+def test_train_name_gives_one_run_dir_whichever_way_the_job_starts(tmp_path, entry):
+    """train.name in a job file: runs/<train.name> through the launcher (every backend's
+    run dir and the trainer's --name), as `python -m ddpkit.train --config` reads it."""
+    proj = make_project(tmp_path / "proj")
+    body = KIT_JOB if entry == "kit" else SCRIPT_JOB
+    (proj / "job.toml").write_text(
+        body + ("" if entry == "kit" else "[train]\n") + 'name = "mine"\n'
+    )
+    for backend in ("local", "slurm", "k8s"):
+        r = ddpkit("render", backend, "--config", "job.toml", cwd=proj)
+        assert r.returncode == 0, r.stderr
+        assert "runs/mine" in r.stdout and "runs/kit" not in r.stdout, r.stdout
+        assert "runs/user" not in r.stdout
+    if entry == "kit":
+        local = ddpkit("render", "local", "--config", "job.toml", cwd=proj).stdout
+        assert "--name mine" in local, local
+        t = ddpkit("train", "--config", "job.toml", "--print-config", cwd=proj)
+        assert t.returncode == 0, t.stderr
+        assert json.loads(t.stdout)["run_dir"] == "runs/mine"
