@@ -30,9 +30,36 @@ from ddpkit.train.config import convert_value as _convert_train_value
 # --- typed loading -------------------------------------------------------------------------
 
 
+# Every count, port, limit and duration of a job is stored by a scheduler as a signed 32-bit
+# integer (SLURM, Kubernetes, torchrun's flags): a job's integer outside it is refused here,
+# in one line, for every table (plugins' too), not in a traceback or a scheduler's reject.
+INT_MAX = 2**31 - 1
+
+
 def _check_value(tp: Any, value: Any, where: str) -> Any:
-    """Check one TOML value against a field annotation (ddpkit.train.typed)."""
-    return typed.check_value(tp, value, where, SpecError)
+    """Check one TOML value against a field annotation (ddpkit.train.typed), integers within
+    INT_MAX."""
+    value = typed.check_value(tp, value, where, SpecError)
+    _check_ints(value, where)
+    return value
+
+
+def _check_ints(value: Any, where: str) -> None:
+    """Every integer in a value (its tables, lists and nested tables too) within INT_MAX."""
+    if dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            _check_ints(getattr(value, f.name), f"{where}.{f.name}")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_ints(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for item in value:
+            _check_ints(item, where)
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_MAX:
+        raise SpecError(
+            f"{where} = {value} is out of range: a job's numbers are at most {INT_MAX} "
+            "(2**31-1, what the schedulers store); give a smaller value"
+        )
 
 
 def _build(
