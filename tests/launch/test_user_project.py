@@ -456,3 +456,36 @@ def test_train_name_gives_one_run_dir_whichever_way_the_job_starts(tmp_path, ent
         t = ddpkit("train", "--config", "job.toml", "--print-config", cwd=proj)
         assert t.returncode == 0, t.stderr
         assert json.loads(t.stdout)["run_dir"] == "runs/mine"
+
+
+@pytest.mark.slow
+def test_a_refused_second_submit_changes_no_record(tmp_path):
+    """A second local job whose checkpoint dir is the running job's (through a symlink) is
+    refused; `ddpkit status` and `cancel` still find the first, which then ends (saved)."""
+    proj = make_project(tmp_path / "proj")
+    long_job = KIT_JOB.replace("steps = 12", "steps = 100000").replace("max_restarts = 1", "")
+    (proj / "kit.toml").write_text(long_job)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    first = subprocess.Popen(
+        [str(DDPKIT), "run", "--config", "kit.toml"], cwd=proj, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        lock, deadline = proj / "runs/kit/checkpoints/.lock", time.monotonic() + 300
+        while not lock.is_file() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert lock.is_file(), "the first job never took its checkpoint dir"
+        record = (proj / ".ddpkit/jobs/local/last_job.json").read_text()
+        (proj / "linked").symlink_to(proj / "runs/kit/checkpoints")
+        second = ddpkit("run", "--config", "kit.toml", "--set", "name=other",
+                        "--set", "ckpt_dir=linked", cwd=proj)  # fmt: skip
+        assert second.returncode == 2 and "is in use by another job" in second.stdout
+        assert (proj / ".ddpkit/jobs/local/last_job.json").read_text() == record
+        st = ddpkit("status", "local", cwd=proj)
+        assert st.returncode == 0 and f"job {json.loads(record)['job']}: running" in st.stdout
+        assert ddpkit("cancel", "local", cwd=proj).returncode == 0
+        assert first.wait(timeout=120) in (0, 75, 143), "the first job did not end"
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import abc
 import argparse
+import contextlib
 import dataclasses
 import enum
 import importlib
@@ -448,13 +449,35 @@ def _last_path(backend: str) -> Path:
 
 
 def record_job(backend: str, job: str, **info: Any) -> Path:
-    """Remember the job submitted last from this workspace (.ddpkit/jobs/<backend>/)."""
+    """Remember the job submitted last from this workspace (.ddpkit/jobs/<backend>/); the
+    record of another job it replaces is kept aside for drop_job."""
     path = _last_path(backend)
     path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError, ValueError):
+        if str(json.loads(path.read_text()).get("job")) != job:
+            path.replace(path.with_name(PREVIOUS_FILE))
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"job": job, **info}, indent=2) + "\n")
     tmp.replace(path)
     return path
+
+
+PREVIOUS_FILE = "previous_job.json"
+
+
+def drop_job(backend: str, job: str) -> None:
+    """A submit that was refused (bad input, a run or checkpoint dir in use: exit 2 before
+    anything ran) changes no record: the one it replaced is the last job again, so
+    `ddpkit status` and `cancel` still find the job that runs."""
+    path = _last_path(backend)
+    with contextlib.suppress(OSError, ValueError):
+        if str(json.loads(path.read_text()).get("job")) != job:
+            return  # another submit recorded since: leave it
+    previous = path.with_name(PREVIOUS_FILE)
+    if previous.is_file():
+        previous.replace(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def last_job(backend: str) -> dict[str, Any]:
