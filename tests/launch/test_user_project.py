@@ -489,3 +489,43 @@ def test_a_refused_second_submit_changes_no_record(tmp_path):
         if first.poll() is None:
             first.kill()
             first.wait()
+
+
+# --- where a script saves: DDPKIT_CKPT_DIR for every entry point (issue 31 item 2) -----------
+
+SAVES_PY = """\
+import os
+import torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 0:
+    ckpt = os.environ["DDPKIT_CKPT_DIR"]
+    os.makedirs(ckpt, exist_ok=True)
+    with open(os.path.join(ckpt, "last.txt"), "w") as f:
+        f.write(os.environ["DDPKIT_RUN_DIR"])
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_init_writes_ckpt_dir_and_the_script_finds_it_in_its_environment(tmp_path):
+    proj = tmp_path / "saver"
+    proj.mkdir()
+    (proj / "train.py").write_text(SAVES_PY)
+    assert ddpkit("init", cwd=proj).returncode == 0
+    text = (proj / "ddpkit.toml").read_text()
+    assert 'ckpt_dir = "runs/saver/checkpoints"' in text and "$DDPKIT_CKPT_DIR" in text
+    (proj / "ddpkit.toml").write_text(text.replace('# accelerator = "cpu"', 'accelerator = "cpu"'))
+    r = ddpkit("run", cwd=proj)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (proj / "runs/saver/checkpoints/last.txt").read_text() == "runs/saver"
+    other = ddpkit("run", "--set", "ckpt_dir=elsewhere", cwd=proj)
+    assert other.returncode == 0, other.stdout + other.stderr
+    assert (proj / "elsewhere/last.txt").is_file()
+
+
+@pytest.mark.parametrize("backend", ["local", "slurm", "k8s", "docker"])
+def test_every_backend_gives_the_entry_point_the_ckpt_dir(tmp_path, backend):
+    proj = make_project(tmp_path / "proj")
+    r = ddpkit("render", backend, "--set", "ckpt_dir=runs/user/ckpt", cwd=proj)
+    assert r.returncode == 0, r.stderr
+    assert "DDPKIT_CKPT_DIR" in r.stdout and "runs/user/ckpt" in r.stdout

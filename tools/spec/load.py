@@ -34,6 +34,7 @@ from ddpkit.train.config import convert_value as _convert_train_value
 # integer (SLURM, Kubernetes, torchrun's flags): a job's integer outside it is refused here,
 # in one line, for every table (plugins' too), not in a traceback or a scheduler's reject.
 INT_MAX = 2**31 - 1
+INT_RANGE = range(-INT_MAX - 1, INT_MAX + 1)
 
 
 def _check_value(tp: Any, value: Any, where: str) -> Any:
@@ -55,10 +56,11 @@ def _check_ints(value: Any, where: str) -> None:
     elif isinstance(value, list):
         for item in value:
             _check_ints(item, where)
-    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_MAX:
+    elif isinstance(value, int) and not isinstance(value, bool) and value not in INT_RANGE:
+        bound = f"over {INT_MAX}" if value > 0 else f"under {-INT_MAX - 1}"
         raise SpecError(
-            f"{where} = {value} is out of range: a job's numbers are at most {INT_MAX} "
-            "(2**31-1, what the schedulers store); give a smaller value"
+            f"{where} = {value} is {bound} (a signed 32-bit integer, what the schedulers "
+            "store); give a value in range"
         )
 
 

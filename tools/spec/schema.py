@@ -22,6 +22,7 @@ from ddpkit.tools.spec.values import (
 from ddpkit.train import typed
 from ddpkit.train.config import DURATION_MAX_S
 from ddpkit.train.contract import (
+    CKPT_DIR_ENV,
     DEFAULT_SHUTDOWN_TIMEOUT_S,
     default_ckpt_dir,
     default_run_dir,
@@ -335,6 +336,8 @@ class JobSpec:
             env["NCCL_IB_HCA"] = self.nccl_ib_hca
         if self.nccl_ib_disable:
             env["NCCL_IB_DISABLE"] = "1"
+        if self.ckpt_dir or self.train.get("ckpt_dir"):  # else the node launcher's default
+            env[CKPT_DIR_ENV] = self.checkpoint_dir
         env.update(self.env)
         return env
 
