@@ -77,6 +77,11 @@ def render(name: str, nproc: int, entry: dict[str, str]) -> str:
         '# accelerator = "cpu"      # "gpu" (default) requests one GPU per process',
         '# time = "01:00:00"        # the scheduler\'s time limit',
         f'image = "{name}:latest"  # docker/k8s: `ddpkit build` makes it (this directory on the ddpkit image)',
+        "# Where checkpoints go. Every entry point gets it as $DDPKIT_CKPT_DIR (the run dir as",
+        "# $DDPKIT_RUN_DIR): save there, e.g. torch.save(state, os.environ['DDPKIT_CKPT_DIR'] +",
+        "# '/last.pt'), and resume from it. On k8s/docker put it on a volume that outlives the pod",
+        "# (k8s.pvc, docker's runs/ mount): a container's own disk is lost with it.",
+        f'ckpt_dir = "runs/{name}/checkpoints"',
     ]
     if "script" in entry or "module" in entry:
         key = "script" if "script" in entry else "module"

@@ -1,6 +1,6 @@
 """One CLI for every backend:
 
-    ddpkit {render,submit,status,logs,cancel,list} {local,slurm,k8s,docker,<plugin>} [JOB]
+    ddpkit {render,submit,status,logs,cancel,list} {local,slurm,k8s,docker,<plugin>} [SCRIPT|JOB]
         [--config FILE] [--set key=value ...] [--nodes N] [--gpus N] [--write] [--wait]
         [--print-spec] [-- extra flags for the entry point]
 
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ddpkit.tools.spec import JobSpec, SpecError, default_job_file
+from ddpkit.tools.spec import BUILTIN_JOB, NAME_RE, JobSpec, SpecError, default_job_file
 from ddpkit.train.errors import CliParser
 
 ACTIONS = ("render", "submit", "status", "logs", "cancel", "list")
@@ -35,11 +35,18 @@ def build_parser(backend: object | None = None, prog: str | None = None) -> argp
     """The launcher's flags; prog set (`ddpkit run`): the action and backend are fixed."""
     from ddpkit.tools.backends import registered
 
-    p = _Parser(prog=prog or "ddpkit", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog=prog or "ddpkit", description=__doc__.split("\n\n")[0], epilog=EPILOG)
     if prog is None:
         p.add_argument("action", choices=ACTIONS)
         p.add_argument("backend", choices=list(registered()))  # built-in and plugin backends
-        p.add_argument("job", nargs="?", help="status/logs/cancel: job id (default: the last one)")
+        p.add_argument(
+            "job",
+            nargs="?",
+            help="render/submit: your script (SCRIPT.py, the job file optional, like "
+            "`torchrun SCRIPT.py`); status/logs/cancel: job id (default: the last one)",
+        )
+    else:
+        p.add_argument("script", nargs="?", help=SCRIPT_HELP)
     p.add_argument(
         "--config", help="job file (TOML); default ./ddpkit.toml, else the built-in default job"
     )
@@ -82,7 +89,35 @@ def build_parser(backend: object | None = None, prog: str | None = None) -> argp
     )
     if backend is not None:
         backend.add_arguments(p)  # type: ignore[attr-defined]
+    p.usage = p.format_usage().removeprefix("usage: ").rstrip() + " [-- ARGS ...]"
     return p
+
+
+SCRIPT_HELP = (
+    "your script, e.g. train.py (like `torchrun train.py`): runs it with the job file's "
+    "settings, or without one with the flags given here"
+)
+EPILOG = (
+    "-- ARGS: everything after `--` goes to the entry point (your script or module, or the "
+    "kit trainer), e.g. `ddpkit run train.py -- --epochs 2`."
+)
+
+
+def _unknown_flags(argv: list[str], unknown: list[str], entry: list[str], shown: str) -> str:
+    """The one line for flags the launcher does not know: they are the entry point's, and
+    go after `--` (the command as it should have been typed)."""
+    known = set(build_parser()._option_string_actions) | {"--plot"}
+    start = argv.index(unknown[0]) if unknown[0] in argv else len(argv)
+    end = next(
+        (i for i in range(start + 1, len(argv)) if argv[i].split("=")[0] in known), len(argv)
+    )
+    ours = [a for a in argv[:start] + argv[end:] if a != "--plot" or shown != "ddpkit run"]
+    fixed = " ".join([shown, *([shlex.join(ours)] if ours else []), "--",
+                      shlex.join([*argv[start:end], *entry])])  # fmt: skip
+    return (
+        f"{shown}: unrecognized arguments: {' '.join(unknown)}; flags for your script or "
+        f"module go after `--`: {fixed}"
+    )
 
 
 def _split_entry_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -130,24 +165,45 @@ def make_argv(argv: list[str], env: dict[str, str]) -> list[str]:
     return out
 
 
-def run(argv: list[str]) -> int:
+def run(argv: list[str], shown: str | None = None) -> int:
+    """shown: the command as the user typed it (`ddpkit run`), for the messages; argv then
+    starts with the action and backend it stands for."""
     if "--make" in argv[2:]:
         argv = make_argv(argv, dict(os.environ))
     argv, entry_args = _split_entry_args(argv)
     # The first pass reads the common flags (backend flags stay unknown); the spec is checked
     # before submitit or the kubernetes client is imported (backends import them on use).
-    first, _ = build_parser().parse_known_args(argv)
-    from ddpkit.tools.backends import load_backend, plugin_sections
+    first, _ = build_parser().parse_known_intermixed_args(argv)
+    from ddpkit.tools.backends import check_entry_point, load_backend, plugin_sections
     from ddpkit.tools.spec import load_spec
 
+    checked: set[tuple[str | None, str | None, str]] = set()
     backend = load_backend(first.backend)  # light: engines' clients are imported on use
     sections = plugin_sections(backend)  # [mine] tables: typed for this backend, kept for others
+    opts, unknown = build_parser(backend).parse_known_intermixed_args(argv)
+    if unknown:
+        words = argv[2:] if shown else argv
+        raise SpecError(_unknown_flags(words, unknown, entry_args, shown or "ddpkit"))
+    script = opts.job if first.action in ("render", "submit") else None
+    script_sets = [] if script is None else _script_sets(script, first.config)
+    config = first.config or default_job_file()
+    demo = config == BUILTIN_JOB and not first.config  # no job file here, none given
+    if script is not None and config == BUILTIN_JOB:
+        config, demo = None, False  # an empty job: the script, the defaults, the flags given
 
     def load(sets: list[str]) -> JobSpec:
-        config = first.config or default_job_file()
+        sets = [*script_sets, *sets]
         spec = load_spec(
             config, sets, first.nodes, first.gpus, entry_args, backend.shares_filesystem, sections
         )
+        if first.action in ("render", "submit") and not first.print_spec:
+            # The entry point, found and compiled (never run) with the job's interpreter,
+            # for every backend, before anything is rendered or queued.
+            python = backend.entry_python(spec)
+            if (spec.script, spec.module, python) not in checked:
+                with contextlib.chdir(spec.workspace):
+                    check_entry_point(spec, python)
+                checked.add((spec.script, spec.module, python))
         backend.validate(spec)  # its [<name>] table's field checks, then its own rules
         return spec
 
@@ -166,8 +222,14 @@ def run(argv: list[str]) -> int:
 
         print(tomli_w.dumps(spec.to_dict()), end="")
         return 0
-    opts = build_parser(backend).parse_args(argv)
     opts.spec = spec
+    if demo and first.action == "submit":
+        print(
+            "ddpkit: no ddpkit.toml here: running the kit's built-in demo job (an MLP on "
+            f"synthetic data); `{shown or 'ddpkit submit ' + first.backend} train.py` runs "
+            "your script, `ddpkit init` writes a job file for it",
+            file=sys.stderr,
+        )
     if spec is None:
         return _act(backend, opts, spec, members)
     # Every backend acts from the workspace: the job's relative paths, its run dir and the
@@ -222,7 +284,23 @@ def run_here(argv: list[str]) -> int:
         p.description = "Run the job on this machine through the node launcher (= submit local)."
         p.print_help()
         return 0
-    return run(["submit", "local", "--plot", *argv])
+    return run(["submit", "local", "--plot", *argv], shown="ddpkit run")
+
+
+def _script_sets(script: str, config: str | None) -> list[str]:
+    """The --set assignments a positional SCRIPT stands for: it is the entry point (in place
+    of the job file's); without a job file the job is named after it."""
+    if not script.endswith(".py") and not Path(script).is_file():
+        raise SpecError(
+            f"{script!r} is not a Python script; give SCRIPT.py (e.g. `ddpkit run train.py "
+            "-- --epochs 2`), or put your script's flags after `--`"
+        )
+    sets = [f"script={script}", "module=none"]
+    if config is None and default_job_file() == BUILTIN_JOB:
+        name = Path(script).stem.lower().replace("_", "-")
+        if NAME_RE.match(name):
+            sets.append(f"name={name}")
+    return sets
 
 
 def write_rendered(backend: str, name: str, ext: str, text: str) -> Path:

@@ -315,6 +315,8 @@ def check_numbers(cfg: TrainConfig) -> None:
             raise ConfigError(
                 f"{_flag(f.name)} must be at most {DURATION_MAX_S} seconds (one week), got {v}"
             )
+        if isinstance(v, int) and abs(v) > SEED_MAX:  # torch's int64: steps, sizes, counts
+            raise ConfigError(f"{_flag(f.name)} must be at most {SEED_MAX} (2**63-1), got {v}")
     for name in _POSITIVE_SHAPE:
         if getattr(cfg, name) < 1:
             raise ConfigError(

@@ -88,6 +88,9 @@ def shutdown_budget_s(seconds: float) -> int:
 # only when the id is its own, so a marker left by an earlier attempt never fakes a save.
 LAUNCH_ID_ENV = "DDPKIT_LAUNCH_ID"
 RUN_DIR_ENV = "DDPKIT_RUN_DIR"
+# The job's checkpoint dir (ckpt_dir, else <run dir>/checkpoints) for every entry point: where
+# a user's script saves so that its checkpoints outlive the node (the PVC or volume on k8s/docker).
+CKPT_DIR_ENV = "DDPKIT_CKPT_DIR"
 # Whole seconds a worker has after a stop signal before torchrun kills it (the node
 # launcher's --shutdown-timeout); ddpkit.train.preempt.seconds_left() counts down from it.
 SHUTDOWN_ENV = "DDPKIT_SHUTDOWN_TIMEOUT_S"

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpkit.train.contract import (
+    CKPT_DIR_ENV,
     DEFAULT_SHUTDOWN_TIMEOUT_S,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -61,6 +62,7 @@ from ddpkit.train.contract import (
     STOP_SIGNALS,
     TORCHRUN_SIGNALS,
     asks_requeue,
+    default_ckpt_dir,
     finished_in_launch,
     fresh_requeue_marker,
     requeue_signals,
@@ -463,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rdzv_id = launch_id  # torchrun would draw its own uuid; keep one id
     os.environ[LAUNCH_ID_ENV] = launch_id
     os.environ[RUN_DIR_ENV] = str(Path(run_dir))
+    os.environ.setdefault(CKPT_DIR_ENV, default_ckpt_dir(run_dir))  # the job's, when it set one
     os.environ[SHUTDOWN_ENV] = str(args.shutdown_timeout)
     # A script's own directory comes first on its sys.path, not the submit directory: put the
     # submit directory (the repository root) next, so `from train import preempt` resolves.

@@ -37,6 +37,8 @@ NUMBERS = [
     (["--stop-check-s", "-1"], r"--stop-check-s must be >= 0 seconds"),
     (["--shutdown-timeout-s", "1e30"], rf"--shutdown-timeout-s must be at most {WEEK} seconds"),
     (["--shutdown-timeout-s", "inf"], r"--shutdown-timeout-s must be a finite number, got inf"),
+    (["--steps", str(2**63)], r"--steps must be at most 9223372036854775807 \(2\*\*63-1\)"),
+    (["--batch-size", str(10**23)], r"--batch-size must be at most 9223372036854775807"),
 ]
 
 
@@ -63,6 +65,37 @@ def test_a_duration_out_of_range_is_refused_at_render(launcher, one_line_error):
     """The launcher runs the trainer's own checks: refused before anything is queued."""
     p = launcher("render", "local", "--set", "train.timeout_s=1e30")
     assert f"--timeout-s must be at most {WEEK} seconds" in one_line_error(p)
+
+
+DDPKIT = Path(PY).with_name("ddpkit")
+HUGE = "99999999999999999999999"
+
+
+@pytest.mark.parametrize("backend", ["local", "slurm", "k8s", "docker"])
+@pytest.mark.parametrize(
+    ("args", "where"),
+    [
+        (["--set", f"nodes={HUGE}"], "nodes"),
+        (["--nodes", HUGE], "nodes"),
+        (["--gpus", str(2**31)], "nproc_per_node"),
+        (["--set", f"slurm.requeue_limit={HUGE}"], "slurm.requeue_limit"),
+        (["--set", f"k8s.backoff_limit={HUGE}"], "k8s.backoff_limit"),
+        (["--set", f"train.seed={2**63}"], "--seed"),
+    ],
+)
+def test_a_number_out_of_range_is_one_line_at_the_edge(
+    tmp_path, one_line_error, backend, args, where
+):
+    """From a project without a job file, through the installed command: every backend
+    refuses a job number beyond what it can store, in one line, before rendering."""
+    p = subprocess.run(
+        [str(DDPKIT), "render", backend, "--config", "builtin:default", *args],
+        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    line = one_line_error(p)
+    assert line.startswith(f"error: {where} "), line
+    assert "is over 2147483647" in line or "must be in 0..9223372036854775807" in line, line
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_largest_seed_and_a_week_long_timeout_train(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -262,3 +263,269 @@ def test_the_users_own_train_py_runs_on_two_slurm_nodes_from_its_project(
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert json.loads((proj / "runs/user/result.json").read_text()) == {"world_size": 4}
     assert (proj / ".ddpkit/jobs/slurm/last_job.json").is_file()
+
+
+# --- the entry point, checked once for every backend (issue 31 item 5) -----------------------
+
+TOPLEVEL_MODULE = """\
+import os
+import shlex
+with open("touched.txt", "a") as f:  # top-level code, no __main__ guard (torchrun -m runs it)
+    f.write(os.environ.get("RANK", "no-rank") + "\\n")
+"""
+
+
+@pytest.mark.parametrize("backend", ["local", "slurm", "k8s", "docker"])
+@pytest.mark.parametrize(
+    ("entry", "broken", "where"),
+    [
+        ("script", "train.py", "train.py:3:"),
+        ("module", "mymodels/net.py", "mymodels/net.py:3:"),
+    ],
+)
+def test_an_entry_point_that_does_not_compile_is_refused_before_render_and_queue(
+    tmp_path, one_line_error, backend, entry, broken, where
+):
+    proj = make_project(tmp_path / "proj")
+    (proj / broken).write_text("import os\n\nx = (1,\n")
+    sets = ["--set", "script=train.py" if entry == "script" else "module=mymodels.net"]
+    job = ["--config", "ddpkit.toml" if entry == "script" else "kit.toml", "--set", "train={}"]
+    for action in ("render", "submit") if backend in ("local", "slurm") else ("render",):
+        line = one_line_error(ddpkit(action, backend, *job, *sets, cwd=proj))
+        assert line.startswith(f"error: {where} SyntaxError"), line
+        assert f"{entry} " in line and "does not compile with" in line, line
+    assert not (proj / "runs").exists() and not (proj / ".ddpkit").exists()
+
+
+@pytest.mark.parametrize("backend", ["local", "slurm", "k8s", "docker"])
+def test_a_missing_entry_point_is_refused_by_every_backend(tmp_path, one_line_error, backend):
+    proj = make_project(tmp_path / "proj")
+    line = one_line_error(ddpkit("render", backend, "--set", "script=nope.py", cwd=proj))
+    assert "script 'nope.py' is not a file in the workspace" in line, line
+    args = ["--config", "kit.toml", "--set", "train={}", "--set", "module=mymodels.nope"]
+    line = one_line_error(ddpkit("render", backend, *args, cwd=proj))
+    assert "module 'mymodels.nope' is not found" in line and "mymodels.nope" in line, line
+
+
+@pytest.mark.parametrize("backend", ["local", "slurm", "k8s", "docker"])
+def test_the_entry_module_is_never_run_by_the_check(tmp_path, backend):
+    """A module with top-level code (no __main__ guard) and a package __init__ with side
+    effects: render checks it without running either."""
+    proj = make_project(tmp_path / "proj")
+    (proj / "mymodels" / "__init__.py").write_text(TOPLEVEL_MODULE)
+    (proj / "mymodels" / "job.py").write_text(TOPLEVEL_MODULE)
+    args = ["--config", "kit.toml", "--set", "train={}", "--set", "module=mymodels.job"]
+    r = ddpkit("render", backend, *args, cwd=proj)
+    assert r.returncode == 0, r.stderr
+    assert not (proj / "touched.txt").exists()
+
+
+@pytest.mark.slow
+def test_a_module_with_top_level_code_runs_only_on_the_ranks(tmp_path):
+    proj = make_project(tmp_path / "proj")
+    (proj / "mymodels" / "job.py").write_text(TOPLEVEL_MODULE)
+    args = ["--config", "kit.toml", "--set", "train={}", "--set", "module=mymodels.job"]
+    r = ddpkit("run", *args, cwd=proj)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted((proj / "touched.txt").read_text().split()) == ["0", "1"]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_syntax_error_is_refused_by_submit_slurm_and_nothing_is_queued(
+    slurm_cluster,  # noqa: F811
+    tmp_path,
+    one_line_error,
+):
+    proj = make_project(tmp_path / "proj")
+    (proj / "train.py").write_text(TRAIN_PY + "if True\n    pass\n")
+    name = f"syntax-{os.getpid()}"
+    line = one_line_error(ddpkit("submit", "slurm", "--set", f"name={name}", cwd=proj))
+    assert line.startswith(f"error: train.py:{TRAIN_PY.count(chr(10)) + 1}: SyntaxError"), line
+    queued = subprocess.run(
+        ["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, timeout=60
+    )  # this cluster keeps no accounting (sacct); no job record and no log dir either
+    assert queued.returncode == 0 and queued.stdout.strip() == "", queued.stdout
+    assert not (proj / ".ddpkit").exists() and not (proj / "runs").exists()
+
+
+# --- the script on the command line, its flags after `--` (issue 31 items 4 and 7) ----------
+
+
+@pytest.mark.parametrize(
+    ("argv", "fix"),
+    [
+        (["run", "--epochs", "2"], "ddpkit run -- --epochs 2"),
+        (["run", "train.py", "--steps=3", "--nodes", "1"], "ddpkit run train.py --nodes 1 -- --steps=3"),
+        (["submit", "slurm", "train.py", "--nodes", "2", "--steps", "3"], "ddpkit submit slurm train.py --nodes 2 -- --steps 3"),
+    ],
+)  # fmt: skip
+def test_flags_for_the_script_before_dashdash_get_the_fix_in_one_line(
+    tmp_path, one_line_error, argv, fix
+):
+    proj = make_project(tmp_path / "proj")
+    line = one_line_error(ddpkit(*argv, cwd=proj))
+    assert "unrecognized arguments" in line and line.endswith(f"after `--`: {fix}"), line
+    assert not (proj / "runs").exists() and not (proj / ".ddpkit").exists()
+
+
+def test_run_help_shows_the_script_and_its_flags_after_dashdash(tmp_path):
+    r = ddpkit("run", "--help", cwd=tmp_path)
+    assert r.returncode == 0 and "[script] [-- ARGS ...]" in " ".join(r.stdout.split())
+    assert "ddpkit run train.py -- --epochs 2" in " ".join(r.stdout.split())
+    s = ddpkit("submit", "--help", cwd=tmp_path)
+    assert s.returncode == 0 and "[-- ARGS ...]" in s.stdout, s.stdout
+
+
+@pytest.mark.parametrize(
+    ("value", "argv"),
+    [
+        ("--steps 3 --tag 'a b'", ["--steps", "3", "--tag", "a b"]),
+        ('["--steps", "3 4"]', ["--steps", "3 4"]),
+    ],
+)
+def test_set_args_is_split_as_a_shell_would(tmp_path, value, argv):
+    proj = make_project(tmp_path / "proj")
+    r = ddpkit("render", "local", "--set", f"args={value}", cwd=proj)
+    assert r.returncode == 0, r.stderr
+    words = shlex.split(r.stdout.strip().splitlines()[-1])
+    assert words[words.index("train.py") + 1 :] == argv
+
+
+def test_set_args_with_an_open_quote_is_one_line(tmp_path, one_line_error):
+    line = one_line_error(ddpkit("render", "local", "--set", "args=--x 'a", cwd=tmp_path))
+    assert "does not split into arguments" in line and "fix the quotes" in line, line
+
+
+def test_a_positional_that_is_no_script_is_refused(tmp_path, one_line_error):
+    line = one_line_error(ddpkit("run", "epochs", cwd=tmp_path))
+    assert "'epochs' is not a Python script" in line and "ddpkit run train.py --" in line
+
+
+@pytest.mark.parametrize("backend", ["slurm", "k8s", "docker"])
+def test_render_a_script_without_a_job_file(tmp_path, backend):
+    proj = make_project(tmp_path / "proj")
+    (proj / "ddpkit.toml").unlink()
+    (proj / "my_train.py").write_text(TRAIN_PY)
+    nodes = "1" if backend == "docker" else "2"
+    r = ddpkit("render", backend, "my_train.py", "--nodes", nodes, "--", "--steps", "3", cwd=proj)
+    assert r.returncode == 0, r.stderr
+    assert "my_train.py" in r.stdout and "runs/my-train" in r.stdout and "--steps" in r.stdout
+    assert "ddpkit.train " not in r.stdout  # not the kit's demo trainer
+
+
+@pytest.mark.slow
+def test_run_a_script_without_a_job_file_like_torchrun(tmp_path):
+    proj = make_project(tmp_path / "proj")
+    (proj / "ddpkit.toml").unlink()
+    (proj / "kit.toml").unlink()
+    r = ddpkit("run", "train.py", "--gpus", "2", "--set", "accelerator=cpu", "--",
+               "--steps", "2", cwd=proj)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads((proj / "runs/user/result.json").read_text()) == {"world_size": 2}
+    assert (proj / "runs/train/local/node-0.log").is_file()  # the job is named after it
+    assert "demo" not in r.stderr
+
+
+@pytest.mark.slow
+def test_run_without_a_job_file_or_script_says_it_runs_the_demo(tmp_path):
+    r = ddpkit("run", "--set", "accelerator=cpu", "--set", "train.steps=2", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    first = r.stderr.splitlines()[0]
+    assert "no ddpkit.toml here: running the kit's built-in demo job" in first, r.stderr
+    assert "`ddpkit run train.py` runs your script" in first
+
+
+@pytest.mark.parametrize("entry", ["kit", "script"])
+def test_train_name_gives_one_run_dir_whichever_way_the_job_starts(tmp_path, entry):
+    """train.name in a job file: runs/<train.name> through the launcher (every backend's
+    run dir and the trainer's --name), as `python -m ddpkit.train --config` reads it."""
+    proj = make_project(tmp_path / "proj")
+    body = KIT_JOB if entry == "kit" else SCRIPT_JOB
+    (proj / "job.toml").write_text(
+        body + ("" if entry == "kit" else "[train]\n") + 'name = "mine"\n'
+    )
+    for backend in ("local", "slurm", "k8s"):
+        r = ddpkit("render", backend, "--config", "job.toml", cwd=proj)
+        assert r.returncode == 0, r.stderr
+        assert "runs/mine" in r.stdout and "runs/kit" not in r.stdout, r.stdout
+        assert "runs/user" not in r.stdout
+    if entry == "kit":
+        local = ddpkit("render", "local", "--config", "job.toml", cwd=proj).stdout
+        assert "--name mine" in local, local
+        t = ddpkit("train", "--config", "job.toml", "--print-config", cwd=proj)
+        assert t.returncode == 0, t.stderr
+        assert json.loads(t.stdout)["run_dir"] == "runs/mine"
+
+
+@pytest.mark.slow
+def test_a_refused_second_submit_changes_no_record(tmp_path):
+    """A second local job whose checkpoint dir is the running job's (through a symlink) is
+    refused; `ddpkit status` and `cancel` still find the first, which then ends (saved)."""
+    proj = make_project(tmp_path / "proj")
+    long_job = KIT_JOB.replace("steps = 12", "steps = 100000").replace("max_restarts = 1", "")
+    (proj / "kit.toml").write_text(long_job)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    first = subprocess.Popen(
+        [str(DDPKIT), "run", "--config", "kit.toml"], cwd=proj, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        lock, deadline = proj / "runs/kit/checkpoints/.lock", time.monotonic() + 300
+        while not lock.is_file() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert lock.is_file(), "the first job never took its checkpoint dir"
+        record = (proj / ".ddpkit/jobs/local/last_job.json").read_text()
+        (proj / "linked").symlink_to(proj / "runs/kit/checkpoints")
+        second = ddpkit("run", "--config", "kit.toml", "--set", "name=other",
+                        "--set", "ckpt_dir=linked", cwd=proj)  # fmt: skip
+        assert second.returncode == 2 and "is in use by another job" in second.stdout
+        assert (proj / ".ddpkit/jobs/local/last_job.json").read_text() == record
+        st = ddpkit("status", "local", cwd=proj)
+        assert st.returncode == 0 and f"job {json.loads(record)['job']}: running" in st.stdout
+        assert ddpkit("cancel", "local", cwd=proj).returncode == 0
+        assert first.wait(timeout=120) in (0, 75, 143), "the first job did not end"
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+
+
+# --- where a script saves: DDPKIT_CKPT_DIR for every entry point (issue 31 item 2) -----------
+
+SAVES_PY = """\
+import os
+import torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 0:
+    ckpt = os.environ["DDPKIT_CKPT_DIR"]
+    os.makedirs(ckpt, exist_ok=True)
+    with open(os.path.join(ckpt, "last.txt"), "w") as f:
+        f.write(os.environ["DDPKIT_RUN_DIR"])
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_init_writes_ckpt_dir_and_the_script_finds_it_in_its_environment(tmp_path):
+    proj = tmp_path / "saver"
+    proj.mkdir()
+    (proj / "train.py").write_text(SAVES_PY)
+    assert ddpkit("init", cwd=proj).returncode == 0
+    text = (proj / "ddpkit.toml").read_text()
+    assert 'ckpt_dir = "runs/saver/checkpoints"' in text and "$DDPKIT_CKPT_DIR" in text
+    (proj / "ddpkit.toml").write_text(text.replace('# accelerator = "cpu"', 'accelerator = "cpu"'))
+    r = ddpkit("run", cwd=proj)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (proj / "runs/saver/checkpoints/last.txt").read_text() == "runs/saver"
+    other = ddpkit("run", "--set", "ckpt_dir=elsewhere", cwd=proj)
+    assert other.returncode == 0, other.stdout + other.stderr
+    assert (proj / "elsewhere/last.txt").is_file()
+
+
+@pytest.mark.parametrize("backend", ["local", "slurm", "k8s", "docker"])
+def test_every_backend_gives_the_entry_point_the_ckpt_dir(tmp_path, backend):
+    proj = make_project(tmp_path / "proj")
+    r = ddpkit("render", backend, "--set", "ckpt_dir=runs/user/ckpt", cwd=proj)
+    assert r.returncode == 0, r.stderr
+    assert "DDPKIT_CKPT_DIR" in r.stdout and "runs/user/ckpt" in r.stdout

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import abc
 import argparse
+import contextlib
 import dataclasses
 import enum
 import importlib
@@ -58,6 +59,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.templating import check_passable
 from ddpkit.train import typed
 from ddpkit.train.contract import METRICS_FILE
 from ddpkit.train.jsonshape import ShapeError, load, loads
@@ -140,6 +142,12 @@ class Backend(abc.ABC):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:  # noqa: B027 (a hook)
         """Backend-only CLI flags (none by default)."""
+
+    def entry_python(self, spec: JobSpec) -> str:
+        """The interpreter that runs the job's entry point, as this machine knows it: the
+        entry point is found and compiled with it before anything is rendered or queued
+        (check_entry_point). Container backends: this one (the image runs the same code)."""
+        return sys.executable
 
     def validate(self, spec: JobSpec) -> None:
         """This backend's own rules on a loaded spec (SpecError); the launcher applies them
@@ -256,12 +264,101 @@ for name in json.loads(sys.argv[1]):
 """
 
 
+# Run by the job's Python: find the entry point as `python SCRIPT` / `python -m MODULE` will
+# and compile it, never executing or importing it (a module's parent packages are located
+# through the import finders, not imported). Prints [kind, detail] and exits 1 on a problem.
+_ENTRY_CHECK = r"""
+import json, os, sys
+kind, name = json.loads(sys.argv[1])
+
+def find(name):
+    spec, where = None, None
+    parts = name.split(".")
+    for i in range(len(parts)):
+        full = ".".join(parts[: i + 1])
+        if i and where is None:
+            return None, f"{parts[i - 1]} is a module, not a package"
+        for finder in sys.meta_path:
+            spec = finder.find_spec(full, where) if hasattr(finder, "find_spec") else None
+            if spec is not None:
+                break
+        else:
+            return None, f"no module named {full!r}"
+        where = spec.submodule_search_locations
+    if where is not None:  # a package: `python -m` runs its __main__
+        spec, _ = find(name + ".__main__")
+        if spec is None:
+            return None, f"{name} is a package without a __main__.py"
+    return spec, None
+
+if kind == "script":
+    path = name
+else:
+    spec, problem = find(name)
+    if problem:
+        print(json.dumps(["missing", problem]))
+        sys.exit(1)
+    path = spec.origin if spec.origin and spec.origin.endswith(".py") else None
+if path is not None:
+    try:
+        with open(path, "rb") as f:
+            compile(f.read(), path, "exec", dont_inherit=True)
+    except SyntaxError as e:
+        where = os.path.relpath(e.filename or path)
+        print(json.dumps(["syntax", f"{where}:{e.lineno}: {type(e).__name__}: {e.msg}"]))
+        sys.exit(1)
+    except (OSError, ValueError) as e:
+        print(json.dumps(["syntax", f"{os.path.relpath(path)}: {e}"]))
+        sys.exit(1)
+"""
+
+
+def check_entry_point(spec: JobSpec, python: str) -> None:
+    """The job's own entry point (`script =` or `module =`), for every backend before anything
+    is rendered or queued: the file exists in the workspace (the current directory), it is
+    found and compiles with `python` (the job's interpreter; this one when that is not on this
+    machine). Never executed or imported: a module with top-level code is not run here.
+    One line (SpecError) naming the file and line of a syntax error."""
+    if spec.default_entry:
+        return
+    kind, name = ("script", spec.script) if spec.script else ("module", spec.module)
+    if kind == "script" and not Path(str(name)).is_file():
+        raise SpecError(
+            f"script {name!r} is not a file in the workspace {Path.cwd()}; fix the path "
+            "(relative to the job file's directory)"
+        )
+    exe = shutil.which(python) if "/" not in python else python
+    if not exe or not os.access(exe, os.X_OK) or os.path.isdir(exe):
+        exe = sys.executable  # the nodes' Python is not here (render): compile with this one
+    paths = [str(Path.cwd()), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    job_env = spec.launch_env()
+    for value in (*job_env, *job_env.values()):
+        check_passable(value)  # a NUL reaches no process: the render's one line, said first
+    env = {**os.environ, **job_env, "PYTHONPATH": os.pathsep.join(paths)}
+    r = subprocess.run(
+        [exe, "-c", _ENTRY_CHECK, json.dumps([kind, name])],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    if r.returncode == 0:
+        return
+    try:
+        problem, detail = json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = (r.stderr.strip().splitlines() or ["?"])[-1]
+        raise SpecError(f"{exe} does not start: {tail}") from None
+    if problem == "syntax":
+        raise SpecError(f"{detail} (the {kind} {name!r} does not compile with {exe}); fix it")
+    raise SpecError(
+        f"module {name!r} is not found by {exe} in {Path.cwd()} ({detail}); fix the name "
+        "(what `python -m` takes) or install its package for that Python"
+    )
+
+
 def node_imports(spec: JobSpec) -> list[tuple[str, str]]:
-    """(what, module[:attribute]) the nodes must import: torch, the kit's node launcher, the
-    entry module and the [train] import paths (model, dataset, loss)."""
+    """(what, module[:attribute]) the nodes must import: torch, the kit's node launcher and
+    the [train] import paths (model, dataset, loss). The entry point is never imported here
+    (check_entry_point finds and compiles it: importing would run a script's top level)."""
     wanted = [("torch", "torch"), ("ddpkit", "ddpkit.train.node")]
-    if spec.module:
-        wanted.append(("module", spec.module))
     for key in ("model", "dataset", "loss"):
         value = spec.train.get(key)
         if isinstance(value, str) and ":" in value and not value.startswith("hf:"):
@@ -279,11 +376,12 @@ def check_node_env(spec: JobSpec, python: str, key: str) -> None:
             f"{key} {python!r} is not an executable Python on this machine (the nodes run the "
             f"job with it); set {key} to the interpreter that has torch and ddpkit"
         )
-    if spec.script and not Path(spec.script).is_file():
-        raise SpecError(f"script {spec.script!r} is not a file in the workspace {Path.cwd()}")
     wanted = node_imports(spec)
     paths = [str(Path.cwd()), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env = {**os.environ, **spec.launch_env(), "PYTHONPATH": os.pathsep.join(paths)}
+    job_env = spec.launch_env()
+    for value in (*job_env, *job_env.values()):
+        check_passable(value)  # a NUL reaches no process: the render's one line, said first
+    env = {**os.environ, **job_env, "PYTHONPATH": os.pathsep.join(paths)}
     r = subprocess.run(
         [exe, "-c", _IMPORT_CHECK, json.dumps([name for _, name in wanted])],
         env=env, capture_output=True, text=True, timeout=300,
@@ -356,13 +454,37 @@ def _last_path(backend: str) -> Path:
 
 
 def record_job(backend: str, job: str, **info: Any) -> Path:
-    """Remember the job submitted last from this workspace (.ddpkit/jobs/<backend>/)."""
+    """Remember the job submitted last from this workspace (.ddpkit/jobs/<backend>/); the
+    record of another job it replaces is kept aside for drop_job."""
     path = _last_path(backend)
     path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError, ValueError):
+        record = json.loads(path.read_text())  # a damaged one is kept aside too
+        if not isinstance(record, dict) or str(record.get("job")) != job:
+            path.replace(path.with_name(PREVIOUS_FILE))
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"job": job, **info}, indent=2) + "\n")
     tmp.replace(path)
     return path
+
+
+PREVIOUS_FILE = "previous_job.json"
+
+
+def drop_job(backend: str, job: str) -> None:
+    """A submit that was refused (bad input, a run or checkpoint dir in use: exit 2 before
+    anything ran) changes no record: the one it replaced is the last job again, so
+    `ddpkit status` and `cancel` still find the job that runs."""
+    path = _last_path(backend)
+    with contextlib.suppress(OSError, ValueError):
+        record = json.loads(path.read_text())
+        if not isinstance(record, dict) or str(record.get("job")) != job:
+            return  # another submit recorded since (or a damaged record): leave it
+    previous = path.with_name(PREVIOUS_FILE)
+    if previous.is_file():
+        previous.replace(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def last_job(backend: str, shape: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from ddpkit.tools.backends import (
     JobState,
     JobStatus,
     check_node_env,
+    drop_job,
     last_job,
     node_imports,
     record_job,
@@ -33,6 +34,7 @@ from ddpkit.tools.spec import JobSpec, SpecError
 from ddpkit.tools.templating import shell_join, shell_quote
 from ddpkit.train.contract import (
     CKPT_SUBDIR,
+    EXIT_BAD_INPUT,
     EXIT_REQUEUE,
     METRICS_FILE,
     STOP_SIGNALS,
@@ -158,7 +160,10 @@ class LocalBackend(Backend):
             finally:
                 for s, handler in previous.items():
                     signal.signal(s, handler)
-        record_job(self.name, str(proc.pid), run_dir=spec.run_dir, log=str(log), exit_code=rc)
+        if rc == EXIT_BAD_INPUT:  # refused before it ran (a dir in use): no record changes
+            drop_job(self.name, str(proc.pid))
+        else:
+            record_job(self.name, str(proc.pid), run_dir=spec.run_dir, log=str(log), exit_code=rc)
         run_dir = Path(spec.run_dir)
         if rc == 0 and getattr(opts, "plot", False) and (run_dir / METRICS_FILE).is_file():
             plot_run(run_dir)

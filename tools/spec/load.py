@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import shlex
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,9 +30,38 @@ from ddpkit.train.config import convert_value as _convert_train_value
 # --- typed loading -------------------------------------------------------------------------
 
 
+# Every count, port, limit and duration of a job is stored by a scheduler as a signed 32-bit
+# integer (SLURM, Kubernetes, torchrun's flags): a job's integer outside it is refused here,
+# in one line, for every table (plugins' too), not in a traceback or a scheduler's reject.
+INT_MAX = 2**31 - 1
+INT_RANGE = range(-INT_MAX - 1, INT_MAX + 1)
+
+
 def _check_value(tp: Any, value: Any, where: str) -> Any:
-    """Check one TOML value against a field annotation (ddpkit.train.typed)."""
-    return typed.check_value(tp, value, where, SpecError)
+    """Check one TOML value against a field annotation (ddpkit.train.typed), integers within
+    INT_MAX."""
+    value = typed.check_value(tp, value, where, SpecError)
+    _check_ints(value, where)
+    return value
+
+
+def _check_ints(value: Any, where: str) -> None:
+    """Every integer in a value (its tables, lists and nested tables too) within INT_MAX."""
+    if dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            _check_ints(getattr(value, f.name), f"{where}.{f.name}")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_ints(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for item in value:
+            _check_ints(item, where)
+    elif isinstance(value, int) and not isinstance(value, bool) and value not in INT_RANGE:
+        bound = f"over {INT_MAX}" if value > 0 else f"under {-INT_MAX - 1}"
+        raise SpecError(
+            f"{where} = {value} is {bound} (a signed 32-bit integer, what the schedulers "
+            "store); give a value in range"
+        )
 
 
 def _build(
@@ -144,6 +174,16 @@ def apply_override(
     if not sep or not key:
         raise SpecError(f"--set {assignment!r}: expected key=value, e.g. --set slurm.partition=gpu")
     path = key.split(".")
+    if path in (["args"], ["train_args"]) and not raw.lstrip().startswith("["):
+        # An argv: split as a shell would (`--set 'args=--epochs 2'` is two arguments)
+        try:
+            data[key] = shlex.split(raw)
+        except ValueError as e:
+            raise SpecError(
+                f"--set {key}={raw!r} does not split into arguments ({e}); fix the quotes, "
+                'or give a TOML list: --set \'args=["--epochs", "2"]\''
+            ) from None
+        return
     try:
         value = parse_override_value(_field_type(path, sections), raw)
     except SpecError as e:

@@ -22,6 +22,7 @@ from ddpkit.tools.spec.values import (
 from ddpkit.train import typed
 from ddpkit.train.config import DURATION_MAX_S
 from ddpkit.train.contract import (
+    CKPT_DIR_ENV,
     DEFAULT_SHUTDOWN_TIMEOUT_S,
     default_ckpt_dir,
     default_run_dir,
@@ -38,7 +39,7 @@ SIZE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?([kmgtKMGT]i?[bB]?)?$")
 SBATCH_SIGNALS = ("USR1", "USR2", "TERM")
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # [train] keys that mean something for any entry point (the node launcher reads them).
-ENTRY_NEUTRAL_TRAIN_KEYS = {"run_dir", "shutdown_timeout_s"}
+ENTRY_NEUTRAL_TRAIN_KEYS = {"name", "run_dir", "shutdown_timeout_s"}
 MAX_SHUTDOWN_S = float(DURATION_MAX_S)  # the trainer's and the node launcher's bound (a week)
 
 
@@ -235,7 +236,7 @@ class JobSpec:
     def run_dir(self) -> str:
         """The one run dir of this job, for the trainer and everything around it (node logs,
         markers, plots): the last --run-dir (or --name) in the raw flags after `--`, else
-        train.run_dir, else runs/<name>."""
+        train.run_dir, else runs/<train.name or name>."""
         if self.default_entry:
             given = flag_value(self.train_args, "--run-dir")
             if given is not None:
@@ -243,7 +244,13 @@ class JobSpec:
             name = flag_value(self.train_args, "--name")
             if name is not None and self.train.get("run_dir") is None:
                 return default_run_dir(name)
-        return str(self.train.get("run_dir") or default_run_dir(self.name))
+        return str(self.train.get("run_dir") or default_run_dir(self.run_name))
+
+    @property
+    def run_name(self) -> str:
+        """The run's name: train.name, else the job's name (the trainer's rule for a job
+        file: `python -m ddpkit.train --config` reads it the same way)."""
+        return str(self.train.get("name") or self.name)
 
     @property
     def checkpoint_dir(self) -> str:
@@ -257,7 +264,7 @@ class JobSpec:
 
     def train_argv(self) -> list[str]:
         """`python -m ddpkit.train` flags: the [train] table, name, ckpt_dir, then train_args."""
-        args = ["--name", self.name]
+        args = ["--name", self.run_name]
         raw = self.train_args
         epochs_only = flag_value(raw, "--epochs") is not None and flag_value(raw, "--steps") is None
         for key, value in self.train.items():
@@ -329,6 +336,8 @@ class JobSpec:
             env["NCCL_IB_HCA"] = self.nccl_ib_hca
         if self.nccl_ib_disable:
             env["NCCL_IB_DISABLE"] = "1"
+        if self.ckpt_dir or self.train.get("ckpt_dir"):  # else the node launcher's default
+            env[CKPT_DIR_ENV] = self.checkpoint_dir
         env.update(self.env)
         return env
 

@@ -85,6 +85,9 @@ class SlurmBackend(Backend):
         parser.add_argument("--poll-s", type=float, default=2.0, help="seconds between polls")
         parser.add_argument("--follow", action="store_true", help="logs: keep following")
 
+    def entry_python(self, spec: JobSpec) -> str:
+        return node_python(spec) if spec.slurm.container == "none" else sys.executable
+
     def validate(self, spec: JobSpec) -> None:
         super().validate(spec)  # the [slurm] table's field checks (SlurmSpec)
         validate(spec)
