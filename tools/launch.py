@@ -228,7 +228,7 @@ def run(argv: list[str], shown: str | None = None) -> int:
             "ddpkit: no ddpkit.toml here: running the kit's built-in demo job (an MLP on "
             f"synthetic data); `{shown or 'ddpkit submit ' + first.backend} train.py` runs "
             "your script, `ddpkit init` writes a job file for it",
-            file=sys.stderr,
+            flush=True,  # stdout: stderr stays the one line of an error the submit may raise
         )
     if spec is None:
         return _act(backend, opts, spec, members)

@@ -424,15 +424,15 @@ def test_run_a_script_without_a_job_file_like_torchrun(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads((proj / "runs/user/result.json").read_text()) == {"world_size": 2}
     assert (proj / "runs/train/local/node-0.log").is_file()  # the job is named after it
-    assert "demo" not in r.stderr
+    assert "built-in demo" not in r.stdout + r.stderr
 
 
 @pytest.mark.slow
 def test_run_without_a_job_file_or_script_says_it_runs_the_demo(tmp_path):
     r = ddpkit("run", "--set", "accelerator=cpu", "--set", "train.steps=2", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    first = r.stderr.splitlines()[0]
-    assert "no ddpkit.toml here: running the kit's built-in demo job" in first, r.stderr
+    first = r.stdout.splitlines()[0]
+    assert "no ddpkit.toml here: running the kit's built-in demo job" in first, r.stdout
     assert "`ddpkit run train.py` runs your script" in first
 
 
