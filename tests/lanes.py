@@ -1,53 +1,82 @@
-"""`make test`: the whole suite as two pytest runs side by side (lanes), every test once.
+"""`make test`: the whole suite as a queue of pytest runs (chunks) that two lanes work through
+side by side, every test in exactly one chunk.
 
-Why two lanes: the end-to-end tiers (a real SLURM cluster, podman, a real Kubernetes control
-plane) spend much of their time waiting on daemons, queues and pods, while the rest of the
-suite computes (torch processes on gloo). Run one after the other, the waits leave a core
-idle; side by side, the other lane fills it. On a new machine the `k8s` step also waits for
-k8s/local/build.sh (which .ci/run starts beside `make setup`): the Go build then overlaps
-every other test instead of coming before them all.
+Why: the end-to-end tiers (a real SLURM cluster, podman, a real Kubernetes control plane) spend
+much of their time waiting on daemons, queues and pods, and even the multi-process tests leave
+a core idle while processes start, rendezvous and wait on each other (one pytest run kept the
+2 cores 50-60% busy). Two runs at once fill that idle time. On a new machine the k8s chunk also
+waits for k8s/local/build.sh (which .ci/run starts beside `make setup`): it is the last chunk,
+so the Go build overlaps every other test instead of coming before them all.
 
-    engines:   container, slurm  ->  k8s   (each step a pytest run; the k8s step last)
-    processes: everything else
+The chunks, in the order the lanes take them (a lane takes the next one when its run ends):
 
-The lanes partition the suite by marker expression, built here from one list of engine
-markers, so no test runs twice and none is left out (`--check` compares the ids each lane
-collects with the whole suite's). Each lane's lines are printed as they come, prefixed with
-the lane's name; the last line sums them up in the plain form CI reads
-(`total: N passed, N failed, N skipped`). Extra arguments go to every pytest run
-(`python -m tests.lanes --durations=30`), as does PYTEST_ADDOPTS.
+    engines   -m 'container or slurm'                   (the whole tree)
+    train     tests/train    -m 'not (container or slurm or k8s)'
+    launch    tests/launch   ...
+    backends  tests/backends ...
+    tools     tests/tools    ...
+    rest      tests/ without those four folders ...
+    k8s       -m 'k8s and not (container or slurm)'     (waits for a running Go build)
+
+A chunk is whole test files, so module fixtures (a trained run, a built image) are set up once;
+the suite has no session fixture that two chunks would build twice, except the SLURM cluster,
+whose tests are all in the first chunk. `--check` collects each chunk and shows that they are
+disjoint and add up to the whole suite. Each chunk's lines are printed as they come, prefixed
+with its name; the last line sums them up in the plain form CI reads (`total: N passed, N
+failed, N skipped`). Extra arguments go to every pytest run (`python -m tests.lanes
+--durations=30`), as does PYTEST_ADDOPTS.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import queue
 import re
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# The engine lane's steps, in order: each is a set of markers. k8s comes last so that a cold
-# Go build has the longest time to finish before anything needs its binaries.
+LANES = 2  # the machines' cores
+# Engine markers, by chunk: a test carrying several belongs to the first chunk naming one.
 ENGINE_STEPS: list[tuple[str, ...]] = [("container", "slurm"), ("k8s",)]
 ENGINE_MARKERS = [m for step in ENGINE_STEPS for m in step]
+# The process tests by folder, largest first (longest-first keeps the two lanes even).
+FOLDERS = ["train", "launch", "backends", "tools"]
 
 
-def lanes() -> dict[str, list[tuple[str, bool]]]:
-    """Lane name -> its pytest runs in order, each (marker expression, whether it waits for a
-    running k8s/local/build.sh first). A test carrying several engine markers belongs to the
-    first step that names one of them."""
-    engine_runs, before = [], []
+@dataclass
+class Chunk:
+    name: str
+    args: list[str]  # pytest's selection: paths, --ignore and -m
+    waits_for_build: bool = False
+    counts: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    failure: str = ""
+
+
+def chunks() -> list[Chunk]:
+    """The queue, in order; the engine chunks split by marker over the whole tree, the rest by
+    folder under -m 'not (engines)'."""
+    engine_exprs, before = [], []
     for step in ENGINE_STEPS:
         expr = " or ".join(step)
         if before:
             expr = f"({expr}) and not ({' or '.join(before)})"
-        engine_runs.append((expr, "k8s" in step))
+        engine_exprs.append((step, expr))
         before.extend(step)
-    return {"engines": engine_runs, "processes": [(f"not ({' or '.join(ENGINE_MARKERS)})", False)]}
+    no_engine = f"not ({' or '.join(ENGINE_MARKERS)})"
+    first, *later = engine_exprs
+    out = [Chunk("engines", ["tests", "-m", first[1]])]
+    out += [Chunk(f, [f"tests/{f}", "-m", no_engine]) for f in FOLDERS]
+    ignores = [f"--ignore=tests/{f}" for f in FOLDERS]
+    out.append(Chunk("rest", ["tests", *ignores, "-m", no_engine]))
+    out += [Chunk("+".join(step), ["tests", "-m", expr], "k8s" in step) for step, expr in later]
+    return out
 
 
 def k8s_build_lock() -> Path:
@@ -86,31 +115,29 @@ def summary_counts(line: str) -> dict[str, int]:
     return counts
 
 
-class Lane(threading.Thread):
-    def __init__(
-        self, name: str, runs: list[tuple[str, bool]], extra: list[str], out_lock: threading.Lock
-    ):
-        super().__init__(name=name)
-        self.runs, self.extra, self.out_lock = runs, extra, out_lock
-        self.counts: dict[str, int] = {}
-        self.failed_runs: list[str] = []
-        self.seconds = 0.0
+class Runner:
+    def __init__(self, extra: list[str]):
+        self.extra = extra
+        self.out_lock = threading.Lock()
 
-    def say(self, line: str) -> None:
+    def say(self, name: str, line: str) -> None:
         with self.out_lock:
-            print(f"[{self.name}] {line}", flush=True)
+            print(f"[{name}] {line}", flush=True)
 
-    def run(self) -> None:
+    def lane(self, todo: queue.Queue[Chunk]) -> None:
+        while True:
+            try:
+                chunk = todo.get_nowait()
+            except queue.Empty:
+                return
+            if chunk.waits_for_build:
+                wait_for_k8s_build(lambda line, c=chunk: self.say(c.name, line))
+            self.pytest(chunk)
+
+    def pytest(self, chunk: Chunk) -> None:
         start = time.monotonic()
-        for expr, waits_for_build in self.runs:
-            if waits_for_build:
-                wait_for_k8s_build(self.say)
-            self.pytest(expr)
-        self.seconds = time.monotonic() - start
-
-    def pytest(self, expr: str) -> None:
-        cmd = [sys.executable, "-m", "pytest", "-q", "-m", expr, *self.extra]
-        self.say(f"$ pytest -q -m {expr!r} {' '.join(self.extra)}".rstrip())
+        cmd = [sys.executable, "-m", "pytest", "-q", *chunk.args, *self.extra]
+        self.say(chunk.name, "$ pytest -q " + " ".join(chunk.args + self.extra))
         proc = subprocess.Popen(
             cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
         )
@@ -118,70 +145,69 @@ class Lane(threading.Thread):
         assert proc.stdout is not None
         for line in proc.stdout:
             line = line.rstrip("\n")
-            self.say(line)
+            self.say(chunk.name, line)
             if _COUNT.search(line) and (" in " in line or line.startswith("=")):
                 last_summary = line
         rc = proc.wait()
-        for key, n in summary_counts(last_summary).items():
-            self.counts[key] = self.counts.get(key, 0) + n
-        # 5: no test matched (a lane's step can be empty in a filtered run), not a failure.
+        chunk.counts = summary_counts(last_summary)
+        chunk.seconds = time.monotonic() - start
+        # 5: no test selected (a chunk can be empty in a filtered run), not a failure.
         if rc not in (0, 5):
-            self.failed_runs.append(f"-m {expr!r} exited {rc}")
+            chunk.failure = f"exited {rc}"
 
 
-def collected(expr: str | None, extra: list[str]) -> set[str]:
-    args = ["-m", expr] if expr else []
+def collected(args: list[str]) -> set[str]:
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
-         *args, *extra],
+        [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", *args],
         cwd=ROOT, capture_output=True, text=True, check=False,
     )  # fmt: skip
     return {ln for ln in out.stdout.splitlines() if "::" in ln}
 
 
 def check(extra: list[str]) -> int:
-    """The lanes' collected test ids are disjoint and add up to the whole suite's."""
-    whole = collected(None, extra)
+    """The chunks' collected test ids are disjoint and add up to the whole suite's."""
+    whole = collected(["tests", *extra])
     seen: set[str] = set()
-    for name, runs in lanes().items():
-        for expr, _ in runs:
-            ids = collected(expr, extra)
-            twice = seen & ids
-            if twice:
-                print(f"lanes: {len(twice)} tests in two lanes, e.g. {sorted(twice)[0]}")
-                return 1
-            seen |= ids
-            print(f"lanes: {name} -m {expr!r}: {len(ids)} tests")
+    for chunk in chunks():
+        ids = collected([*chunk.args, *extra])
+        twice = seen & ids
+        if twice:
+            print(f"lanes: {len(twice)} tests in two chunks, e.g. {sorted(twice)[0]}")
+            return 1
+        seen |= ids
+        print(f"lanes: {chunk.name}: {len(ids)} tests")
     missing = whole - seen
     if missing:
-        print(f"lanes: {len(missing)} tests in no lane, e.g. {sorted(missing)[0]}")
+        print(f"lanes: {len(missing)} tests in no chunk, e.g. {sorted(missing)[0]}")
         return 1
-    print(f"lanes: every one of the {len(whole)} tests in exactly one lane")
+    print(f"lanes: every one of the {len(whole)} tests in exactly one chunk")
     return 0
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--check"]:
         return check(argv[1:])
-    out_lock = threading.Lock()
-    runs = [Lane(name, steps, argv, out_lock) for name, steps in lanes().items()]
+    runner = Runner(argv)
+    todo: queue.Queue[Chunk] = queue.Queue()
+    every = chunks()
+    for chunk in every:
+        todo.put(chunk)
     start = time.monotonic()
-    for lane in runs:
-        lane.start()
-    for lane in runs:
-        lane.join()
+    threads = [threading.Thread(target=runner.lane, args=(todo,)) for _ in range(LANES)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     total: dict[str, int] = {}
-    for lane in runs:
-        for key, n in lane.counts.items():
+    for chunk in every:
+        for key, n in chunk.counts.items():
             total[key] = total.get(key, 0) + n
-        print(
-            f"lanes: {lane.name} {lane.seconds:.0f} s: "
-            + (", ".join(f"{n} {k}" for k, n in sorted(lane.counts.items())) or "no summary")
-        )
-    failures = [f"{lane.name}: {f}" for lane in runs for f in lane.failed_runs]
+        counts = ", ".join(f"{n} {k}" for k, n in sorted(chunk.counts.items())) or "no summary"
+        print(f"lanes: {chunk.name} {chunk.seconds:.0f} s: {counts}")
+    failures = [f"{c.name} {c.failure}" for c in every if c.failure]
     for f in failures:
         print(f"lanes: FAILED {f}")
-    print(f"lanes: {time.monotonic() - start:.0f} s in all (wall)")
+    print(f"lanes: {time.monotonic() - start:.0f} s in all (wall), {LANES} lanes")
     failed = total.get("failed", 0) + total.get("errors", 0)
     if failures and not failed:
         failed = len(failures)  # a run that died without a summary still fails the total

@@ -1,5 +1,5 @@
-"""`make test`'s lanes (tests/lanes.py): every test in exactly one lane, and the closing line
-summed from the lanes' own."""
+"""`make test`'s chunks (tests/lanes.py): every test in exactly one chunk, and the closing line
+summed from the chunks' own."""
 
 from __future__ import annotations
 
@@ -10,26 +10,42 @@ from _pytest.mark.expression import Expression
 from tests import lanes
 
 MARKERS = ["slow", "gpu", *lanes.ENGINE_MARKERS]
+PLACES = [
+    *(f"tests/{f}/test_x.py" for f in lanes.FOLDERS),
+    "tests/test_x.py",
+    "tests/new/test_x.py",
+]
 
 
-def test_every_combination_of_markers_falls_in_exactly_one_lane_run():
-    runs = [
-        (name, Expression.compile(expr))
-        for name, steps in lanes.lanes().items()
-        for expr, _ in steps
-    ]
-    for n in range(len(MARKERS) + 1):
-        for combo in itertools.combinations(MARKERS, n):
-            marks = set(combo)
-            hits = [name for name, e in runs if e.evaluate(lambda m, marks=marks: m in marks)]
-            assert len(hits) == 1, (marks, hits)
+def selects(chunk: lanes.Chunk, path: str, marks: set[str]) -> bool:
+    """What pytest does with the chunk's arguments: its paths, --ignore and -m."""
+    args, paths, expr = list(chunk.args), [], None
+    ignored = [a.split("=", 1)[1] for a in args if a.startswith("--ignore=")]
+    while args:
+        a = args.pop(0)
+        if a == "-m":
+            expr = args.pop(0)
+        elif not a.startswith("-"):
+            paths.append(a)
+    under = lambda root: path == root or path.startswith(root + "/")  # noqa: E731
+    if not any(under(p) for p in paths) or any(under(i) for i in ignored):
+        return False
+    return expr is None or Expression.compile(expr).evaluate(lambda m: m in marks)
 
 
-def test_only_the_k8s_run_waits_for_the_go_build_and_it_comes_last_in_its_lane():
-    engines = lanes.lanes()["engines"]
-    assert [waits for _, waits in engines] == [False] * (len(engines) - 1) + [True]
-    assert engines[-1][0].startswith("(k8s)")
-    assert not any(waits for _, waits in lanes.lanes()["processes"])
+def test_every_test_falls_in_exactly_one_chunk_wherever_it_is_and_however_marked():
+    every = lanes.chunks()
+    for path in PLACES:
+        for n in range(len(MARKERS) + 1):
+            for combo in itertools.combinations(MARKERS, n):
+                hits = [c.name for c in every if selects(c, path, set(combo))]
+                assert len(hits) == 1, (path, combo, hits)
+
+
+def test_only_the_k8s_chunk_waits_for_the_go_build_and_it_comes_last():
+    every = lanes.chunks()
+    assert [c.waits_for_build for c in every] == [False] * (len(every) - 1) + [True]
+    assert every[-1].name == "k8s" and every[0].name == "engines"
 
 
 def test_pytests_closing_line_is_read_as_counts():

@@ -313,6 +313,16 @@ if path is not None:
 """
 
 
+def _check_env(spec: JobSpec) -> dict[str, str]:
+    """The environment the submit-time checks run the job's Python in: this one, the job's
+    own, and the workspace (the current directory) first on PYTHONPATH, as on the nodes."""
+    paths = [str(Path.cwd()), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    job_env = spec.launch_env()
+    for value in (*job_env, *job_env.values()):
+        check_passable(value)  # a NUL reaches no process: the render's one line, said first
+    return {**os.environ, **job_env, "PYTHONPATH": os.pathsep.join(paths)}
+
+
 def check_entry_point(spec: JobSpec, python: str) -> None:
     """The job's own entry point (`script =` or `module =`), for every backend before anything
     is rendered or queued: the file exists in the workspace (the current directory), it is
@@ -330,11 +340,7 @@ def check_entry_point(spec: JobSpec, python: str) -> None:
     exe = shutil.which(python) if "/" not in python else python
     if not exe or not os.access(exe, os.X_OK) or os.path.isdir(exe):
         exe = sys.executable  # the nodes' Python is not here (render): compile with this one
-    paths = [str(Path.cwd()), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    job_env = spec.launch_env()
-    for value in (*job_env, *job_env.values()):
-        check_passable(value)  # a NUL reaches no process: the render's one line, said first
-    env = {**os.environ, **job_env, "PYTHONPATH": os.pathsep.join(paths)}
+    env = _check_env(spec)
     r = subprocess.run(
         [exe, "-c", _ENTRY_CHECK, json.dumps([kind, name])],
         env=env, capture_output=True, text=True, timeout=120,
@@ -377,11 +383,7 @@ def check_node_env(spec: JobSpec, python: str, key: str) -> None:
             f"job with it); set {key} to the interpreter that has torch and ddpkit"
         )
     wanted = node_imports(spec)
-    paths = [str(Path.cwd()), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    job_env = spec.launch_env()
-    for value in (*job_env, *job_env.values()):
-        check_passable(value)  # a NUL reaches no process: the render's one line, said first
-    env = {**os.environ, **job_env, "PYTHONPATH": os.pathsep.join(paths)}
+    env = _check_env(spec)
     r = subprocess.run(
         [exe, "-c", _IMPORT_CHECK, json.dumps([name for _, name in wanted])],
         env=env, capture_output=True, text=True, timeout=300,
