@@ -183,10 +183,15 @@ def outcome(
     if stalled:
         return EXIT_FAILED, stalled
     where = f" on {socket.gethostname()}"
+    left = left or {}
+    # Left early: others returned while the culprit still ran its code. A culprit whose own
+    # code had returned too (it failed in its exit) waited on nobody: its failure is its own.
     early = sorted(
         r
-        for r, t in (left or {}).items()
-        if failure.exact and (t < failure.when or (stopped_at is not None and t <= stopped_at))
+        for r, t in left.items()
+        if rank not in left
+        and failure.exact
+        and (t < failure.when or (stopped_at is not None and t <= stopped_at))
     )
     if early:  # a rank that stops calling collectives leaves its peers failing in them
         ranks = f"rank {early[0]}" if len(early) == 1 else f"ranks {', '.join(map(str, early))}"

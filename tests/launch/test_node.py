@@ -414,6 +414,15 @@ def test_a_rank_that_left_with_exit_0_before_the_failure_is_named():
     assert "left first" not in outcome(failures, False, left={1: 50.5}, stopped_at=50.3)[1]
 
 
+def test_a_rank_that_fails_in_its_exit_after_its_code_returned_is_named_alone():
+    """Every rank's code returned; rank 1 then aborted in interpreter teardown: nobody was
+    left waiting, so no rank 'left first', the failure is rank 1's own."""
+    abrt = -signal.SIGABRT
+    code, line = outcome({1: Failure(abrt, 50.0, exact=True)}, False, left={0: 49.0, 1: 49.5})
+    assert code == EXIT_FAILED and "left first" not in line
+    assert line.startswith("ddpkit node: rank 1 failed (signal SIGABRT)")
+
+
 def test_only_the_last_attempts_exits_0_count():
     ends = {
         11: WorkerEnd(rank=1, code=0, when=49.0, attempt=1),
