@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import abc
 import argparse
-import contextlib
 import dataclasses
 import enum
 import importlib
@@ -455,15 +454,21 @@ def _last_path(backend: str) -> Path:
     return state_dir() / "jobs" / backend / "last_job.json"
 
 
+def _recorded_job(path: Path) -> str | None:
+    """The job id a record names; None when it is unreadable or not a record."""
+    try:
+        return str(load(path, {"job": (str, int)})["job"])
+    except (OSError, ShapeError):
+        return None
+
+
 def record_job(backend: str, job: str, **info: Any) -> Path:
     """Remember the job submitted last from this workspace (.ddpkit/jobs/<backend>/); the
     record of another job it replaces is kept aside for drop_job."""
     path = _last_path(backend)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError, ValueError):
-        record = json.loads(path.read_text())  # a damaged one is kept aside too
-        if not isinstance(record, dict) or str(record.get("job")) != job:
-            path.replace(path.with_name(PREVIOUS_FILE))
+    if path.is_file() and _recorded_job(path) != job:  # a damaged record is kept aside too
+        path.replace(path.with_name(PREVIOUS_FILE))
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"job": job, **info}, indent=2) + "\n")
     tmp.replace(path)
@@ -478,10 +483,8 @@ def drop_job(backend: str, job: str) -> None:
     anything ran) changes no record: the one it replaced is the last job again, so
     `ddpkit status` and `cancel` still find the job that runs."""
     path = _last_path(backend)
-    with contextlib.suppress(OSError, ValueError):
-        record = json.loads(path.read_text())
-        if not isinstance(record, dict) or str(record.get("job")) != job:
-            return  # another submit recorded since (or a damaged record): leave it
+    if path.is_file() and _recorded_job(path) != job:
+        return  # another submit recorded since (or a damaged record): leave it
     previous = path.with_name(PREVIOUS_FILE)
     if previous.is_file():
         previous.replace(path)
