@@ -68,7 +68,8 @@ def for_this_machine(spec: JobSpec) -> JobSpec:
         'the CPU (gloo), as accelerator = "cpu" says',
         file=sys.stderr,
     )
-    return replace(spec, accelerator="cpu", docker=replace(spec.docker, gpus=None))
+    tables = {**spec.backend_options, "docker": replace(spec.docker, gpus=None)}
+    return replace(spec, accelerator="cpu", backend_options=tables)
 
 
 def submit(spec: JobSpec, opts: argparse.Namespace) -> int:

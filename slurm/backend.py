@@ -28,6 +28,7 @@ from ddpkit.slurm.cluster import (
     run_cmd,
     sacct_fields,
 )
+from ddpkit.slurm.options import SlurmOptions
 from ddpkit.slurm.render import (
     COMMENT,
     GRACE_MARGIN_S,
@@ -79,6 +80,7 @@ __all__ = [
 class SlurmBackend(Backend):
     name = "slurm"
     file_ext = "sbatch"
+    Options = SlurmOptions  # the job file's [slurm] table
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--poll-s", type=float, default=2.0, help="seconds between polls")
