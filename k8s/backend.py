@@ -41,6 +41,7 @@ class K8sBackend(Backend):
     name = "k8s"
     file_ext = FILE_EXT
     Options = K8sOptions  # the job file's [k8s] table
+    make_vars = {"NAMESPACE": "namespace"}
     shares_filesystem = False  # inputs live in the image or on the PVC
 
     def validate(self, spec: JobSpec) -> None:

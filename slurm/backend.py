@@ -81,6 +81,11 @@ class SlurmBackend(Backend):
     name = "slurm"
     file_ext = "sbatch"
     Options = SlurmOptions  # the job file's [slurm] table
+    make_vars = {"PARTITION": "partition"}
+    job_file_lines = (
+        '# partition = "gpu"',
+        '# python = "/path/to/venv/bin/python"  # default: the Python that runs `ddpkit submit`',
+    )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--poll-s", type=float, default=2.0, help="seconds between polls")

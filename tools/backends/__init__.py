@@ -120,6 +120,11 @@ class Backend(abc.ABC):
     # The backend's job-file options: a dataclass typed from the job file's [<name>] table;
     # None = the backend has no options of its own.
     Options: ClassVar[type | None] = None
+    # Make variables that set a key of the backend's table (`make ... PARTITION=gpu` ->
+    # `--set slurm.partition=gpu`), read by `--make` (launch.make_argv): VAR -> key.
+    make_vars: ClassVar[dict[str, str]] = {}
+    # Commented lines `ddpkit init` writes under the table's header in a new job file.
+    job_file_lines: ClassVar[tuple[str, ...]] = ()
 
     def options(self, spec: JobSpec) -> Any:
         """This backend's options of the job, typed (its Options' defaults when the job file
