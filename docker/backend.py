@@ -42,7 +42,7 @@ from ddpkit.docker.render import (
 )
 from ddpkit.docker.run import cancel, list_jobs, logs, poll, status, submit
 from ddpkit.tools.backends import Backend, JobStatus, user_image
-from ddpkit.tools.spec import JobSpec
+from ddpkit.tools.jobspec import JobSpec
 
 __all__ = [
     "DockerBackend",

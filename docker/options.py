@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 
 from ddpkit.tools.backends.containers import check_ckpt_dir, check_shm_size
-from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.jobspec import JobSpec, SpecError
 
 
 @dataclass

@@ -20,7 +20,7 @@ from ddpkit.docker.render import (
     stop_timeout_s,
 )
 from ddpkit.tools.backends import JobState, JobStatus, last_job, record_job
-from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.jobspec import JobSpec, SpecError
 from ddpkit.tools.templating import shell_quote
 from ddpkit.train.contract import DEFAULT_SHUTDOWN_TIMEOUT_S, EXIT_REQUEUE, shutdown_budget_s
 from ddpkit.train.jsonshape import Opt

@@ -32,7 +32,7 @@ from ddpkit.k8s.render import (
     volumes,
 )
 from ddpkit.tools.backends import Backend, JobStatus, user_image
-from ddpkit.tools.spec import JobSpec
+from ddpkit.tools.jobspec import JobSpec
 
 __all__ = ["LAUNCH_SCRIPT", "K8sBackend", "command", "manifests", "render", "volumes"]
 

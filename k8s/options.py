@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ddpkit.tools.backends.containers import INT32_MAX, check_ckpt_dir, check_shm_size
-from ddpkit.tools.spec import ENV_NAME_RE, JobSpec, SpecError
+from ddpkit.tools.jobspec import ENV_NAME_RE, JobSpec, SpecError
 
 
 @dataclass

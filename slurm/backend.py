@@ -53,7 +53,7 @@ from ddpkit.tools.backends import (
     last_job,
     record_job,
 )
-from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.jobspec import JobSpec, SpecError
 from ddpkit.train.jsonshape import Opt
 
 __all__ = [

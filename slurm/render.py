@@ -18,7 +18,7 @@ import re
 from ddpkit.tools.backends import (
     JobState,
 )
-from ddpkit.tools.spec import ENV_NAME_RE, JobSpec, SpecError
+from ddpkit.tools.jobspec import ENV_NAME_RE, JobSpec, SpecError
 from ddpkit.tools.templating import render_template, shell_quote
 from ddpkit.train import typed
 from ddpkit.train.contract import EXIT_REQUEUE, REQUEUE_SIGNALS_ENV

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from ddpkit.tools.backends.registry import BACKENDS, builtin_class
-from ddpkit.tools.spec import JOB_FILE, MODULE_RE, NAME_RE, SpecError, load_spec
+from ddpkit.tools.jobspec import JOB_FILE, MODULE_RE, NAME_RE, SpecError, load_spec
 from ddpkit.train.errors import CliParser
 
 COMMON = ("train.py", "main.py", "run.py")

@@ -14,9 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ddpkit.tools import init, launch
+from ddpkit.tools import init, submit
 from ddpkit.tools.backends import registry
-from ddpkit.tools.spec import SpecError, load_spec
+from ddpkit.tools.jobspec import SpecError, load_spec
 
 BACKEND = '''
 """A toy engine: "submits" by writing its rendered job where a queue would pick it up."""
@@ -93,24 +93,24 @@ def test_its_table_is_typed_and_checked_like_the_kit_engines(toy: Path) -> None:
 
 
 def test_the_launcher_renders_and_submits_through_it(toy: Path, capsys) -> None:
-    assert launch.run(["render", "toy", "train.py", "--nodes", "2", "--set", "toy.queue=q"]) == 0
+    assert submit.run(["render", "toy", "train.py", "--nodes", "2", "--set", "toy.queue=q"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("# queue=q slots=1\n") and " -- train.py" in out
     with pytest.raises(SpecError, match="toy.slots"):  # its rule, for its own jobs
-        launch.run(["render", "toy", "train.py", "--set", "toy.slots=0"])
-    assert launch.run(["render", "local", "train.py", "--set", "toy.slots=0"]) == 0  # not others'
+        submit.run(["render", "toy", "train.py", "--set", "toy.slots=0"])
+    assert submit.run(["render", "local", "train.py", "--set", "toy.slots=0"]) == 0  # not others'
     capsys.readouterr()
-    assert launch.run(["submit", "toy", "train.py"]) == 0
+    assert submit.run(["submit", "toy", "train.py"]) == 0
     queued = Path(capsys.readouterr().out.split()[-1])
     assert queued.read_text().startswith("# queue=default slots=1\n")
-    assert launch.run(["status", "toy"]) == 0
+    assert submit.run(["status", "toy"]) == 0
     assert f"pending {queued}" in capsys.readouterr().out
 
 
 def test_print_spec_make_and_init_know_it(toy: Path, capsys) -> None:
-    assert launch.run(["render", "toy", "--print-spec", "--set", "toy.queue=q"]) == 0
+    assert submit.run(["render", "toy", "--print-spec", "--set", "toy.queue=q"]) == 0
     assert '[toy]\nqueue = "q"\nslots = 1\n' in capsys.readouterr().out
-    argv = launch.make_argv(["submit", "toy", "--make"], {"TOYQ": "fast"})
+    argv = submit.make_argv(["submit", "toy", "--make"], {"TOYQ": "fast"})
     assert argv[-2:] == ["--set", "toy.queue=fast"]
     text = init.render("demo", 1, {"script": "train.py"})
     assert text.endswith('\n[toy]\n# queue = "fast"\n')

@@ -7,7 +7,7 @@ import pytest
 import yaml
 from ddpkit.k8s import backend as k8s
 from ddpkit.tools import sweep
-from ddpkit.tools.spec import SpecError, load_spec
+from ddpkit.tools.jobspec import SpecError, load_spec
 
 
 def _load(sets: list[str]):

@@ -34,7 +34,7 @@ A backend of another package (a plugin) is one package and one line: the entry p
 `status` has a default (print `poll`'s answer; exit 0, or 1 when the job failed) and `wait`
 is ONE loop for every backend: poll until JobState is terminal, then the job's exit status.
 `opts` is the CLI's Namespace (opts.spec is the JobSpec when --config was given, else None).
-Bad input raises ddpkit.tools.spec.SpecError (exit 2). record_job / last_job keep "the last job
+Bad input raises ddpkit.tools.jobspec.SpecError (exit 2). record_job / last_job keep "the last job
 submitted from this workspace" per backend.
 
 Every backend runs the same node launcher (`python -m ddpkit.train.node ... -- <entry point>`,
@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ddpkit.tools.backends.registry import BACKENDS, registered
-from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.jobspec import JobSpec, SpecError
 from ddpkit.tools.templating import check_passable
 from ddpkit.train import typed
 from ddpkit.train.contract import METRICS_FILE
@@ -73,7 +73,7 @@ STATE_DIR = ".ddpkit"  # in the workspace: job records (jobs/), rendered files, 
 
 
 def state_dir() -> Path:
-    """The workspace's .ddpkit/ (the launcher runs in the workspace: see launch.run)."""
+    """The workspace's .ddpkit/ (the launcher runs in the workspace: see submit.run)."""
     return Path.cwd() / STATE_DIR
 
 
@@ -121,7 +121,7 @@ class Backend(abc.ABC):
     # None = the backend has no options of its own.
     Options: ClassVar[type | None] = None
     # Make variables that set a key of the backend's table (`make ... PARTITION=gpu` ->
-    # `--set slurm.partition=gpu`), read by `--make` (launch.make_argv): VAR -> key.
+    # `--set slurm.partition=gpu`), read by `--make` (submit.make_argv): VAR -> key.
     make_vars: ClassVar[dict[str, str]] = {}
     # Commented lines `ddpkit init` writes under the table's header in a new job file.
     job_file_lines: ClassVar[tuple[str, ...]] = ()

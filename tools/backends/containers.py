@@ -11,7 +11,7 @@ import posixpath
 import re
 from pathlib import PurePosixPath
 
-from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.jobspec import JobSpec, SpecError
 
 CONTAINER_WORKDIR = "/workspace"  # the image's WORKDIR (docker/Dockerfile)
 SIZE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?([kmgtKMGT]i?[bB]?)?$")  # /dev/shm sizes: 16Gi, 16g

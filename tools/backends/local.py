@@ -30,7 +30,7 @@ from ddpkit.tools.backends import (
     node_imports,
     record_job,
 )
-from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.jobspec import JobSpec, SpecError
 from ddpkit.tools.templating import shell_join, shell_quote
 from ddpkit.train.contract import (
     CKPT_SUBDIR,

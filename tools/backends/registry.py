@@ -4,7 +4,7 @@ is one entry point in the group ENTRY_POINT_GROUP (`mine = "mypkg.backend:MyBack
 Names only, as "module:Class" strings, imported when used: the job spec asks here for the
 built-in engines' Options (their `[slurm]`, `[k8s]`, `[docker]` tables), the launcher for the
 backend acting on a job (load_backend). Nothing of ddpkit is imported at module level, so the
-job spec (tools/spec) may read it without reaching the engines' code through an import.
+job spec (tools/jobspec) may read it without reaching the engines' code through an import.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ddpkit.tools.spec import BUILTIN_JOB, NAME_RE, JobSpec, SpecError, default_job_file
+from ddpkit.tools.jobspec import BUILTIN_JOB, NAME_RE, JobSpec, SpecError, default_job_file
 from ddpkit.train.errors import CliParser
 
 ACTIONS = ("render", "submit", "status", "logs", "cancel", "list")
@@ -186,7 +186,7 @@ def run(argv: list[str], shown: str | None = None) -> int:
     # before submitit or the kubernetes client is imported (backends import them on use).
     first, _ = build_parser().parse_known_intermixed_args(argv)
     from ddpkit.tools.backends import check_entry_point, load_backend, plugin_sections
-    from ddpkit.tools.spec import load_spec
+    from ddpkit.tools.jobspec import load_spec
 
     checked: set[tuple[str | None, str | None, str]] = set()
     backend = load_backend(first.backend)  # light: engines' clients are imported on use

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
-from ddpkit.tools.spec.schema import (
+from ddpkit.tools.jobspec.schema import (
     ENTRY_NEUTRAL_TRAIN_KEYS,
     MAX_SHUTDOWN_S,
     MODULE_RE,

@@ -13,7 +13,7 @@ declared on its fields) <- load.py (the job file, overrides,
 validation, the workspace). The names below are the package's interface.
 """
 
-from ddpkit.tools.spec.load import (
+from ddpkit.tools.jobspec.load import (
     BUILTIN_JOB,
     JOB_FILE,
     apply_override,
@@ -25,7 +25,7 @@ from ddpkit.tools.spec.load import (
     resolve_workspace,
     validate,
 )
-from ddpkit.tools.spec.schema import (
+from ddpkit.tools.jobspec.schema import (
     ENTRY_NEUTRAL_TRAIN_KEYS,
     ENV_NAME_RE,
     MAX_SHUTDOWN_S,
@@ -36,7 +36,7 @@ from ddpkit.tools.spec.schema import (
     JobSpec,
     SpecError,
 )
-from ddpkit.tools.spec.values import DebugPreset, debug_env, flag_value, parse_time_minutes
+from ddpkit.tools.jobspec.values import DebugPreset, debug_env, flag_value, parse_time_minutes
 
 __all__ = [
     "BUILTIN_JOB",

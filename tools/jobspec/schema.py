@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ddpkit.tools.spec.values import (
+from ddpkit.tools.jobspec.values import (
     DebugPreset,
     debug_env,
     drop_none,
