@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ddpkit.tools.memory_model import OPTIM_BYTES, PlanError, RankState, shard_rows
-from ddpkit.train.config import replicate_problem
+from ddpkit.train.preflight import replicate_problem
 
 GB = 1e9  # the article quotes decimal GB (7e9 * 16 B = 112 GB)
 STRATEGIES = ("DDP", "NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")
