@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from ddpkit.tools.memory_model import (
+from ddpkit.tools.planner.model import (
     OPTIM_BYTES,
     PlanError,
     RankState,
