@@ -95,7 +95,7 @@ class SlurmBackend(Backend):
         return node_python(spec) if spec.slurm.container == "none" else sys.executable
 
     def validate(self, spec: JobSpec) -> None:
-        super().validate(spec)  # the [slurm] table's field checks (SlurmSpec)
+        super().validate(spec)  # the [slurm] table's field checks (SlurmOptions)
         validate(spec)
 
     def render(self, spec: JobSpec) -> str:
