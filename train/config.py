@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_type_hints
 
-from ddpkit.train import lookup, typed
+from ddpkit.train import resolve, typed
 from ddpkit.train.contract import (
     EXIT_BAD_INPUT,
     EXIT_REQUEUE,
@@ -378,14 +378,14 @@ def validate(cfg: TrainConfig, local_paths: bool = True) -> None:
             f"--lr-scaling {cfg.lr_scaling} needs --base-batch-size (the global batch "
             "the base --lr was tuned for)"
         )
-    lookup.check_names(cfg, local_paths=local_paths)
-    mkind, dkind = lookup.model_kind(cfg), lookup.dataset_kind(cfg)
+    resolve.check_names(cfg, local_paths=local_paths)
+    mkind, dkind = resolve.model_kind(cfg), resolve.dataset_kind(cfg)
     if mkind is not None and dkind != "any" and mkind != dkind:
         raise ConfigError(
             f"--model {cfg.model} trains on {mkind} data, --dataset {cfg.dataset} holds {dkind}; "
             f"pick a dataset of {mkind} (synthetic fits every model)"
         )
-    lookup.check_model(cfg)
+    resolve.check_model(cfg)
     if local_paths and cfg.dataset in ("imagefolder", "tokens") and not Path(cfg.data_dir).exists():
         raise ConfigError(
             f"--data-dir {cfg.data_dir} does not exist; point it at your {cfg.dataset} data"
