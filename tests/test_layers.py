@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGES = ("ddpkit.train", "ddpkit.tools")
+PACKAGES = ("ddpkit.train", "ddpkit.tools", "ddpkit.slurm", "ddpkit.k8s", "ddpkit.docker")
 
 
 def _modules() -> dict[str, Path]:
@@ -145,7 +145,7 @@ def test_the_walk_sees_the_trainer_and_the_tools():
     assert {"ddpkit.train.registry", "ddpkit.train.config", "ddpkit.tools.planner.cli"} <= set(
         known
     )
-    assert "ddpkit.tools.backends.k8s" in known  # subpackages too
+    assert "ddpkit.k8s.backend" in known  # the engines' packages too
     assert "ddpkit.train.errors" in graph["ddpkit.train.config"]  # module level
     assert "ddpkit.train.models" in graph["ddpkit.tools.planner.model"]  # inside a function
 
