@@ -132,7 +132,7 @@ def run_hf(quick: bool, work: Path, out: Path, env: dict) -> list[str]:
         r = loop_overhead.run_interleaved(case, 1, work, _log)
     finally:  # the generated model and data are scratch, like the run dirs
         shutil.rmtree(work / "hf", ignore_errors=True)
-    write_json(out / "hf_loop_overhead.json", {"env": env, "interleaved": [r]})
+    write_json(out / "hf_step_time.json", {"env": env, "interleaved": [r]})
     s = r["summary"]
     ratio = s["kit"]["ratio_vs_plain-fsdp"]
     verdict = "met" if ratio["median"] <= STEP_TARGET else "NOT met"
@@ -164,7 +164,7 @@ def run_steps(cfg: dict[str, Any], reps: int, work: Path, out: Path, env: dict) 
     inter = [loop_overhead.run_interleaved(c, 1, work, _log) for c in cfg["interleaved"]]
     _log(f"time to first step (and step time), separate launches, {reps} repetition(s)")
     launches = [loop_overhead.run_case(c, reps, work, _log) for c in cfg["launch_cases"]]
-    write_json(out / "loop_overhead.json", {"env": env, "interleaved": inter, "launches": launches})
+    write_json(out / "step_time.json", {"env": env, "interleaved": inter, "launches": launches})
     rows = [loop_overhead.INTERLEAVED_HEADER]
     for r in inter:
         rows += loop_overhead.interleaved_rows(r)
