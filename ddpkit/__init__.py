@@ -7,7 +7,8 @@ Where each package lives (pyproject.toml's package-dir maps a folder to its dott
 
     ddpkit                  ddpkit/     the `ddpkit` command (cli.py)
     ddpkit.train            train/      the trainer, the node launcher (node.py), the contract
-    ddpkit.tools            tools/      the tools (ckpt, doctor, memory, plot, ...) and:
+    ddpkit.tools            tools/      the tools (planner/: ddpkit memory and steptime;
+                                        doctor/; ckpt, commbench, plot, ...) and:
     ddpkit.tools.jobspec    tools/jobspec/   the job file: JobSpec, loading, --set, validation
     ddpkit.tools.submit     tools/submit.py  render / submit / status / logs / cancel / list
     ddpkit.tools.backends   tools/backends/  what every engine shares: the Backend interface

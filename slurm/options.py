@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ddpkit.train.typed import at_least, checks, plain_path, port
+from ddpkit.train.dataclass_fields import at_least, checks, plain_path, port
 
 SBATCH_SIGNALS = ("USR1", "USR2", "TERM")
 

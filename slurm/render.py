@@ -20,7 +20,7 @@ from ddpkit.tools.backends import (
 )
 from ddpkit.tools.jobspec import ENV_NAME_RE, JobSpec, SpecError
 from ddpkit.tools.templating import render_template, shell_quote
-from ddpkit.train import typed
+from ddpkit.train import dataclass_fields
 from ddpkit.train.contract import EXIT_REQUEUE, REQUEUE_SIGNALS_ENV
 
 # Values that land on `#SBATCH` lines, which sbatch (not a shell) parses: no quoting there,
@@ -152,7 +152,7 @@ def sbatch_options(spec: JobSpec) -> list[str]:
     """The `#SBATCH` options, in the order they are written."""
     opts = []
     for key, value in sbatch_params(spec).items():
-        flag = typed.flag(key)  # sbatch's long options: the kit's one spelling rule
+        flag = dataclass_fields.flag(key)  # sbatch's long options: the kit's one spelling rule
         opts.append(flag if value is True else f"{flag}={value}")
         if key == "time":
             # sbatch opens --output before the script runs, so it must be a directory that

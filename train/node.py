@@ -290,7 +290,8 @@ def workers_die_with_launcher() -> bool:
     torchrun starts each worker in a session of its own (start_new_session), so nothing
     else reaches them when the launcher is SIGKILLed (an OOM kill, SLURM's final KILL, a
     `kill -9`): a user script would live on holding its port and GPU. The kit's trainer
-    sets the same signal on itself (ddpkit.train.early); this covers every entry point.
+    sets the same signal on itself (ddpkit.train.startup_signals); this covers every entry
+    point.
     The signal follows the forking thread: torchrun starts its workers from its main
     thread, which lives as long as the launcher. True when installed."""
     if not sys.platform.startswith("linux"):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from ddpkit.tools.backends import Backend, JobState, JobStatus, last_job, record_job, state_dir
 from ddpkit.tools.templating import shell_join
-from ddpkit.train.typed import at_least, checks
+from ddpkit.train.dataclass_fields import at_least, checks
 
 
 @dataclass

@@ -27,7 +27,7 @@ from pathlib import Path
 from ddpkit.tools.backends import Backend, JobState, JobStatus, last_job, record_job, state_dir
 from ddpkit.tools.jobspec import SpecError
 from ddpkit.tools.templating import shell_join
-from ddpkit.train.typed import at_least, checks
+from ddpkit.train.dataclass_fields import at_least, checks
 
 
 @dataclass

@@ -77,7 +77,7 @@ BAD = [
     (["debug=loud"], "is not one of off, warn, info, trace"),
     (["env.1X=a"], "is not a variable name"),
     (["rdzv_port=70000"], "is not a port"),
-    # single-value rules declared on the fields (ddpkit.train.typed), nested tables too
+    # single-value rules declared on the fields (ddpkit.train.dataclass_fields), nested tables too
     (["ckpt_dir=-x"], "ckpt_dir '-x' starts with '-'"),
     (["time=1h"], "time '1h' does not parse"),
     (["cpus_per_proc=0"], "cpus_per_proc must be >= 1, got 0"),

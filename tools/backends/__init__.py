@@ -65,7 +65,7 @@ from typing import Any, ClassVar
 from ddpkit.tools.backends.registry import BACKENDS, registered
 from ddpkit.tools.jobspec import JobSpec, SpecError
 from ddpkit.tools.templating import check_passable
-from ddpkit.train import typed
+from ddpkit.train import dataclass_fields
 from ddpkit.train.contract import METRICS_FILE
 from ddpkit.train.jsonshape import ShapeError, load, loads
 
@@ -135,11 +135,12 @@ class Backend(abc.ABC):
         return table
 
     def check_options(self, spec: JobSpec) -> None:
-        """The checks declared on this backend's options' fields (ddpkit.train.typed.checks);
-        Backend.validate runs them, for this backend's jobs only."""
+        """The checks declared on this backend's options' fields
+        (ddpkit.train.dataclass_fields.checks); Backend.validate runs them, for this backend's
+        jobs only."""
         options = self.options(spec)
         if dataclasses.is_dataclass(options):
-            typed.check_all(options, self.name, SpecError)
+            dataclass_fields.check_all(options, self.name, SpecError)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:  # noqa: B027 (a hook)
         """Backend-only CLI flags (none by default)."""

@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 
 from ddpkit.tools.backends.containers import CONTAINER_WORKDIR
 from ddpkit.tools.jobspec import JobSpec, SpecError
-from ddpkit.train import typed
+from ddpkit.train import dataclass_fields
 
 WORKDIR = PurePosixPath(CONTAINER_WORKDIR)
 USER_REQUIREMENTS = "/opt/ddpkit/user-requirements.txt"
@@ -77,7 +77,7 @@ def check(spec: JobSpec) -> None:
                 "image its own name, e.g. --set image=myproject:latest"
             )
         return
-    if not typed.is_plain_token(d.kit_image):
+    if not dataclass_fields.is_plain_token(d.kit_image):
         raise SpecError(f"docker.kit_image {d.kit_image!r} is not an image reference")
     if d.user_dir:
         p = Path(d.user_dir)

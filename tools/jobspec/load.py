@@ -23,7 +23,7 @@ from ddpkit.tools.jobspec.schema import (
     JobSpec,
     SpecError,
 )
-from ddpkit.train import typed
+from ddpkit.train import dataclass_fields
 from ddpkit.train.config import TRAIN_KEYS, ConfigError, TrainConfig, parse_config, read_toml
 from ddpkit.train.config import convert_value as _convert_train_value
 
@@ -38,9 +38,9 @@ INT_RANGE = range(-INT_MAX - 1, INT_MAX + 1)
 
 
 def _check_value(tp: Any, value: Any, where: str) -> Any:
-    """Check one TOML value against a field annotation (ddpkit.train.typed), integers within
-    INT_MAX."""
-    value = typed.check_value(tp, value, where, SpecError)
+    """Check one TOML value against a field annotation (ddpkit.train.dataclass_fields),
+    integers within INT_MAX."""
+    value = dataclass_fields.check_value(tp, value, where, SpecError)
     _check_ints(value, where)
     return value
 
@@ -72,7 +72,7 @@ def _build(
     Options (typed here; its checks are the engine's, check_options), or None (kept as
     written: another plugin backend's table)."""
     hints = get_type_hints(cls)
-    known = typed.keys(cls)
+    known = dataclass_fields.keys(cls)
     sections = sections or {}
     kwargs: dict[str, Any] = {}
     for key, value in table.items():
@@ -92,7 +92,7 @@ def _build(
         else:
             kwargs[name] = _check_value(hints[name], value, dotted)
             if cls is JobSpec:
-                typed.run_checks(cls, name, kwargs[name], dotted, SpecError)
+                dataclass_fields.run_checks(cls, name, kwargs[name], dotted, SpecError)
     return cls(**kwargs)
 
 
@@ -122,7 +122,7 @@ def _field_type(path: list[str], sections: dict[str, type | None] | None = None)
     cls: Any = JobSpec
     sections = sections or {}
     dotted, full = ".".join(path), path
-    if path[0] in sections and path[0] not in typed.keys(JobSpec):
+    if path[0] in sections and path[0] not in dataclass_fields.keys(JobSpec):
         if sections[path[0]] is None:
             return Any  # another backend's table: parsed as TOML, checked by its backend
         if len(path) == 1:
@@ -139,7 +139,7 @@ def _field_type(path: list[str], sections: dict[str, type | None] | None = None)
                     f"--set {dotted}: unknown key; valid keys in [train]: " + ", ".join(TRAIN_KEYS)
                 )
             return get_type_hints(TrainConfig)[name]
-        names = typed.keys(cls) + (list(sections) if cls is JobSpec else [])
+        names = dataclass_fields.keys(cls) + (list(sections) if cls is JobSpec else [])
         if name not in names:
             where = f"[{'.'.join(full[: i + prefix])}]" if i or prefix else "the top level"
             raise SpecError(
@@ -148,7 +148,7 @@ def _field_type(path: list[str], sections: dict[str, type | None] | None = None)
         tp = TrainConfig if (cls is JobSpec and name == "train") else get_type_hints(cls)[name]
         if i == len(path) - 1:
             return tp  # as annotated: "none" clears an optional field
-        tp, _ = typed.unwrap_optional(tp)
+        tp, _ = dataclass_fields.unwrap_optional(tp)
         if get_origin(tp) is dict:  # env.FOO=bar, k8s.node_selector.x=y
             if i != len(path) - 2:
                 raise SpecError(f"--set {dotted}: too many dots")
@@ -160,8 +160,8 @@ def _field_type(path: list[str], sections: dict[str, type | None] | None = None)
 
 
 def parse_override_value(tp: Any, raw: str) -> Any:
-    """A --set value for a field of type tp (ddpkit.train.typed.parse_text)."""
-    return typed.parse_text(tp, raw, SpecError)
+    """A --set value for a field of type tp (ddpkit.train.dataclass_fields.parse_text)."""
+    return dataclass_fields.parse_text(tp, raw, SpecError)
 
 
 def apply_override(
@@ -205,7 +205,7 @@ def validate(spec: JobSpec, local_paths: bool = True) -> JobSpec:
     """Checks across fields. Each message names the value and the fix. local_paths: the
     nodes see this machine's files (local, SLURM's shared filesystem), so the training
     inputs are looked up here too; False for container backends."""
-    # The single-value rules are declared on the fields (typed.checks) and ran as the
+    # The single-value rules are declared on the fields (dataclass_fields.checks) and ran as the
     # spec was built; these are the ones across fields.
     _validate_entry(spec)
     _validate_train(spec, local_paths)
@@ -222,7 +222,7 @@ def _validate_entry(spec: JobSpec) -> None:
             f"module {spec.module!r} is not a Python module path; use dotted names, e.g. "
             '"mypkg.train" (what `python -m` takes)'
         )
-    if spec.script is not None and not typed.is_plain_path(spec.script):
+    if spec.script is not None and not dataclass_fields.is_plain_path(spec.script):
         raise SpecError(
             f"script {spec.script!r} is not a script path; use a .py path relative to the "
             'workspace (the job file\'s directory), e.g. "train.py"'
@@ -245,7 +245,7 @@ def _validate_entry(spec: JobSpec) -> None:
 def _validate_train(spec: JobSpec, local_paths: bool = True) -> None:
     for key in ("run_dir", "ckpt_dir"):
         value = spec.train.get(key)
-        if isinstance(value, str) and value.strip() and not typed.is_plain_path(value):
+        if isinstance(value, str) and value.strip() and not dataclass_fields.is_plain_path(value):
             raise SpecError(
                 f"train.{key} {value!r} starts with '-' or contains a newline; use a plain "
                 "path (e.g. runs/mine)"
@@ -294,7 +294,7 @@ def resolve_workspace(path: str | Path | None, data: dict[str, Any]) -> Path:
     value = data.get("workspace")
     if value is None:
         return base
-    if not isinstance(value, str) or not typed.is_plain_path(value):
+    if not isinstance(value, str) or not dataclass_fields.is_plain_path(value):
         raise SpecError(f'workspace {value!r} is not a directory path; use e.g. ".."')
     ws = (base / value).resolve()
     if not ws.is_dir():

@@ -20,7 +20,7 @@ from ddpkit.tools.jobspec.values import (
     flag_value,
     parse_time_minutes,
 )
-from ddpkit.train import typed
+from ddpkit.train import dataclass_fields
 from ddpkit.train.config import DURATION_MAX_S
 from ddpkit.train.contract import (
     CKPT_DIR_ENV,
@@ -29,8 +29,8 @@ from ddpkit.train.contract import (
     default_run_dir,
     shutdown_budget_s,
 )
+from ddpkit.train.dataclass_fields import at_least, checks, matches, plain_path, port
 from ddpkit.train.errors import UserError
-from ddpkit.train.typed import at_least, checks, matches, plain_path, port
 
 # Names land in file names, SLURM job names, Kubernetes object names and container names.
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?$")
@@ -46,7 +46,7 @@ class SpecError(UserError):
     """A bad job file value, override or combination (one line, exit 2)."""
 
 
-# --- validators declared on the fields (ddpkit.train.typed): one predicate per rule ---------
+# --- validators declared on the fields (ddpkit.train.dataclass_fields): one predicate per rule
 
 
 def _time_limit(value: str, key: str) -> str | None:
@@ -58,7 +58,7 @@ def _time_limit(value: str, key: str) -> str | None:
 
 
 def _image_ref(value: str, key: str) -> str | None:
-    if not typed.is_plain_token(value):
+    if not dataclass_fields.is_plain_token(value):
         return (
             f"{key} {value!r} is not an image reference (it must not start with '-' or hold "
             "spaces, or an engine reads it as an option); use e.g. registry/ddpkit:1.0"
@@ -186,9 +186,9 @@ class JobSpec:
         for key, value in self.train.items():
             if key == "name" or (key == "steps" and epochs_only):
                 continue  # --epochs after `--` switches the file's steps off (as the trainer does)
-            flag = typed.flag(key)
+            flag = dataclass_fields.flag(key)
             if isinstance(value, bool):
-                args.append(flag if value else typed.no_flag(key))
+                args.append(flag if value else dataclass_fields.no_flag(key))
             elif isinstance(value, dict):  # model_args / dataset_args: the flag takes JSON
                 args += [flag, json.dumps(value, separators=(",", ":"))]
             elif value is not None:
