@@ -94,6 +94,7 @@ class FaultTolerance:
         self.position: dict[str, int] = {}
         self.participants = group.groups
         self.healed_at: list[int] = []
+        self.waited = False
         atexit.register(self.manager.shutdown, wait=False)
 
     def line(self) -> str:
@@ -159,6 +160,9 @@ class FaultTolerance:
 
     def commit(self, step_optimizer) -> bool:
         t = self.t
+        starting = t.step == 0 and self.participants < self.group.groups
+        if starting:  # the job starts with every group, not with the first one up
+            self.manager.report_error(RuntimeError("not every replica group has joined yet"))
         t.phase = "torchft should_commit"
         self.committed = self.manager.should_commit()
         if self.committed:
@@ -166,6 +170,11 @@ class FaultTolerance:
         else:  # the gradients are not the live groups' mean: re-read this step's batch
             t.sampler.load_state_dict(self.position)
             self.stale = True
+            if starting:
+                if not self.waited:
+                    t.reporter.info("torchft: waiting for every replica group to join step 1")
+                self.waited = True
+                return False
             t.reporter.info(
                 f"torchft: step {t.step + 1} not committed (a replica group left during it); "
                 "retrying it with the next quorum"

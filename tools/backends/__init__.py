@@ -121,6 +121,8 @@ class Backend(abc.ABC):
     # The backend's job-file options: a dataclass typed from the job file's [<name>] table;
     # None = the backend has no options of its own.
     Options: ClassVar[type | None] = None
+    # Runs fault_tolerance = "torchft" jobs (the lighthouse and the replica groups).
+    runs_torchft: ClassVar[bool] = False
 
     def options(self, spec: JobSpec) -> Any:
         """This backend's options of the job, typed (its Options' defaults when the job file
@@ -154,6 +156,11 @@ class Backend(abc.ABC):
         The default checks the options' declared field rules; an override calls
         super().validate(spec) first."""
         self.check_options(spec)
+        if spec.fault_tolerance == "torchft" and not self.runs_torchft:
+            raise SpecError(
+                f"fault_tolerance = torchft runs on the local backend so far, not on "
+                f'{self.name} yet; use `ddpkit run` (local), or fault_tolerance = "none"'
+            )
 
     @abc.abstractmethod
     def render(self, spec: JobSpec) -> str:
