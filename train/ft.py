@@ -31,7 +31,7 @@ from __future__ import annotations
 import atexit
 import datetime
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from ddpkit.train.ckpt import RngState
@@ -39,8 +39,8 @@ from ddpkit.train.data import GlobalBatchSampler
 from ddpkit.train.errors import ConfigError
 from ddpkit.train.ft_env import ReplicaGroup
 
-if TYPE_CHECKING:
-    from ddpkit.train.loop.trainer import Trainer
+# `Trainer` below is ddpkit.train.loop.trainer.Trainer (not imported: it imports this module).
+Trainer = Any
 
 # Every rank of every group was built from the same seed: no weight sync at step 0.
 INIT_SYNC = False
