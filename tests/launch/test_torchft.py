@@ -48,7 +48,7 @@ def data(cfg):
 """
 JOB = f"""\
 name = "ft"
-nproc_per_node = 2
+nproc_per_node = 1  # 2 x 1: the shared 2-core machine (load ~20) starts 2 x 2 too slowly to rejoin in 30 s
 accelerator = "cpu"
 fault_tolerance = "torchft"
 replica_groups = 2
@@ -133,7 +133,7 @@ def test_a_killed_group_rejoins_from_a_peer_while_the_other_trains_on(tmp_path):
             run.proc.kill()
     out = run.text()
     assert rc == 0, out[-4000:]
-    assert healed_at - killed_at < 30, out[-4000:]
+    assert healed_at - killed_at < 30, (healed_at - killed_at, out[-4000:])
 
     survivor = run.steps(0)
     numbers = [n for _, n in survivor]
@@ -173,3 +173,22 @@ def test_a_combination_torchft_cannot_run_is_one_line_at_render(tmp_path, sets, 
     assert r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], r.stderr
+
+
+@pytest.mark.slow
+def test_the_users_own_torchft_script_runs_as_replica_groups(tmp_path):
+    """examples/plain_torchrun/torchft_fit.py, copied into a project: the kit gives it the
+    lighthouse and its group's identity; both groups end with the same weights."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "plain_torchrun"
+    for name in ("torchft_fit.py", "job.toml"):
+        (tmp_path / name).write_text((example / name).read_text())
+    r = subprocess.run(
+        [str(DDPKIT), "run", "--config", "job.toml", "--set", "fault_tolerance=torchft",
+         "--set", "script=torchft_fit.py", "--set", "nproc_per_node=1"],
+        cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    out = tmp_path / "runs" / "plain-torchrun"
+    results = [json.loads((out / f"result-group{g}.json").read_text()) for g in (0, 1)]
+    assert [(x["group"], x["groups"], x["steps"]) for x in results] == [(0, 2, 50), (1, 2, 50)]
+    assert results[0]["weights"] == results[1]["weights"]
