@@ -67,7 +67,11 @@ def main() -> None:
         loss.backward()  # DDP: the mean over this group's ranks
         for param in model.parameters():  # torchft: the mean over the live groups
             manager.allreduce(param.grad).wait()
-        optimizer.step()
+        if step == 0 and manager.num_participants() < groups:
+            # Start with every group: without this, the first group up trains alone and the
+            # lighthouse may keep forming quorums of it while the others wait to be let in.
+            manager.report_error(RuntimeError("not every replica group has joined yet"))
+        optimizer.step()  # steps the model only when every group in the quorum commits
         losses.append(loss.item())
     if rank == 0:
         stem, ext = os.path.splitext(os.path.abspath(args.out))
