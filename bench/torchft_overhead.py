@@ -34,6 +34,7 @@ VARIANTS = {
 
 def run(variant: str, steps: int, log_every: int, where: Path) -> float:
     run_dir = where / variant
+    where.mkdir(parents=True, exist_ok=True)
     argv = [
         DDPKIT, "run", "--set", "accelerator=cpu", *VARIANTS[variant], "--",
         "--steps", str(steps), "--log-interval", str(log_every), "--ckpt-interval", "0",
