@@ -125,6 +125,8 @@ class Backend(abc.ABC):
     make_vars: ClassVar[dict[str, str]] = {}
     # Commented lines `ddpkit init` writes under the table's header in a new job file.
     job_file_lines: ClassVar[tuple[str, ...]] = ()
+    # Runs fault_tolerance = "torchft" jobs (the lighthouse and the replica groups).
+    runs_torchft: ClassVar[bool] = False
 
     def options(self, spec: JobSpec) -> Any:
         """This backend's options of the job, typed (its Options' defaults when the job file
@@ -157,6 +159,11 @@ class Backend(abc.ABC):
         The default checks the options' declared field rules; an override calls
         super().validate(spec) first."""
         self.check_options(spec)
+        if spec.fault_tolerance == "torchft" and not self.runs_torchft:
+            raise SpecError(
+                f"fault_tolerance = torchft runs on the local backend so far, not on "
+                f'{self.name} yet; use `ddpkit run` (local), or fault_tolerance = "none"'
+            )
 
     @abc.abstractmethod
     def render(self, spec: JobSpec) -> str:

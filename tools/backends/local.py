@@ -56,9 +56,19 @@ def node_argv(spec: JobSpec) -> list[str]:
             "k8s backend for several nodes"
         )
     # The interpreter running the launcher runs the job: the one with torch in it.
-    return spec.node_argv(
+    argv = spec.node_argv(
         ["--standalone", f"--nproc-per-node={spec.nproc_per_node}"], python=sys.executable
     )
+    if spec.fault_tolerance == "torchft":  # the lighthouse and one such launcher per group
+        ckpt = spec.ckpt_dir or spec.train.get("ckpt_dir")
+        argv = [
+            sys.executable, "-m", "ddpkit.train.replica_groups",
+            "--groups", str(spec.groups),
+            "--run-dir", spec.run_dir,
+            *(["--ckpt-dir", str(ckpt)] if ckpt else []),
+            "--", *argv,
+        ]  # fmt: skip
+    return argv
 
 
 def check_gpus(spec: JobSpec) -> None:
@@ -121,6 +131,7 @@ def job_log(latest: Path, job: str) -> Path:
 class LocalBackend(Backend):
     name = "local"
     file_ext = "sh"
+    runs_torchft = True
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
@@ -133,6 +144,11 @@ class LocalBackend(Backend):
             f"# ddpkit job {spec.name} on this machine: {spec.nproc_per_node} process(es), "
             "torchrun --standalone through the node launcher (train/node.py).",
         ]
+        if spec.fault_tolerance == "torchft":
+            lines.append(
+                f"# fault_tolerance = torchft: torchft's lighthouse and {spec.groups} replica "
+                "groups (one torchrun each, restarted alone when it dies; train/replica_groups.py)."
+            )
         lines += [f"export {k}={shell_quote(v)}" for k, v in sorted(spec.launch_env().items())]
         lines.append(f"exec {shell_join(node_argv(spec))}")
         return "\n".join(lines) + "\n"

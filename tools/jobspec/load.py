@@ -209,6 +209,7 @@ def validate(spec: JobSpec, local_paths: bool = True) -> JobSpec:
     # spec was built; these are the ones across fields.
     _validate_entry(spec)
     _validate_train(spec, local_paths)
+    _validate_fault_tolerance(spec)
     return spec  # each backend's own rules: Backend.validate (tools/backends/)
 
 
@@ -268,6 +269,35 @@ def _validate_train(spec: JobSpec, local_paths: bool = True) -> None:
             )
         except ConfigError as e:
             raise SpecError(str(e)) from None  # the trainer's own message, word for word
+
+
+def _validate_fault_tolerance(spec: JobSpec) -> None:
+    if spec.fault_tolerance != "torchft":
+        if spec.replica_groups is not None:
+            raise SpecError(
+                f'replica_groups = {spec.replica_groups} is for fault_tolerance = "torchft"; '
+                "set that too, or drop replica_groups"
+            )
+        return
+    if spec.groups < 2:
+        raise SpecError(
+            f"fault_tolerance = torchft with {spec.groups} replica group: the others train on "
+            "while one restarts, so it needs 2 or more; set replica_groups = 2 (or "
+            'fault_tolerance = "none")'
+        )
+    if spec.nodes > 1 and spec.nodes % spec.groups:
+        raise SpecError(
+            f"fault_tolerance = torchft: {spec.nodes} nodes do not split into "
+            f"{spec.groups} replica groups of whole nodes; set replica_groups to a divisor "
+            f"of {spec.nodes}"
+        )
+    parallel = spec.train.get("parallel", "ddp")
+    if spec.default_entry and parallel != "ddp":
+        raise SpecError(
+            f"fault_tolerance = torchft replicates DDP groups; train.parallel = {parallel} "
+            'inside a group is not supported yet: set parallel = "ddp" (or '
+            'fault_tolerance = "none")'
+        )
 
 
 BUILTIN_JOB = "builtin:default"  # the kit's own default job (configs/default.toml in the kit)

@@ -121,6 +121,12 @@ class JobSpec:
     rdzv_port: int = field(default=29500, metadata=checks(port()))
     # torchrun --max-restarts (whole-group restarts on a failure)
     max_restarts: int = field(default=0, metadata=checks(at_least(0)))
+    # "torchft": replica groups that keep training while one dies and rejoins from a live
+    # peer (train/ft.py, docs/fault-tolerance.md); "none": a failure restarts the whole job
+    fault_tolerance: Literal["none", "torchft"] = "none"
+    # torchft's replica groups; default: one per node, 2 on one machine (each then runs
+    # nproc_per_node processes: the job has replica_groups x nproc_per_node ranks)
+    replica_groups: int | None = field(default=None, metadata=checks(at_least(1)))
     # checkpoint location; default <run_dir>/checkpoints
     ckpt_dir: str | None = field(default=None, metadata=checks(plain_path("runs/mine/ckpt")))
     # The entry point every node runs under torchrun: `python -m ddpkit.train` with the [train]
@@ -147,6 +153,11 @@ class JobSpec:
     @property
     def world_size(self) -> int:
         return self.nodes * self.nproc_per_node
+
+    @property
+    def groups(self) -> int:
+        """torchft's replica groups: replica_groups, else one per node (2 on one node)."""
+        return self.replica_groups or (self.nodes if self.nodes > 1 else 2)
 
     @property
     def run_dir(self) -> str:

@@ -38,6 +38,7 @@ from ddpkit.train.fault import (
     is_collective_error,
     stop_check_every,
 )
+from ddpkit.train.ft import attach as attach_ft
 from ddpkit.train.loop.ending import RunEnd
 from ddpkit.train.loop.evaluate import held_out
 from ddpkit.train.loop.rundir import claim_run_dirs
@@ -137,6 +138,7 @@ class Trainer(RunEnd):
         self.last_saved = -1
         self.late_signal = 0  # a stop signal agreed only after the last step
         self.health = Health(world.device, cfg.max_bad_steps)
+        self.ft = attach_ft(self)  # torchft replica groups (train/ft.py), when launched so
 
     # --- setup helpers -----------------------------------------------------------------
 
@@ -236,18 +238,22 @@ class Trainer(RunEnd):
 
     def _train(self) -> int:
         self.reporter.info(self.world_line())
+        if self.ft:
+            self.reporter.info(self.ft.line())
         self.maybe_resume()
         self.phase = "stop-signal all_reduce"
         signum = self.stop.agree_now(self.control_pg)  # one that came during start-up
         if signum and self.step < self.total_steps:
             return self.preempted(signum)
-        batches = self._batches()
+        batches = self.ft.batches() if self.ft else self._batches()
         timer_t, timer_step = time.perf_counter(), self.step
         while self.step < self.total_steps:
             if self.fault:
                 self.fault.maybe_fire(self.step + 1, self.world.rank)
             self.profiler.before(self.step + 1)
             loss, gnorm = self.guarded(self.train_step, batches)
+            if self.ft and not self.ft.committed:
+                continue  # not applied on this group: the same step again (train/ft.py)
             self.step += 1
             self.profiler.after(self.step)
             self.reporter.tick(self.step)
@@ -284,12 +290,12 @@ class Trainer(RunEnd):
 
     def train_step(self, batches) -> tuple[torch.Tensor, torch.Tensor | None]:
         cfg, model, opt = self.cfg, self.model, self.optimizer
+        opt.zero_grad(set_to_none=True)  # first: under torchft the quorum may heal the step
         lr = self.peak_lr * lr_multiplier(
             self.step, cfg.warmup_steps, self.total_steps, cfg.lr_decay, cfg.min_lr_ratio
         )
         for g in opt.param_groups:
             g["lr"] = lr
-        opt.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.world.device)
         poison = self.fault is not None and self.fault.poisons(self.step + 1, self.world.rank)
         for micro in range(cfg.grad_accum):
@@ -304,6 +310,8 @@ class Trainer(RunEnd):
                 loss = loss * float("nan")
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             loss_sum += loss.detach()
+        if self.ft:
+            self.ft.average_gradients()
         if self.scaler:
             self.scaler.unscale_(opt)
         gnorm = None

@@ -1,0 +1,259 @@
+"""Per-step fault tolerance across replica groups with torchft (`fault_tolerance = "torchft"`).
+
+The job is split into replica groups, each its own torchrun (its own rendezvous, so one group
+can die and be restarted while the others go on). Inside a group the job's strategy runs as
+usual (DDP over the group's ranks). Across groups, rank r of every group averages its
+gradients with rank r of the others through torchft's Manager, which agrees on the live
+groups with the lighthouse before every step (the quorum).
+
+What this module decides (docs/fault-tolerance.md says it to users):
+- Data: the job's global order is cut for ALL groups (data world = groups x group size; group
+  g, rank r reads slot g * size + r of every global batch). The position is a function of the
+  committed step, the same on every group. A group that is down does not read its slots: its
+  in-flight batch and every batch it would have read while down are SKIPPED (never re-read by
+  another group), so each sample is seen at most once per epoch, and exactly once when no
+  group is lost. A step whose cross-group all-reduce failed (a peer died mid-step) is not
+  committed on that group: its sampler is rewound and the step re-read with the next quorum.
+- LR and global batch stay FIXED by design: the peak LR comes from the full job's global batch
+  (all groups) and the schedule from the committed step. The gradient is a mean over the live
+  groups' samples (torchft divides by the participants), so losing a group makes a step
+  noisier, not larger; a short outage is not worth a schedule change.
+- A group that (re)joins behind the others heals from a live peer at the quorum: model,
+  optimizer, step and data position come over torchft's checkpoint transport; its RNG is
+  re-seeded from (seed, its data rank, step) rather than copied (a copy would give two groups
+  the same dropout stream).
+- Storage checkpoints still go to each group's own checkpoint dir on their interval: a
+  whole-job failure resumes from them; a group that resumes behind the others heals.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from ddpkit.train.ckpt import RngState
+from ddpkit.train.data import GlobalBatchSampler
+from ddpkit.train.errors import ConfigError
+from ddpkit.train.ft_env import ReplicaGroup
+
+# `Trainer` below is ddpkit.train.loop.trainer.Trainer (not imported: it imports this module).
+Trainer = Any
+
+# Every rank of every group was built from the same seed: no weight sync at step 0.
+INIT_SYNC = False
+
+
+def attach(trainer: Trainer) -> FaultTolerance | None:
+    """Make `trainer` one replica group of a torchft job when the environment says so."""
+    try:
+        group = ReplicaGroup.from_env()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if group is None:
+        return None
+    if trainer.cfg.parallel != "ddp":
+        raise ConfigError(
+            f"fault_tolerance = torchft replicates DDP groups; --parallel {trainer.cfg.parallel} "
+            "inside a group is not supported yet: use --parallel ddp"
+        )
+    return FaultTolerance(trainer, group)
+
+
+class FaultTolerance:
+    def __init__(self, trainer: Trainer, group: ReplicaGroup) -> None:
+        from torchft.manager import Manager
+
+        self.t, self.group = trainer, group
+        cfg, world = trainer.cfg, trainer.world
+        self.data_size = group.groups * world.size
+        self.data_rank = group.group * world.size + world.rank
+        self._data_world(trainer)
+        self._reseed(0)
+        trainer.states["rng"] = RngState(self.data_rank)
+        timeout = datetime.timedelta(seconds=cfg.timeout_s)
+        self.manager = Manager(
+            pg=_cross_group_pg(world.device, timeout),
+            load_state_dict=None,
+            state_dict=None,
+            min_replica_size=1,  # a lone survivor keeps training
+            use_async_quorum=False,  # heal before the forward: the step reads healed data
+            replica_id=f"ddpkit_group_{group.group}",  # the trailing digits name the group
+            rank=world.rank,
+            world_size=world.size,
+            timeout=timeout,
+            init_sync=INIT_SYNC,
+            lighthouse_addr=group.lighthouse,
+        )
+        self.manager.register_state_dict_fn("ddpkit", self._load, self._state)
+        trainer.optimizer = CommittingOptimizer(self, trainer.optimizer)
+        self.committed = True
+        self.stale = False  # the data position moved under the batch iterator
+        self.position: dict[str, int] = {}
+        self.participants = group.groups
+        self.healed_at: list[int] = []
+        self.waited = False
+        atexit.register(self.manager.shutdown, wait=False)
+
+    def line(self) -> str:
+        return (
+            f"torchft: replica group {self.group.group} of {self.group.groups} "
+            f"(lighthouse {self.group.lighthouse}); data rank {self.data_rank} of "
+            f"{self.data_size}, global batch {self.t.global_batch} when every group is live"
+        )
+
+    # --- data -----------------------------------------------------------------------------
+
+    def _data_world(self, t: Trainer) -> None:
+        """The sampler, step count, global batch and peak LR of the whole job (all groups)."""
+        from ddpkit.train.loop.schedule import scaled_lr  # (the loop package imports us)
+
+        cfg = t.cfg
+        t.sampler = GlobalBatchSampler(
+            len(t.data.train), cfg.batch_size, self.data_size, self.data_rank, cfg.seed
+        )
+        t.states["sampler"] = t.sampler
+        per_epoch = t.sampler.batches_per_epoch() // cfg.grad_accum
+        if per_epoch < 1:
+            raise ConfigError(
+                f"the dataset has {len(t.data.train)} samples, fewer than one global batch of "
+                f"the replica groups (batch {cfg.batch_size} x group size {t.world.size} x "
+                f"groups {self.group.groups} x grad-accum {cfg.grad_accum}); lower --batch-size"
+            )
+        t.total_steps = cfg.steps or (cfg.epochs or 1) * per_epoch
+        t.global_batch = cfg.batch_size * self.data_size * cfg.grad_accum
+        t.peak_lr = scaled_lr(cfg.lr, cfg.lr_scaling, t.global_batch, cfg.base_batch_size)
+
+    def batches(self) -> Iterator[Any]:
+        """The trainer's micro-batches, rebuilt from the sampler whenever a heal or an
+        uncommitted step moved the position."""
+        while True:
+            self.stale = False
+            inner = self.t._batches()
+            try:
+                for batch in inner:
+                    yield batch
+                    if self.stale:
+                        break
+            finally:
+                inner.close()  # type: ignore[attr-defined]
+
+    def _reseed(self, step: int) -> None:
+        # Distinct per data rank, reproducible per step (a healed group's stream).
+        torch.manual_seed((self.t.cfg.seed + 1 + self.data_rank) * 1_000_003 + step)
+
+    # --- the step -------------------------------------------------------------------------
+
+    def begin_step(self) -> None:
+        """The quorum (and a heal, when this group is behind), before the forward."""
+        t = self.t
+        self.position = t.sampler.state_dict()
+        if self.manager.current_step() != t.step:  # a storage resume moved the step
+            self.manager.load_state_dict(
+                {"step": t.step, "batches_committed": self.manager.batches_committed()}
+            )
+        t.phase = "torchft quorum"
+        self.manager.start_quorum()
+        self.participants = self.manager.num_participants()
+
+    def commit(self, step_optimizer) -> bool:
+        t = self.t
+        starting = t.step == 0 and self.participants < self.group.groups
+        if starting:  # the job starts with every group, not with the first one up
+            self.manager.report_error(RuntimeError("not every replica group has joined yet"))
+        t.phase = "torchft should_commit"
+        self.committed = self.manager.should_commit()
+        if self.committed:
+            step_optimizer()
+        else:  # the gradients are not the live groups' mean: re-read this step's batch
+            t.sampler.load_state_dict(self.position)
+            self.stale = True
+            if starting:
+                if not self.waited:
+                    t.reporter.info("torchft: waiting for every replica group to join step 1")
+                self.waited = True
+                return False
+            t.reporter.info(
+                f"torchft: step {t.step + 1} not committed (a replica group left during it); "
+                "retrying it with the next quorum"
+            )
+        return self.committed
+
+    def average_gradients(self) -> None:
+        """After backward (DDP averaged inside the group): the mean over the live groups, in
+        parameter order. Not in a DDP comm hook: DDP re-lays its buckets after the first
+        step, so a group that just healed would pair its buckets with a peer's other ones."""
+        grads = [p.grad for p in self.t.model.parameters() if p.grad is not None]
+        if not grads:
+            return
+        self.t.phase = "torchft gradient all_reduce across replica groups"
+        flat = torch._utils._flatten_dense_tensors(grads)
+        self.manager.allreduce(flat).wait()  # torchft divides by the participants
+        for g, avg in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+            g.copy_(avg)
+
+    # --- heal (torchft's state-dict callbacks) --------------------------------------------
+
+    def _state(self) -> dict[str, Any]:
+        t = self.t
+        return {
+            "model": t.states["model"].state_dict(),
+            "optim": t.states["optim"].state_dict(),
+            "sampler": t.sampler.state_dict(),
+            "step": t.step,
+            "first_loss": t.first_loss,
+        }
+
+    def _load(self, state: dict[str, Any]) -> None:
+        t = self.t
+        t.states["model"].load_state_dict(state["model"])
+        t.states["optim"].load_state_dict(state["optim"])
+        t.sampler.load_state_dict(state["sampler"])
+        before, t.step = t.step, int(state["step"])
+        if t.first_loss is None:
+            t.first_loss = state["first_loss"]
+        self._reseed(t.step)
+        self.stale = True
+        self.healed_at.append(t.step)
+        t.reporter.info(
+            f"torchft: replica group {self.group.group} healed from a live peer: step "
+            f"{before} -> {t.step} (model, optimizer, data position)"
+        )
+
+
+class CommittingOptimizer:
+    """The trainer's optimizer, stepped only when torchft commits the step."""
+
+    def __init__(self, ft: FaultTolerance, optim: torch.optim.Optimizer) -> None:
+        self.ft, self.optim = ft, optim
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optim.param_groups
+
+    @property
+    def state(self) -> Any:
+        return self.optim.state
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.ft.begin_step()
+        self.optim.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: None = None) -> None:
+        self.ft.commit(self.optim.step)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optim.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optim.load_state_dict(state)
+
+
+def _cross_group_pg(device: torch.device, timeout: datetime.timedelta):
+    import torchft
+
+    if device.type == "cuda":
+        return torchft.ProcessGroupNCCL(timeout=timeout)
+    return torchft.ProcessGroupGloo(timeout=timeout)

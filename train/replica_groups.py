@@ -1,0 +1,264 @@
+"""The replica-group supervisor of a torchft job on one machine (`fault_tolerance = "torchft"`).
+
+    python -m ddpkit.train.replica_groups --groups 2 --run-dir runs/x -- NODE_LAUNCHER_ARGV...
+
+Starts torchft's lighthouse, then one node launcher (one torchrun) per replica group, each
+with its identity and the lighthouse's address in the environment (train/ft_env.py), its own
+run dir `<run dir>/group-<g>` (and checkpoint dir `<ckpt dir>/group-<g>`). A group that dies
+is started again while the others keep training (it heals from a live peer at its first
+quorum); a group's bad input (exit 2) stops the job at once (never retried). A stop signal
+(Ctrl-C, SIGTERM, ...) goes to every group; no group is restarted after it, and the
+lighthouse ends last. `<run dir>/replica_groups.json` says where each group is: its pid, its
+restarts and the exit statuses so far.
+
+Torch-free: the node launchers import torch; this process only watches them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ddpkit.train.contract import CKPT_DIR_ENV, EXIT_BAD_INPUT, STOP_SIGNALS
+from ddpkit.train.ft_env import ReplicaGroup
+
+STATUS_FILE = "replica_groups.json"
+# The lighthouse forgets a group this long after its last heartbeat, and waits this long for
+# stragglers before it forms a quorum without them: together, about how long the survivors
+# stall when a group dies (torchft's defaults are 5 s and 60 s).
+HEARTBEAT_TIMEOUT_MS = 2000
+JOIN_TIMEOUT_MS = 2000
+RESTART_DELAY_S = 1.0
+# Once a group has finished the run, the others (in lockstep) end within a step, a save and an
+# evaluation; a group still rejoining then has no live peer to heal from: it is stopped.
+FINISH_GRACE_S = 60.0
+FORWARDED = tuple(getattr(signal, name) for name in (*STOP_SIGNALS, "SIGHUP"))
+
+
+def group_dir(base: str, group: int) -> str:
+    return str(Path(base) / f"group-{group}")
+
+
+def group_argv(node_argv: list[str], group: int, run_dir: str, ckpt_dir: str | None) -> list[str]:
+    """One group's node launcher command: its own run dir (and checkpoint dir) for the node
+    launcher and, when it runs the kit's trainer, for the trainer (a later flag wins)."""
+    i = node_argv.index("ddpkit.train.node") + 1
+    own = ["--run-dir", group_dir(run_dir, group)]
+    argv = [*node_argv[:i], *own, *node_argv[i:]]
+    entry = argv[argv.index("--") + 1 :]
+    if entry[:2] == ["-m", "ddpkit.train"]:
+        argv += own
+        if ckpt_dir:
+            argv += ["--ckpt-dir", group_dir(ckpt_dir, group)]
+    return argv
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class Supervisor:
+    def __init__(self, args: argparse.Namespace, node_argv: list[str]) -> None:
+        self.args, self.node_argv = args, node_argv
+        self.run_dir = Path(args.run_dir)
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.restarts = dict.fromkeys(range(args.groups), 0)
+        self.exits: dict[int, list[int]] = {g: [] for g in range(args.groups)}
+        self.done: dict[int, int] = {}  # group -> its final exit status
+        self.stopping = False
+        self.lock = threading.Lock()  # the output lines of the groups' reader threads
+
+    # --- the lighthouse ----------------------------------------------------------------------
+
+    def start_lighthouse(self) -> str:
+        exe = shutil.which("torchft_lighthouse", path=str(Path(sys.executable).parent))
+        exe = exe or shutil.which("torchft_lighthouse")
+        if exe is None:
+            raise SystemExit(
+                "ddpkit replica groups: torchft_lighthouse not found: pip install 'ddpkit[ft]' "
+                "(torchft) into the environment that runs the job"
+            )
+        port = self.args.lighthouse_port or free_port()
+        self.lighthouse = subprocess.Popen(
+            [
+                exe,
+                "--min_replicas",
+                "1",
+                "--bind",
+                f"[::]:{port}",
+                "--join_timeout_ms",
+                str(JOIN_TIMEOUT_MS),
+                "--heartbeat_timeout_ms",
+                str(HEARTBEAT_TIMEOUT_MS),
+            ],  # fmt: skip
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.lighthouse.poll() is not None:
+                raise SystemExit(
+                    f"ddpkit replica groups: the lighthouse exited ({self.lighthouse.returncode}) "
+                    f"at start-up; is port {port} in use?"
+                )
+            try:
+                socket.create_connection(("localhost", port), timeout=1).close()
+                return f"http://{socket.gethostname()}:{port}"
+            except OSError:
+                time.sleep(0.1)
+        raise SystemExit(f"ddpkit replica groups: the lighthouse did not listen on {port}")
+
+    # --- the groups -------------------------------------------------------------------------
+
+    def start(self, g: int) -> None:
+        env = {**os.environ, **ReplicaGroup(g, self.args.groups, self.address).env()}
+        env.setdefault("RUST_LOG", "warn")  # torchft's manager logs every quorum at info
+        if self.args.ckpt_dir:
+            env[CKPT_DIR_ENV] = group_dir(self.args.ckpt_dir, g)
+        argv = group_argv(self.node_argv, g, self.args.run_dir, self.args.ckpt_dir)
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.procs[g] = proc
+        threading.Thread(target=self._relay, args=(g, proc), daemon=True).start()
+        self.write_status()
+
+    def _relay(self, g: int, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        for line in iter(proc.stdout.readline, b""):
+            with self.lock:
+                sys.stdout.buffer.write(f"[group {g}] ".encode() + line)
+                sys.stdout.flush()
+
+    def say(self, msg: str) -> None:
+        with self.lock:
+            print(f"ddpkit replica groups: {msg}", flush=True)
+
+    def write_status(self) -> None:
+        status = {
+            "lighthouse": self.address,
+            "groups": [
+                {
+                    "group": g,
+                    "pid": self.procs[g].pid if g in self.procs else None,
+                    "running": g in self.procs and g not in self.done,
+                    "restarts": self.restarts[g],
+                    "exits": self.exits[g],
+                }
+                for g in range(self.args.groups)
+            ],
+        }
+        path = self.run_dir / STATUS_FILE
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(status, indent=2) + "\n")
+        os.replace(tmp, path)
+
+    def stop(self, signum: int, _frame: object = None) -> None:
+        self.stopping = True
+        for g, proc in self.procs.items():
+            if g not in self.done and proc.poll() is None:
+                proc.send_signal(signum)
+
+    def watch(self) -> int:
+        """Until every group has ended for good: restart the ones that die."""
+        finished_at = None
+        while len(self.done) < self.args.groups:
+            time.sleep(0.2)
+            if finished_at is None and 0 in self.done.values():
+                finished_at = time.monotonic()
+            late = finished_at is not None and time.monotonic() - finished_at > FINISH_GRACE_S
+            if late and not self.stopping:
+                left = sorted(set(range(self.args.groups)) - set(self.done))
+                self.say(
+                    f"the run finished on other groups {FINISH_GRACE_S:g} s ago; stopping "
+                    f"group(s) {', '.join(map(str, left))} (still rejoining, nothing to heal from)"
+                )
+                self.stop(signal.SIGTERM)
+            if self.lighthouse.poll() is not None and not self.stopping:
+                self.say(f"the lighthouse exited ({self.lighthouse.returncode}); stopping")
+                self.stop(signal.SIGTERM)
+            for g, proc in list(self.procs.items()):
+                rc = proc.poll()
+                if g in self.done or rc is None:
+                    continue
+                self.exits[g].append(rc)
+                # after a group finished, the run is over: a dead group is not started again
+                retry = rc not in (0, EXIT_BAD_INPUT) and not self.stopping and not finished_at
+                if retry and self.restarts[g] < self.args.max_group_restarts:
+                    self.restarts[g] += 1
+                    self.say(
+                        f"group {g} exited ({rc}); restarting it ({self.restarts[g]} of "
+                        f"{self.args.max_group_restarts}) while the others train"
+                    )
+                    time.sleep(RESTART_DELAY_S)
+                    self.start(g)
+                    continue
+                self.done[g] = rc
+                self.write_status()
+                if rc == EXIT_BAD_INPUT and not self.stopping:
+                    self.stop(signal.SIGTERM)
+        codes = [self.done[g] for g in range(self.args.groups)]
+        if finished_at is not None and EXIT_BAD_INPUT not in codes:
+            return 0  # the run finished on the groups that were live at its end
+        return next((c for c in codes if c == EXIT_BAD_INPUT), None) or next(
+            (c for c in codes if c != 0), 0
+        )
+
+    def run(self) -> int:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.address = self.start_lighthouse()
+        previous = {s: signal.signal(s, self.stop) for s in FORWARDED}
+        try:
+            self.say(
+                f"lighthouse at {self.address}; {self.args.groups} replica groups, each "
+                f"restarted up to {self.args.max_group_restarts} times"
+            )
+            for g in range(self.args.groups):
+                self.start(g)
+            return self.watch()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            for proc in self.procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+            self.lighthouse.terminate()
+            self.lighthouse.wait()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m ddpkit.train.replica_groups", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--groups", type=int, required=True, help="replica groups (>= 2)")
+    p.add_argument("--run-dir", required=True, help="the job's run dir (groups: group-<g>/)")
+    p.add_argument("--ckpt-dir", help="the job's checkpoint dir, when not the run dir's")
+    p.add_argument("--lighthouse-port", type=int, default=0, help="default: a free port")
+    p.add_argument("--max-group-restarts", type=int, default=10, help="per group")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv:
+        print("error: give the node launcher's command after `--`", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    i = argv.index("--")
+    args = build_parser().parse_args(argv[:i])
+    if args.groups < 2:
+        print(f"error: --groups {args.groups}: torchft needs at least 2", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return Supervisor(args, argv[i + 1 :]).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
