@@ -71,48 +71,61 @@ class S3Server:
     def bucket(self, name: str) -> str:
         """Make a bucket; its URL."""
         fs = self.fs()
-        if not fs.exists(name):
-            fs.mkdir(name)
+        if not fs.exists(name):  # no LocationConstraint: us-east-1 takes none
+            fs.call_s3("create_bucket", Bucket=name)
         return f"s3://{name}"
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    pytest.importorskip("s3fs", reason="s3fs is not installed (make setup installs it)")
+def start(root: Path) -> tuple[S3Server, subprocess.Popen]:
+    """A server with its objects under root/data and fresh credentials (bench.objstore uses
+    it too); builds the binary first when absent (waiting on a running build's lock)."""
     binary = _binary()
     if not binary.exists():  # waits on a running build's lock, else builds (minutes, once)
         build = subprocess.run(
             ["bash", str(S3LOCAL / "build.sh")],
             capture_output=True, text=True, check=False, timeout=3000,
         )  # fmt: skip
-        assert build.returncode == 0, f"tools/s3local/build.sh failed:\n{build.stderr[-3000:]}"
-    root = tmp_path_factory.mktemp("s3")
+        if build.returncode != 0:
+            raise RuntimeError(f"tools/s3local/build.sh failed:\n{build.stderr[-3000:]}")
     data = root / "data"
-    data.mkdir()
+    data.mkdir(parents=True)
     access, secret = f"test{secrets.token_hex(6)}", secrets.token_hex(20)
     port = _free_port()
-    log = (root / "server.log").open("wb")
-    proc = subprocess.Popen(
-        [str(binary), "--port", f"127.0.0.1:{port}", "--region", "us-east-1", "posix", str(data)],
-        env={**os.environ, "ROOT_ACCESS_KEY_ID": access, "ROOT_SECRET_ACCESS_KEY": secret},
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+    with (root / "server.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [str(binary), "--port", f"127.0.0.1:{port}", "--region", "us-east-1", "posix", str(data)],
+            env={**os.environ, "ROOT_ACCESS_KEY_ID": access, "ROOT_SECRET_ACCESS_KEY": secret},
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
     deadline = time.monotonic() + 30
     while True:
-        assert proc.poll() is None, f"versitygw exited {proc.returncode}; log in {root}"
+        if proc.poll() is not None:
+            raise RuntimeError(f"versitygw exited {proc.returncode}; log in {root}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             break
         except OSError:
-            assert time.monotonic() < deadline, f"versitygw never listened on {port}"
+            if time.monotonic() > deadline:
+                stop(proc)
+                raise RuntimeError(f"versitygw never listened on {port}; log in {root}") from None
             time.sleep(0.1)
+    return S3Server(f"http://127.0.0.1:{port}", access, secret, data), proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
     try:
-        yield S3Server(f"http://127.0.0.1:{port}", access, secret, data)
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    pytest.importorskip("s3fs", reason="s3fs is not installed (make setup installs it)")
+    server, proc = start(tmp_path_factory.mktemp("s3"))
+    try:
+        yield server
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        stop(proc)

@@ -429,7 +429,10 @@ def check_paths(cfg: TrainConfig) -> None:
     A probe directory is made and removed in the nearest existing one."""
     import tempfile
 
-    for flag, value in (("--run-dir", cfg.run_dir), ("--ckpt-dir", cfg.ckpt_dir)):
+    from ddpkit.train.ckpt.store import check_ckpt_dir, local_dir
+
+    check_ckpt_dir(str(cfg.ckpt_dir))  # a store: the credentials and the bucket, one line
+    for flag, value in (("--run-dir", cfg.run_dir), ("--ckpt-dir", local_dir(str(cfg.ckpt_dir)))):
         path = Path(str(value))
         probe = path
         while not probe.exists() and probe != probe.parent:

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
 from ddpkit.train.ckpt.files import ALGORITHM, METADATA, checksum_mismatch, crc32, file_crc32
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
@@ -315,3 +316,33 @@ class VerifyingReader(FileSystemReader):
             if got != rec.get(ALGORITHM):
                 raise ChecksumError(checksum_mismatch(name, got, rec.get(ALGORITHM)))
         return fut
+
+
+class UploadingWriter(HashingWriter):
+    """HashingWriter of a remote checkpoint's local staging copy (ddpkit.train.ckpt.store):
+    each rank uploads the files it wrote before DCP gathers its results, so the coordinator's
+    finish, and the marker after it, come only after every rank's upload returned; the
+    coordinator uploads `.metadata` once written. Uploaded files leave the staging dir."""
+
+    def __init__(self, path: str | Path, remote: Any, **kwargs: Any):
+        super().__init__(path, **kwargs)
+        self.remote = remote
+
+    def _upload(self, names: list[str]) -> None:
+        step_dir = Path(self.path)
+        self.remote.upload(step_dir, names)
+        for name in names:
+            (step_dir / name).unlink(missing_ok=True)
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        from ddpkit.train.ckpt.store import step_number
+        from ddpkit.train.fault import kill_in_upload
+
+        fut = super().write_data(plan, planner)  # done: HashingWriter waits for DCP's writes
+        self._upload(sorted(self.fs.sums))
+        kill_in_upload(step_number(Path(self.path).name) or -1, dist.get_rank())
+        return fut
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        super().finish(metadata, results)
+        self._upload([METADATA])
