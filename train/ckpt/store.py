@@ -31,6 +31,17 @@ from ddpkit.train.contract import CKPT_STEP_PREFIX
 from ddpkit.train.errors import ConfigError
 
 STAGE_ENV = "DDPKIT_CKPT_STAGE"  # where a remote checkpoint dir is staged (default: tmp)
+# What S3 clients read from the environment: a container backend passes these by name from the
+# submitting shell (never their values into a rendered command or manifest).
+CREDENTIAL_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+)
 
 
 def is_remote(ckpt_dir: str | os.PathLike[str]) -> bool:
