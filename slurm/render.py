@@ -18,7 +18,7 @@ import re
 from ddpkit.tools.backends import (
     JobState,
 )
-from ddpkit.tools.spec import ENV_NAME_RE, JobSpec, SpecError
+from ddpkit.tools.jobspec import ENV_NAME_RE, JobSpec, SpecError
 from ddpkit.tools.templating import render_template, shell_quote
 from ddpkit.train import typed
 from ddpkit.train.contract import EXIT_REQUEUE, REQUEUE_SIGNALS_ENV
@@ -87,7 +87,7 @@ def grace_s(spec: JobSpec) -> int:
 
 def validate(spec: JobSpec) -> None:
     """The SLURM backend's own rules (launch applies them to SLURM jobs only)."""
-    s = spec.slurm  # single-value rules: declared on SlurmSpec's fields (check_options)
+    s = spec.slurm  # single-value rules: declared on SlurmOptions' fields (check_options)
     if s.signal == "TERM":
         raise SpecError(
             "slurm.signal = TERM cannot be told from a plain `scancel` (SIGTERM), which must "

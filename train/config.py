@@ -217,8 +217,8 @@ def parse_config(
     Returns (config, print_only).
 
     `world` = (world size, nodes) the run will have; default: torchrun's environment. The
-    launchers (ddpkit.train.node, ddpkit.tools.launch) pass it to check a launch before it starts.
-    installed=False skips the checks of what is installed (ddpkit.tools.launch renders for nodes
+    launchers (ddpkit.train.node, ddpkit.tools.submit) pass it to check a launch before it starts.
+    installed=False skips the checks of what is installed (ddpkit.tools.submit renders for nodes
     whose packages it cannot see); local_paths=False also skips whether input paths
     (--data-dir, --resume, hf:PATH) exist here (a container's paths exist only in its
     image or volumes)."""

@@ -2,7 +2,7 @@
 
 Every party to a launch reads its values from here: the trainer (`python -m ddpkit.train`), the
 launcher's backends (tools/backends), the node scripts they render, the Docker entrypoint
-(through docker/launch_plan.py) and the tools. Importing this module must stay cheap (no
+(through docker/nproc.py) and the tools. Importing this module must stay cheap (no
 torch, no third-party imports): the node side imports it before anything heavy.
 """
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from ddpkit.slurm import backend as slurm
-from ddpkit.tools.spec import JobSpec, SpecError, load_spec
+from ddpkit.tools.jobspec import JobSpec, SpecError, load_spec
 
 from tests.conftest import FakeBin
 

@@ -212,8 +212,8 @@ def test_cli_table_reads_as_a_plan():
 def test_plan_for_spec_refuses_in_one_line_what_the_cluster_would_refuse():
     """What `submit --plan` asks: None for a job that plans (and for a user's own script, whose
     model the planner cannot see), one line for one the nodes would refuse after the queue."""
+    from ddpkit.tools.jobspec import JobSpec
     from ddpkit.tools.planner.dryrun import plan_for_spec
-    from ddpkit.tools.spec import JobSpec
 
     assert plan_for_spec(JobSpec(nodes=2, nproc_per_node=4, train={"model": "mlp"})) is None
     assert plan_for_spec(JobSpec(nodes=1, nproc_per_node=4, script="x.py")) is None

@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path, PurePosixPath
 
 from ddpkit.tools.backends.containers import CONTAINER_WORKDIR
-from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.jobspec import JobSpec, SpecError
 from ddpkit.train import typed
 
 WORKDIR = PurePosixPath(CONTAINER_WORKDIR)
@@ -39,7 +39,7 @@ def wanted(spec: JobSpec) -> bool:
 
 def _host(path: str) -> Path:
     p = Path(path)
-    return p if p.is_absolute() else Path.cwd() / p  # the workspace (launch.run)
+    return p if p.is_absolute() else Path.cwd() / p  # the workspace (submit.run)
 
 
 def source_dir(spec: JobSpec) -> Path:
