@@ -30,7 +30,7 @@ DDPKIT := $(VENV)/bin/ddpkit
 LAUNCH := $(DDPKIT)
 
 .PHONY: help setup test test-fast lint format train bench \
-	docker-build docker-run k8s-up k8s-down slurm-up slurm-down slurm-render slurm-submit slurm-status \
+	docker-build docker-run k8s-up k8s-down s3-up s3-down slurm-up slurm-down slurm-render slurm-submit slurm-status \
 	slurm-logs slurm-cancel k8s-render k8s-apply k8s-delete clean
 
 help: ## List targets and variables
@@ -86,6 +86,12 @@ k8s-up: ## Start a real local Kubernetes control plane + Kubeflow controllers (b
 
 k8s-down: ## Stop the local Kubernetes control plane
 	bash $(KIT)/k8s/local/down.sh
+
+s3-up: $(STAMP) ## Start a real local S3-compatible server (versitygw, built once into ~/.cache/ddpkit-s3); then: source /tmp/ddpkit-s3/env
+	DDPKIT_S3_PYTHON=$(PY) bash $(KIT)/tools/s3local/up.sh
+
+s3-down: ## Stop the local S3-compatible server (its objects are kept)
+	bash $(KIT)/tools/s3local/down.sh
 
 slurm-up: ## Start a real local SLURM cluster (NODES, default 2)
 	bash $(KIT)/slurm/local/up.sh "$${NODES:-2}"

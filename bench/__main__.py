@@ -3,6 +3,8 @@
     python -m bench                  # everything, about 8-10 minutes on 2 shared cores
     python -m bench --only step      # step time and time to first step, kit vs plain loop
     python -m bench --only ckpt      # checkpoint save sync/async/raw disk, resume vs fresh
+    python -m bench --only s3        # checkpoints in a real S3 server vs its raw put/get
+    python -m bench --only launch    # ddpkit run vs torchrun --standalone of a user's script
     python -m bench --only hf        # a tiny Hugging Face model: the kit vs a plain FSDP2 loop
     python -m bench --only steptime  # the step-time model vs real steps at 1/2/4 ranks (~30 min;
                                      # not part of "all": = python -m bench.steptime_accuracy)
@@ -66,7 +68,7 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     p = _Parser(prog="python -m bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", choices=("all", "step", "ckpt", "hf", "steptime"), default="all")
+    p.add_argument("--only", choices=("all", "step", "ckpt", "s3", "launch", "hf", "steptime"), default="all")
     p.add_argument("--reps", type=int, default=3, help="step-time repetitions per variant")
     p.add_argument("--quick", action="store_true", help="tiny sizes, one repetition")
     p.add_argument("--out-dir", default="out/bench", help="where the JSON results go")
@@ -93,6 +95,13 @@ def main(argv: list[str] | None = None) -> int:
             lines += run_steps(cfg, reps, work, out, env)
         if args.only in ("all", "ckpt"):
             lines += run_ckpt(cfg, work, out, env)
+        if args.only in ("all", "s3"):
+            lines += run_s3(args.quick, out)
+        if args.only in ("all", "launch"):
+            from bench import launch_overhead
+
+            _log("launch: ddpkit run vs torchrun --standalone, paired")
+            lines += launch_overhead.run(1 if args.quick else 10, out, env)
         if args.only in ("all", "hf"):
             lines += run_hf(args.quick, work, out, env)
     except BenchError as e:
@@ -105,6 +114,27 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + text)
     (out / "summary.txt").write_text(text + "\n")
     return 0
+
+
+def run_s3(quick: bool, out: Path) -> list[str]:
+    """Checkpoints in a real S3-compatible server vs its raw put/get (bench.objstore), in its
+    own process: it makes a process group of one."""
+    import json
+    import subprocess
+
+    from bench import objstore
+
+    _log("checkpoints in an object store (versitygw on loopback) vs raw put/get")
+    path = out / "objstore.json"
+    reps = ["--reps", "1", "--model", "mlp"] if quick else ["--reps", "5"]
+    cmd = [sys.executable, "-m", "bench.objstore", *reps, "--out", str(path)]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    if p.returncode != 0:
+        raise BenchError(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr[-2000:]}")
+    return [
+        "== " + line if i == 0 else line
+        for i, line in enumerate(objstore.report(json.loads(path.read_text())))
+    ]
 
 
 def hf_case(quick: bool, work: Path) -> loop_overhead.Interleaved:

@@ -9,6 +9,7 @@ from ddpkit.tools.backends import user_image
 from ddpkit.tools.backends.containers import CONTAINER_WORKDIR
 from ddpkit.tools.jobspec import JobSpec, SpecError
 from ddpkit.tools.templating import check_passable, shell_quote
+from ddpkit.train.ckpt.store import CREDENTIAL_ENV, is_remote
 from ddpkit.train.config import TrainConfig
 
 FILE_EXT = "sh"
@@ -112,8 +113,9 @@ def run_argv(spec: JobSpec, engine: str = "docker") -> list[str]:
         )
     user_image.check(spec)
     _under_runs(spec, "train.run_dir", spec.run_dir)
-    if spec.ckpt_dir or spec.train.get("ckpt_dir"):
-        _under_runs(spec, "ckpt_dir", spec.ckpt_dir or spec.train["ckpt_dir"])
+    ckpt = spec.ckpt_dir or spec.train.get("ckpt_dir")
+    if ckpt and not is_remote(ckpt):  # an object store's outlives the container by itself
+        _under_runs(spec, "ckpt_dir", ckpt)
     d = spec.docker
     argv = [engine, "run", "--rm", "--name", spec.name, "--label", f"{LABEL}={spec.name}"]
     argv += gpu_args(spec, engine)
@@ -134,6 +136,8 @@ def run_argv(spec: JobSpec, engine: str = "docker") -> list[str]:
                               ("train.data_dir", WORKDIR / data_in), options="ro")]  # fmt: skip
     for key, value in environment(spec).items():
         argv += ["-e", f"{key}={value}"]
+    if ckpt and is_remote(ckpt):  # by name: docker passes the caller's values, if set
+        argv += [a for name in CREDENTIAL_ENV if name not in spec.env for a in ("-e", name)]
     argv += list(d.extra_args)
     argv.append(spec.image)
     return [check_passable(a) for a in argv + node_args(spec)]

@@ -18,6 +18,7 @@ from ddpkit.k8s.options import validate_k8s
 from ddpkit.tools.backends.containers import CONTAINER_WORKDIR
 from ddpkit.tools.jobspec import JobSpec
 from ddpkit.tools.templating import KIT_DIR, dump_yaml_all
+from ddpkit.train.ckpt.store import is_remote
 
 FILE_EXT = "yaml"
 PORT_NAME = "pytorchjob-port"
@@ -369,7 +370,13 @@ def render(spec: JobSpec) -> str:
                 f"# Trainer {v} takes no per-job {', '.join(lacking).replace('_', ' ')}: they come "
                 f"from the ClusterTrainingRuntime {TRAINER_RUNTIME!r}"
             )
-    if pvc_name(spec) is None:
+    if is_remote(spec.checkpoint_dir):
+        head.append(
+            f"# checkpoints go to {spec.checkpoint_dir}: name the store's credentials in "
+            'k8s.secret_env (e.g. AWS_ACCESS_KEY_ID = "s3/access-key") and AWS_ENDPOINT_URL in env'
+            + ("" if pvc_name(spec) else "; without k8s.pvc the run dir's logs go with the pod")
+        )
+    elif pvc_name(spec) is None:
         head.append(
             "# no k8s.pvc: checkpoints stay on each pod's disk and are lost with the pod; "
             "set k8s.pvc (or k8s.pvc_size)"

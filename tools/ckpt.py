@@ -3,6 +3,7 @@
     ddpkit ckpt inspect runs/default [--json]   # or .../checkpoints[/step-300]
     ddpkit ckpt export  runs/default/checkpoints/step-300 model.pt
     ddpkit ckpt export  runs/hf-run OUT_DIR --format hf      # an hf:DIR model
+    ddpkit ckpt inspect s3://bucket/prefix                   # a checkpoint dir in a store
 
 The export holds {"model": {name: tensor}, "meta": {...}} with full (unsharded) tensors and
 loads with `torch.load(path, weights_only=True)`. `--format hf` (for a model trained as
@@ -20,11 +21,13 @@ import json
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ddpkit.train.ckpt.files import METADATA
+from ddpkit.train.ckpt.store import fetch, is_remote
 from ddpkit.train.contract import CKPT_MARKER as MARKER
 from ddpkit.train.contract import CKPT_STEP_PREFIX
 from ddpkit.train.errors import CliParser, UserError, run_cli
@@ -364,11 +367,22 @@ def _main(argv: list[str] | None) -> int:
         help="replace an existing OUT (and a leftover OUT.tmp); without it, both are refused",
     )
     args = ap.parse_args(argv)
-    path = _checkpoint_dir(args.dir)
+    with contextlib.ExitStack() as stack:
+        where, shown = args.dir, None
+        if is_remote(where):  # a store's checkpoint: a local copy (verified as it is read)
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="ddpkit-ckpt-"))
+            copy, shown = fetch(where, Path(tmp))
+            where = str(copy)
+        return _run(args, where, shown)
+
+
+def _run(args: argparse.Namespace, where: str, shown: str | None) -> int:
+    path = _checkpoint_dir(where)
     files = _files(path)
     if args.cmd == "inspect":
         with read_while_pruned(path, files, "inspect"):
             r = inspect(path)
+        r["path"] = shown or r["path"]
         print(json.dumps(r, indent=2)) if args.json else _print_inspect(r)
     else:
         out = Path(args.out)

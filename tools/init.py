@@ -81,7 +81,9 @@ def render(name: str, nproc: int, entry: dict[str, str]) -> str:
         "# Where checkpoints go. Every entry point gets it as $DDPKIT_CKPT_DIR (the run dir as",
         "# $DDPKIT_RUN_DIR): save there, e.g. torch.save(state, os.environ['DDPKIT_CKPT_DIR'] +",
         "# '/last.pt'), and resume from it. On k8s/docker put it on a volume that outlives the pod",
-        "# (k8s.pvc, docker's runs/ mount): a container's own disk is lost with it.",
+        "# (k8s.pvc, docker's runs/ mount): a container's own disk is lost with it. The kit's",
+        '# trainer also saves to an object store: ckpt_dir = "s3://bucket/prefix" (credentials',
+        "# from the environment: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL).",
         f'ckpt_dir = "runs/{name}/checkpoints"',
     ]
     if "script" in entry or "module" in entry:

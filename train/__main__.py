@@ -31,11 +31,13 @@ def main(
         print(dump(cfg))
         return 0
     try:  # imports the user's model/dataset/loss: a bad path exits 2 before any process group
+        from ddpkit.train.ckpt.store import check_ckpt_dir, local_dir
         from ddpkit.train.preflight import check_paths
         from ddpkit.train.resolve import precheck
 
         precheck(cfg)
-        check_paths({"--run-dir": cfg.run_dir, "--ckpt-dir": cfg.ckpt_dir})
+        check_ckpt_dir(str(cfg.ckpt_dir))  # a store's: credentials and bucket, one line
+        check_paths({"--run-dir": cfg.run_dir, "--ckpt-dir": local_dir(str(cfg.ckpt_dir))})
     except ConfigError as e:
         return _before_group(e)
 

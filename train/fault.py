@@ -230,7 +230,8 @@ class Fault:
     """DDPKIT_FAULT=kind@step[:rank[:arg]]: kill (SIGKILL itself), hang (sleep arg seconds),
     signal (send SIGNAME to the torchrun agent, or to itself without torchrun), nan (that
     rank's loss becomes NaN for that step: its gradients, all-reduced, poison every rank),
-    usererror (a ConfigError on that rank only). `step` "end": after the last step, before
+    usererror (a ConfigError on that rank only), killupload (SIGKILL itself in the upload of
+    step N's checkpoint to an object store, its data files up, the marker not). `step` "end": after the last step, before
     the end-of-run collectives (the stop check, final save, evaluation, summary, barrier).
     Fires once per job: only in the first torchrun attempt (TORCHELASTIC_RESTART_COUNT=0)."""
 
@@ -278,6 +279,22 @@ class Fault:
         elif self.kind == "signal":
             target = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid()
             os.kill(target, getattr(signal, self.arg or "SIGTERM"))
+
+
+def kill_in_upload(step: int, rank: int) -> None:
+    """The killupload fault's point: an upload cut off half way (see Fault)."""
+    fault = Fault.from_env()
+    if (
+        fault is not None
+        and fault.kind == "killupload"
+        and (fault.step, fault.rank) == (step, rank)
+    ):
+        print(
+            f"[fault injection] killupload on rank {rank} at step {step}",
+            file=sys.stderr,
+            flush=True,
+        )
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def stop_check_every(target_s: float, step_time_s: float) -> int:

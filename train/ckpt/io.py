@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
 from ddpkit.train.ckpt.files import ALGORITHM, METADATA, checksum_mismatch, crc32, file_crc32
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
@@ -63,8 +64,9 @@ class _HashingStream:
     only by DCP's fsync at the end, after all the serializing and hashing; this way the disk
     works while this rank hashes and serializes the next tensors."""
 
-    def __init__(self, raw: Any):
+    def __init__(self, raw: Any, writeback: bool = True):
         self.raw = raw
+        self.writeback = writeback
         self.crc = 0
         self.nbytes = 0
         self._unsynced = 0
@@ -75,7 +77,11 @@ class _HashingStream:
         n = self.raw.write(b)
         size = memoryview(b).nbytes
         self._unsynced += size
-        if self._unsynced >= WRITEBACK_AHEAD and (self._sync is None or not self._sync.is_alive()):
+        if (
+            self.writeback
+            and self._unsynced >= WRITEBACK_AHEAD
+            and (self._sync is None or not self._sync.is_alive())
+        ):
             self._start_writeback()
         self.crc = crc32(b, self.crc)  # drops the GIL: the writeback thread goes on
         self.nbytes += size
@@ -125,9 +131,10 @@ class _HashingStream:
 class _HashingFileSystem(FileSystem):
     """FileSystem whose write streams hash; `sums` maps a file's name to its record."""
 
-    def __init__(self) -> None:
+    def __init__(self, writeback: bool = True) -> None:
         super().__init__()
         self.sums: dict[str, dict[str, Any]] = {}
+        self.writeback = writeback
 
     @contextmanager
     def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
@@ -136,7 +143,7 @@ class _HashingFileSystem(FileSystem):
                 yield stream
             return
         with super().create_stream(path, mode) as raw:
-            stream = _HashingStream(raw)
+            stream = _HashingStream(raw, self.writeback)
             try:
                 yield stream
             finally:  # DCP closes the stream itself, but not when a write failed
@@ -315,3 +322,36 @@ class VerifyingReader(FileSystemReader):
             if got != rec.get(ALGORITHM):
                 raise ChecksumError(checksum_mismatch(name, got, rec.get(ALGORITHM)))
         return fut
+
+
+class UploadingWriter(HashingWriter):
+    """HashingWriter of a remote checkpoint's local staging copy (ddpkit.train.ckpt.store):
+    each rank uploads the files it wrote before DCP gathers its results, so the coordinator's
+    finish, and the marker after it, come only after every rank's upload returned; the
+    coordinator uploads `.metadata` once written. Uploaded files leave the staging dir."""
+
+    def __init__(self, path: str | Path, remote: Any, **kwargs: Any):
+        # The staged copy is read once by the upload and deleted: the store makes it durable,
+        # so it is neither fsynced nor written back early (the upload reads it from memory).
+        super().__init__(path, sync_files=False, **kwargs)
+        self.fs = _HashingFileSystem(writeback=False)
+        self.remote = remote
+
+    def _upload(self, names: list[str]) -> None:
+        step_dir = Path(self.path)
+        self.remote.upload(step_dir, names)
+        for name in names:
+            (step_dir / name).unlink(missing_ok=True)
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        from ddpkit.train.ckpt.store import step_number
+        from ddpkit.train.fault import kill_in_upload
+
+        fut = super().write_data(plan, planner)  # done: HashingWriter waits for DCP's writes
+        self._upload(sorted(self.fs.sums))
+        kill_in_upload(step_number(Path(self.path).name) or -1, dist.get_rank())
+        return fut
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        super().finish(metadata, results)
+        self._upload([METADATA])

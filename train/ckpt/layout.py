@@ -12,13 +12,14 @@ DCP late).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ddpkit.train.ckpt.files import ALGORITHM, METADATA, share, verify_files
 from ddpkit.train.contract import CKPT_MARKER as MARKER
 from ddpkit.train.contract import CKPT_STEP_PREFIX
-from ddpkit.train.jsonshape import MapOf, Opt, ShapeError, load
+from ddpkit.train.jsonshape import MapOf, Opt, ShapeError, loads
 
 ABANDONED_DIR = "abandoned"  # under the checkpoint dir: later steps a rewind set aside
 _STEP_DIR = re.compile(rf"^{CKPT_STEP_PREFIX}(\d+)$")
@@ -41,12 +42,19 @@ MARKER_SHAPE = {
 def marker(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     """(the step dir's marker, None), or (None, why there is none, in one phrase): missing
     (a save cut short), unreadable, or not of MARKER_SHAPE."""
+    return marker_of((path / MARKER).read_bytes)
+
+
+def marker_of(read: Callable[[], bytes]) -> tuple[dict[str, Any] | None, str | None]:
+    """marker() from the marker's bytes as `read` returns them (a file's, an object's)."""
     try:
-        return load(path / MARKER, MARKER_SHAPE), None
+        return loads(read().decode("utf-8"), MARKER_SHAPE), None
     except FileNotFoundError:
         return None, f"no {MARKER} marker: an interrupted save"
     except OSError as e:
         return None, f"unreadable {MARKER} marker ({e.strerror or type(e).__name__})"
+    except UnicodeDecodeError:
+        return None, f"bad {MARKER} marker: not UTF-8 text"
     except ShapeError as e:
         return None, f"bad {MARKER} marker: {e}"
 

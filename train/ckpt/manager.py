@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import threading
 import time
 from pathlib import Path
@@ -54,6 +55,7 @@ from ddpkit.train.ckpt.layout import (
     why_incomplete,
 )
 from ddpkit.train.ckpt.parts import RngState, Stateful
+from ddpkit.train.ckpt.store import Remote, is_remote, local_dir, step_number
 from ddpkit.train.contract import CKPT_MARKER as MARKER
 from ddpkit.train.contract import CKPT_STEP_PREFIX
 from ddpkit.train.errors import ConfigError
@@ -106,6 +108,14 @@ def first_problem(problem: str | None, group: Any = None) -> str | None:
     return next(m for m in msgs if m is not None)
 
 
+def _local_rank(rank: int) -> int:
+    """This process's rank on its host (torchrun's LOCAL_RANK; the rank without it)."""
+    try:
+        return int(os.environ.get("LOCAL_RANK", rank))
+    except ValueError:
+        return rank
+
+
 class DiskFull(ConfigError):
     """No space left for a checkpoint: one line (where, free, needed), exit 2."""
 
@@ -130,7 +140,9 @@ class UnusableCheckpoint(Exception):
 
 class Checkpointer:
     def __init__(self, ckpt_dir: str, keep: int, use_async: bool, log: Any):
-        self.dir = Path(ckpt_dir)
+        # A remote dir (s3://...) is staged here and mirrored there (ckpt.store).
+        self.remote = Remote(ckpt_dir) if is_remote(ckpt_dir) else None
+        self.dir = local_dir(ckpt_dir)
         self.keep = keep
         self.use_async = use_async
         self.log = log
@@ -159,7 +171,7 @@ class Checkpointer:
         was blocked."""
         # DCP is imported on first use: ~1.2 s per rank that a run's first step need not wait.
         import torch.distributed.checkpoint as dcp
-        from ddpkit.train.ckpt.io import HashingWriter
+        from ddpkit.train.ckpt.io import HashingWriter, UploadingWriter
 
         t0 = time.perf_counter()
         self.wait()  # one save in flight at a time
@@ -173,6 +185,8 @@ class Checkpointer:
                 elif path.exists():
                     path.unlink()
                 path.mkdir(parents=True)
+                if self.remote is not None:  # an interrupted upload of the same step
+                    self.remote.remove(path.name)
             except OSError as e:
                 problem = unwritable_message(e, path) or (
                     no_space_message(path) if is_no_space(e) else None
@@ -184,10 +198,13 @@ class Checkpointer:
         if (problem := first_problem(problem, self.pg)) is not None:
             full = problem.startswith("no space left")  # no_space_message's opening words
             raise (DiskFull if full else CheckpointDirUnwritable)(problem)
+        if self.remote is not None:  # node-local staging: every host makes its own
+            path.mkdir(parents=True, exist_ok=True)
         # An empty part (a grad scaler never used) has nothing to save and nothing to miss.
         state = {name: sd for name, part in states.items() if (sd := part.state_dict())}
         self._local_bytes = _tensor_bytes(state)
-        writer = HashingWriter(path)  # each rank checksums its files as it writes them
+        # each rank checksums its files as it writes them (and uploads them, to a store)
+        writer = HashingWriter(path) if self.remote is None else UploadingWriter(path, self.remote)
         if self.use_async and not force_sync:
             resp = dcp.async_save(
                 state,
@@ -316,13 +333,20 @@ class Checkpointer:
         # data is on disk when the marker goes down.
         if self.rank != 0:
             return
-        files = marker_files(path, sums)  # a stat per file; no data read back
+        # A stat per file, no data read back; staged for a store, the files are uploaded
+        # and gone, and the sums every rank took are the list.
+        files = marker_files(path, sums) if self.remote is None else dict(sorted(sums.items()))
         info = {**info, "save_s": round(time.perf_counter() - t0, 3), "time": time.time()}
         info["files"] = files
         tmp = path / (MARKER + ".tmp")
         tmp.write_text(json.dumps(info, indent=2))
         os.replace(tmp, path / MARKER)
-        self.log(f"checkpoint saved: {path} ({info['save_s']:.2f} s)")
+        where: Any = path
+        if self.remote is not None:  # the marker last: every rank's files are up
+            self.remote.upload(path, [MARKER])
+            shutil.rmtree(path, ignore_errors=True)
+            where = self.remote.where(path.name)
+        self.log(f"checkpoint saved: {where} ({info['save_s']:.2f} s)")
         # Deleting the checkpoints keep-K drops (~0.2 s per 160 MB measured here) need not
         # block the loop: a thread does it, joined by the next save or close(); not a
         # daemon, so an exit without close() still finishes it (torchtitan purges so too).
@@ -336,6 +360,9 @@ class Checkpointer:
             self._pruner = None
 
     def _prune(self) -> None:
+        if self.remote is not None:
+            self.remote.prune(self.keep)
+            return
         complete, partial = list_checkpoints(self.dir)
         newest = step_of(complete[-1]) if complete else -1
         for p in complete[: -self.keep]:
@@ -358,6 +385,8 @@ class Checkpointer:
         and broadcasts; load failures are agreed by an all-reduce)."""
         if resume == "never":
             return None
+        if self.remote is not None and resume == "auto":
+            return self._resume_remote(states)
         if resume != "auto":
             path = Path(resume)
             if (why := why_incomplete(path)) is not None:
@@ -392,6 +421,58 @@ class Checkpointer:
             )
         return None
 
+    def _resume_remote(self, states: dict[str, Stateful]) -> tuple[str, dict] | None:
+        """--resume auto from a store: the newest complete step that downloads, verifies and
+        loads (older ones after it with a warning), as a local resume."""
+        assert self.remote is not None
+        complete, partial = self.remote.scan() if self.rank == 0 else ([], {})
+        box = [(complete, partial)]
+        dist.broadcast_object_list(box, src=0, group=self.pg)
+        complete, partial = box[0]
+        newest = step_number(complete[-1]) if complete else -1
+        for name, why in partial.items():
+            if (step_number(name) or 0) > (newest or -1):
+                self.log(
+                    f"warning: skipping incomplete checkpoint {self.remote.where(name)} ({why})"
+                )
+        for name in complete[::-1]:
+            where = self.remote.where(name)
+            copy = self.dir / f".fetched-{socket.gethostname()}" / name
+            try:
+                self._agree(self._fetch(name, copy))
+                info = self.load(copy, states)
+            except UnusableCheckpoint as e:
+                self.log(f"warning: skipping checkpoint {where}: {e}; trying the next older one")
+                continue
+            finally:
+                dist.barrier(group=self.pg)
+                if _local_rank(self.rank) == 0:
+                    shutil.rmtree(copy.parent, ignore_errors=True)
+            return where, info
+        if complete:
+            raise ConfigError(
+                f"no usable checkpoint in {self.remote.url}: all {len(complete)} complete ones "
+                "fail verification or loading (warnings above); delete them, or start over "
+                "with --resume never or another --ckpt-dir"
+            )
+        return None
+
+    def _fetch(self, name: str, copy: Path) -> str | None:
+        """Download a step into `copy`, once per host (its local rank 0); the problem, if
+        any (the caller agrees on it: also the barrier before the other ranks read)."""
+        assert self.remote is not None
+        if _local_rank(self.rank) != 0:
+            return None
+        shutil.rmtree(copy, ignore_errors=True)
+        info, why = self.remote.marker(name)
+        if info is None:
+            return why
+        try:
+            self.remote.download(name, copy, sorted((info.get("files") or {}).keys()))
+        except Exception as e:
+            return f"download failed ({describe(e)})"
+        return None
+
     def _set_aside_later_than(self, path: Path) -> None:
         """A rewind (--resume of an older step of this checkpoint dir) starts a new timeline:
         the later checkpoints of the old one move to ABANDONED_DIR, so keep-K never prunes
@@ -413,6 +494,13 @@ class Checkpointer:
             f"timeline) moved to {aside}; --resume auto will not go back to them"
         )
         dist.barrier(group=self.pg)  # every rank sees the new timeline before its first save
+
+    def holds(self, path: str | Path) -> bool:
+        """Whether a checkpoint resumed from is one of this dir's (else the run's first save
+        writes its step here anew)."""
+        if self.remote is not None:
+            return str(path).startswith(f"{self.remote.url}/")
+        return Path(path).parent.resolve() == self.dir.resolve()
 
     def _agree(self, problem: str | None) -> None:
         """Raise UnusableCheckpoint on every rank when any rank has a problem."""

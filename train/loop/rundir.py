@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 from ddpkit.train.ckpt.files import is_no_space, no_space_message
+from ddpkit.train.ckpt.store import local_dir
 from ddpkit.train.config import dump
 from ddpkit.train.contract import CONFIG_FILE, REQUEUE_MARKER
 from ddpkit.train.errors import ConfigError
@@ -26,8 +27,8 @@ if TYPE_CHECKING:
 
 def claim_run_dirs(cfg: TrainConfig, world: World) -> list[RunLock]:
     """The locks this run holds (checkpoint dir first), taken on rank 0; collective."""
-    dirs = [cfg.ckpt_dir]
-    if Path(cfg.run_dir).resolve() != Path(cfg.ckpt_dir).resolve():
+    dirs = [str(local_dir(cfg.ckpt_dir))]  # a store's: its staging dir here
+    if Path(cfg.run_dir).resolve() != Path(dirs[0]).resolve():
         dirs.append(cfg.run_dir)
     locks = [RunLock(d) for d in dirs]
     box: list[str | None] = [None]

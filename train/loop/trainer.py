@@ -439,7 +439,7 @@ class Trainer(RunEnd):
         self.step = int(state["step"])
         first = float(state.get("first_loss", float("nan")))
         self.first_loss = None if first != first else first
-        if path.parent.resolve() == Path(self.cfg.ckpt_dir).resolve():
+        if self.ckpt.holds(path):
             self.last_saved = self.step  # else the final save re-writes it here, resharded
         self.resumed_from = str(path)
         old_world, old_gb = int(state["world_size"]), int(state["global_batch"])

@@ -1,0 +1,247 @@
+"""Where checkpoints live: a local directory, or an object store named by an fsspec URL
+(`s3://bucket/prefix`; s3fs serves S3 and S3-compatible servers). The one place that knows
+the difference; the manager asks it, the rest of the package sees local step dirs only.
+
+A remote checkpoint dir is mirrored, not written in place. A save goes to a local staging
+dir (`local_dir`: node-local, one per URL) through the usual hashing writer; each rank
+uploads the files it wrote as soon as DCP has written them (in DCP's background thread for
+an async save, so training does not wait for the upload), rank 0 uploads `.metadata` next and
+the marker last, once every rank's upload returned: an upload cut short leaves no marker, and
+a step prefix without one is never loaded. A load downloads a step's files into the staging
+dir (one download per host) and loads that copy, verifying every file against the marker's
+CRC-32s as a local load does: a damaged object fails its checksum and the next older
+checkpoint is tried. Keep-K deletes a dropped step's marker first, then its objects.
+
+Credentials and the endpoint come from the environment the way every AWS client reads them
+(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_PROFILE, ...): the kit never
+writes them anywhere and no message names them. Torch-free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ddpkit.train.ckpt.files import METADATA
+from ddpkit.train.contract import CKPT_MARKER as MARKER
+from ddpkit.train.contract import CKPT_STEP_PREFIX
+from ddpkit.train.errors import ConfigError
+
+STAGE_ENV = "DDPKIT_CKPT_STAGE"  # where a remote checkpoint dir is staged (default: tmp)
+# What S3 clients read from the environment: a container backend passes these by name from the
+# submitting shell (never their values into a rendered command or manifest).
+CREDENTIAL_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+)
+
+
+def is_remote(ckpt_dir: str | os.PathLike[str]) -> bool:
+    """An fsspec URL other than file:// (a local path never holds '://')."""
+    s = str(ckpt_dir)
+    return "://" in s and not s.startswith("file://")
+
+
+def local_dir(ckpt_dir: str | os.PathLike[str]) -> Path:
+    """The directory on this machine that holds the checkpoints: the dir itself, or a
+    remote one's staging dir (STAGE_ENV, else under the temp dir, keyed by the URL)."""
+    if not is_remote(ckpt_dir):
+        return Path(ckpt_dir)
+    key = hashlib.sha1(str(ckpt_dir).rstrip("/").encode()).hexdigest()[:12]
+    base = os.environ.get(STAGE_ENV) or Path(tempfile.gettempdir()) / f"ddpkit-stage-{os.getuid()}"
+    return Path(base) / key
+
+
+def _describe(e: BaseException) -> str:
+    """One phrase for a store error, from the server's own words (no credentials in them)."""
+    text = " ".join(str(e).split())[:200]
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+class Remote:
+    """A checkpoint dir in an object store: step prefixes under `url`."""
+
+    def __init__(self, url: str):
+        try:
+            from fsspec.core import url_to_fs
+        except ImportError:
+            raise ConfigError(_missing_package(url)) from None
+        self.url = url.rstrip("/")
+        try:
+            self.fs, self.root = url_to_fs(self.url)
+        except (ImportError, ValueError) as e:
+            raise ConfigError(_missing_package(url, e)) from None
+        self.root = self.root.rstrip("/")
+
+    def key(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def where(self, name: str) -> str:
+        """The URL of a step (what messages name)."""
+        return f"{self.url}/{name}"
+
+    # --- before training --------------------------------------------------------------------
+
+    def check(self) -> str | None:
+        """None when the bucket is there and takes a write and a delete here, else one line
+        naming the problem and the fix (wrong credentials, a missing bucket, no server)."""
+        probe = self.key(f".ddpkit-probe-{os.getpid()}")
+        try:
+            self.fs.pipe_file(probe, b"")
+            self.fs.rm_file(probe)
+        except Exception as e:
+            return self.problem(e, "--ckpt-dir ", "write to")
+        return None
+
+    def problem(self, e: BaseException, what: str = "", access: str = "read") -> str:
+        """One line for a failed request: wrong credentials, a missing bucket, no server."""
+        bucket = self.root.split("/", 1)[0]
+        if isinstance(e, PermissionError):
+            return (
+                f"{what}{self.url}: the object store refused the credentials ({_describe(e)}); "
+                "set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) to a key that "
+                f"may {access} the bucket"
+            )
+        if isinstance(e, FileNotFoundError):
+            return (
+                f"{what}{self.url}: no bucket {bucket!r} at the object store; create it or "
+                "name an existing bucket"
+            )
+        return (  # no server, a bad endpoint, a bad bucket name
+            f"{what}{self.url}: cannot {access} the object store ({_describe(e)}); check "
+            "AWS_ENDPOINT_URL and that the server is up"
+        )
+
+    # --- what is there ------------------------------------------------------------------------
+
+    def steps(self) -> list[str]:
+        """The step prefixes, oldest first."""
+        self.fs.invalidate_cache()
+        try:
+            entries = self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            return []
+        names = [e.rstrip("/").rsplit("/", 1)[-1] for e in entries]
+        steps = [n for n in names if step_number(n) is not None]
+        return sorted(steps, key=lambda n: step_number(n) or -1)
+
+    def marker(self, name: str) -> tuple[dict[str, Any] | None, str | None]:
+        """(the step's marker, None) or (None, why it is incomplete), as layout.marker."""
+        from ddpkit.train.ckpt.layout import marker_of
+
+        info, why = marker_of(lambda: self.fs.cat_file(self.key(name, MARKER)))
+        if info is None:
+            return None, why
+        if not self.fs.exists(self.key(name, METADATA)):
+            return None, f"no {METADATA}: an interrupted upload"
+        return info, None
+
+    def scan(self) -> tuple[list[str], dict[str, str]]:
+        """(complete step names oldest first, {incomplete step name: why})."""
+        complete, partial = [], {}
+        for name in self.steps():
+            info, why = self.marker(name)
+            if info is None:
+                partial[name] = why or "incomplete"
+            else:
+                complete.append(name)
+        return complete, partial
+
+    # --- moving files -------------------------------------------------------------------------
+
+    def upload(self, step_dir: Path, names: list[str]) -> None:
+        """Put these files of a local step dir under the step's prefix (concurrently; large
+        files in parts)."""
+        if names:
+            self.fs.put(
+                [str(step_dir / n) for n in names], [self.key(step_dir.name, n) for n in names]
+            )
+
+    def download(self, name: str, dest: Path, files: list[str]) -> None:
+        """Get a step's files (the marker's list) and its marker into `dest`, marker last."""
+        dest.mkdir(parents=True, exist_ok=True)
+        if files:
+            self.fs.get([self.key(name, n) for n in files], [str(dest / n) for n in files])
+        self.fs.get_file(self.key(name, MARKER), str(dest / MARKER))
+
+    def remove(self, name: str) -> None:
+        """Delete a step: its marker first (a deletion cut short leaves an incomplete step,
+        never a complete-looking one with objects missing)."""
+        if self.fs.exists(self.key(name, MARKER)):
+            self.fs.rm_file(self.key(name, MARKER))
+        if self.fs.exists(self.key(name)):
+            self.fs.rm(self.key(name), recursive=True)
+
+    def prune(self, keep: int) -> None:
+        """Keep the newest `keep` complete steps; drop incomplete ones older than the newest."""
+        complete, partial = self.scan()
+        newest = step_number(complete[-1]) if complete else -1
+        for name in complete[:-keep]:
+            self.remove(name)
+        for name in partial:
+            if (step_number(name) or 0) < (newest or 0):
+                self.remove(name)
+
+
+def step_number(name: str) -> int | None:
+    rest = name[len(CKPT_STEP_PREFIX) :] if name.startswith(CKPT_STEP_PREFIX) else ""
+    return int(rest) if rest.isdigit() else None
+
+
+def _missing_package(url: str, e: BaseException | None = None) -> str:
+    scheme = url.split("://", 1)[0]
+    why = f" ({_describe(e)})" if e is not None else ""
+    return (
+        f"--ckpt-dir {url}: no filesystem for {scheme}://{why}; install its fsspec package "
+        "(s3fs for s3://: pip install 'ddpkit[s3]')"
+    )
+
+
+def check_ckpt_dir(ckpt_dir: str) -> None:
+    """ConfigError (one line) unless a remote checkpoint dir can be written now."""
+    if is_remote(ckpt_dir) and (problem := Remote(ckpt_dir).check()) is not None:
+        raise ConfigError(problem)
+
+
+def fetch(url: str, dest: Path) -> tuple[Path, str]:
+    """(a local copy under `dest`, its step's URL) of a checkpoint in a store (`ddpkit ckpt`): the step
+    URL given, else the newest complete step under the URL or under its checkpoints/. The
+    copy's files are verified by whoever reads it (the marker comes along)."""
+    remote = Remote(url)
+    try:
+        name = remote.root.rsplit("/", 1)[-1]
+        if step_number(name) is not None:
+            remote = Remote(remote.url.rsplit("/", 1)[0])
+        else:
+            complete, partial = remote.scan()
+            if not complete and not partial:
+                inner = Remote(f"{remote.url}/checkpoints")
+                complete, partial = inner.scan()
+                remote = inner if complete or partial else remote
+            if not complete and not remote.fs.exists(remote.root.split("/", 1)[0]):
+                raise FileNotFoundError(remote.root)  # no bucket: said as such below
+            if not complete:
+                got = ", ".join(sorted(partial)[-3:])
+                raise ConfigError(
+                    f"{url}: no complete checkpoint"
+                    + (f" ({got} lack {MARKER}: an upload was cut short)" if got else "")
+                    + "; pass a run's checkpoint URL or a step-N URL"
+                )
+            name = complete[-1]
+        info, why = remote.marker(name)
+        if info is None:
+            raise ConfigError(f"{remote.where(name)}: not a complete checkpoint ({why})")
+        remote.download(name, dest / name, sorted((info.get("files") or {}).keys()))
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(remote.problem(e)) from None
+    return dest / name, remote.where(name)
