@@ -68,7 +68,9 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     p = _Parser(prog="python -m bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", choices=("all", "step", "ckpt", "s3", "launch", "hf", "steptime"), default="all")
+    p.add_argument(
+        "--only", choices=("all", "step", "ckpt", "s3", "launch", "hf", "steptime"), default="all"
+    )
     p.add_argument("--reps", type=int, default=3, help="step-time repetitions per variant")
     p.add_argument("--quick", action="store_true", help="tiny sizes, one repetition")
     p.add_argument("--out-dir", default="out/bench", help="where the JSON results go")
