@@ -16,7 +16,9 @@ The chunks, in the order the lanes take them (a lane takes the next one when its
     backends  tests/backends ...
     tools     tests/tools    ...
     rest      tests/ without those four folders ...
-    k8s       -m 'k8s and not (container or slurm)'     (waits for a running Go build)
+    s3        -m 's3 and not (container or slurm)'      (waits for a running Go build: the
+                                                         S3 server, tools/s3local/build.sh)
+    k8s       -m 'k8s and not (...)'                    (waits for k8s/local/build.sh)
 
 A chunk is whole test files, so module fixtures (a trained run, a built image) are set up once;
 the suite has no session fixture that two chunks would build twice, except the SLURM cluster,
@@ -43,7 +45,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LANES = 2  # the machines' cores
 # Engine markers, by chunk: a test carrying several belongs to the first chunk naming one.
-ENGINE_STEPS: list[tuple[str, ...]] = [("container", "slurm"), ("k8s",)]
+ENGINE_STEPS: list[tuple[str, ...]] = [("container", "slurm"), ("s3",), ("k8s",)]
+# The chunks that wait for a Go build .ci/run starts in the background: marker -> the build's
+# versions.sh (it names the cache whose build.lock the build holds).
+BUILDS = {"s3": "tools/s3local/versions.sh", "k8s": "k8s/local/versions.sh"}
 ENGINE_MARKERS = [m for step in ENGINE_STEPS for m in step]
 # The process tests by folder, largest first (longest-first keeps the two lanes even).
 FOLDERS = ["train", "launch", "backends", "tools"]
@@ -53,7 +58,7 @@ FOLDERS = ["train", "launch", "backends", "tools"]
 class Chunk:
     name: str
     args: list[str]  # pytest's selection: paths, --ignore and -m
-    waits_for_build: bool = False
+    waits_for_build: str = ""  # "k8s" / "s3": the Go build (BUILDS) this chunk waits for
     counts: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     failure: str = ""
@@ -76,22 +81,28 @@ def chunks() -> list[Chunk]:
     out += [Chunk(f, [f"tests/{f}", "-m", no_engine]) for f in FOLDERS]
     ignores = [f"--ignore=tests/{f}" for f in FOLDERS]
     out.append(Chunk("rest", ["tests", *ignores, "-m", no_engine]))
-    out += [Chunk("+".join(step), ["tests", "-m", expr], "k8s" in step) for step, expr in later]
+    out += [
+        Chunk("+".join(step), ["tests", "-m", expr], next((m for m in step if m in BUILDS), ""))
+        for step, expr in later
+    ]
     return out
 
 
-def k8s_build_lock() -> Path:
+def build_lock(build: str) -> Path:
+    cache = {"k8s": "DDPKIT_K8S_CACHE", "s3": "DDPKIT_S3_CACHE"}[build]
     out = subprocess.run(
-        ["bash", "-c", f'source {ROOT}/k8s/local/versions.sh; echo "$DDPKIT_K8S_CACHE"'],
+        ["bash", "-c", f'source {ROOT}/{BUILDS[build]}; echo "${cache}"'],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     return Path(out.stdout.strip()) / "build.lock"
 
 
-def wait_for_k8s_build(say) -> None:
-    """Block while k8s/local/build.sh holds its lock (a build is running); return at once when
-    none is. The k8s tests skip, naming the build, when binaries are absent after it."""
-    lock = k8s_build_lock()
+def wait_for_build(build: str, say) -> None:
+    """Block while the build's script (k8s/local/build.sh, tools/s3local/build.sh) holds its
+    lock (a build is running); return at once when none is. The tests then find the binaries,
+    or build them (s3) or skip naming the build (k8s)."""
+    script = str(Path(BUILDS[build]).with_name("build.sh"))
+    lock = build_lock(build)
     if not lock.exists():
         return
     with lock.open() as f:
@@ -99,9 +110,9 @@ def wait_for_k8s_build(say) -> None:
             fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             start = time.monotonic()
-            say(f"waiting for the running k8s/local/build.sh ({lock})")
+            say(f"waiting for the running {script} ({lock})")
             fcntl.flock(f, fcntl.LOCK_SH)
-            say(f"k8s/local/build.sh finished; waited {time.monotonic() - start:.0f} s")
+            say(f"{script} finished; waited {time.monotonic() - start:.0f} s")
 
 
 _COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
@@ -132,7 +143,7 @@ class Runner:
             except queue.Empty:
                 return
             if chunk.waits_for_build:
-                wait_for_k8s_build(lambda line, c=chunk: self.say(c.name, line))
+                wait_for_build(chunk.waits_for_build, lambda line, c=chunk: self.say(c.name, line))
             self.pytest(chunk)
 
     def pytest(self, chunk: Chunk) -> None:

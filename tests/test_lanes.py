@@ -42,10 +42,11 @@ def test_every_test_falls_in_exactly_one_chunk_wherever_it_is_and_however_marked
                 assert len(hits) == 1, (path, combo, hits)
 
 
-def test_only_the_k8s_chunk_waits_for_the_go_build_and_it_comes_last():
+def test_only_the_s3_and_k8s_chunks_wait_for_their_go_builds_and_they_come_last():
     every = lanes.chunks()
-    assert [c.waits_for_build for c in every] == [False] * (len(every) - 1) + [True]
+    assert [c.waits_for_build for c in every] == [""] * (len(every) - 2) + ["s3", "k8s"]
     assert every[-1].name == "k8s" and every[0].name == "engines"
+    assert all(lanes.build_lock(b).name == "build.lock" for b in lanes.BUILDS)
 
 
 def test_pytests_closing_line_is_read_as_counts():

@@ -15,7 +15,7 @@ import pytest
 from tests.s3_fixtures import S3Server, s3_server  # noqa: F401  (the fixture)
 from tests.trainrun import PY, clean_env, train
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.s3]  # s3: its own lane chunk, after its build
 
 ARGS = ("--no-eval", "--log-interval", "3", "--batch-size", "8", "--synthetic-samples", "512")
 ARGS += ("--lr", "3e-3", "--ckpt-interval", "3")
