@@ -49,12 +49,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from ddpkit.train import goodput
 from ddpkit.train.contract import (
     CKPT_DIR_ENV,
     DEFAULT_SHUTDOWN_TIMEOUT_S,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_REQUEUE,
     LAUNCH_ID_ENV,
     PREEMPT_SIGNALS,
     RUN_DIR_ENV,
@@ -314,6 +316,7 @@ def workers_die_with_launcher() -> bool:
                 )
             except (KeyError, ValueError):
                 return
+            goodput.launcher_attempt(who[1], int(env.get("LOCAL_RANK", 0)))
             watcher = threading.Thread(target=_watch_end, args=(self.pid, *who), daemon=True)
             watcher.start()
             _WATCHERS.append(watcher)
@@ -376,7 +379,8 @@ def _watch_end(pid: int, rank: int, attempt: int, error_file: str) -> None:
     if error_file:
         with contextlib.suppress(OSError, ValueError):
             returned = float(Path(error_file + RETURNED_SUFFIX).read_text())
-    ENDS[pid] = WorkerEnd(rank, code, time.time(), attempt, returned)
+    ENDS[pid] = end = WorkerEnd(rank, code, time.time(), attempt, returned)
+    goodput.launcher_end(rank, code, end.when, attempt, error_file)
 
 
 # run_entry notes when a user's script or module returned (beside the worker's torchrun
@@ -547,6 +551,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     if line:
         print(line, file=sys.stderr, flush=True)
+    said = goodput.launcher_exit(run_dir, code == EXIT_REQUEUE, int(args.node_rank))
+    if said:
+        print(said, file=sys.stderr, flush=True)
     return code
 
 
