@@ -196,6 +196,8 @@ class Report:
 def _kind_of(code: int, facts: dict[str, Any]) -> str:
     if facts.get("missing") or facts.get("stuck"):
         return "hang"
+    if code in (2, 3) or facts.get("cause") == "code":
+        return "code error"
     if code == -signal.SIGKILL:
         return "killed"
     if code < 0:
@@ -338,7 +340,7 @@ def launcher_end(rank: int, code: int | None, when: float, attempt: int, error_f
     facts: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError, AttributeError):
         data = json.loads(Path(error_file).read_text()).get("ddpkit") or {}
-        facts = {k: data[k] for k in ("missing", "stuck", "phase") if k in data}
+        facts = {k: data[k] for k in ("missing", "stuck", "phase", "cause") if k in data}
     record(
         os.environ.get(RUN_DIR_ENV),
         "end",
@@ -365,3 +367,26 @@ def note_done(run_dir: str | Path, step: int) -> Report | None:
     """The trainer's rank 0 at the end of its last step: note it, and the report so far."""
     record(run_dir, "done", step=step)
     return report(run_dir)
+
+
+def status_lines(run_dir: str | Path) -> list[str]:
+    """What `ddpkit status` adds for a run whose run dir is on this machine: the goodput so
+    far and one line per failure (kind, rank, node, attempt, seconds lost)."""
+    rep = report(run_dir, now=time.time())
+    if rep is None:
+        return []
+    out = [f"  {rep.line()} (wall {rep.wall_s:.0f} s, {rep.attempts} attempt(s))"]
+    for f in rep.failures:
+        who = " ".join(
+            x
+            for x in (
+                f"rank {f.rank}" if f.rank is not None else "",
+                f"on {f.node}" if f.node else "",
+            )
+            if x
+        )
+        state = "recovered" if f.recovered else "not recovered (yet)"
+        out.append(
+            f"  failure: {f.kind} {who} in attempt {f.attempt}, {f.lost_s:.0f} s lost, {state}"
+        )
+    return out

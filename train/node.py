@@ -49,7 +49,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ddpkit.train import goodput
+from ddpkit.train import failclass, goodput
 from ddpkit.train.contract import (
     CKPT_DIR_ENV,
     DEFAULT_SHUTDOWN_TIMEOUT_S,
@@ -75,6 +75,7 @@ from ddpkit.train.outcome import (
     PREFIX,
     Failure,
     WorkerEnd,
+    culprit,
     last_attempt_exits_0,
     outcome,
     signame,
@@ -256,6 +257,7 @@ def run_entry(argv: list[str]) -> int:
         raise
     except BaseException as e:
         ours = {os.path.abspath(__file__), runpy.__file__, "<frozen runpy>"}
+        failclass.note_cause(e)  # the user's code raised: the launcher does not retry it
         tb = e.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename in ours:
             tb = tb.tb_next
@@ -483,6 +485,9 @@ def main(argv: list[str] | None = None) -> int:
     workers_die_with_launcher()
     note_first_stop()
     one_stop_signal()
+    failclass.stop_retrying_code_failures(
+        lambda fs: culprit({int(r): Failure.of(f, ENDS.get(f.pid)) for r, f in fs.items()})
+    )
 
     failures: dict[int, Failure] = {}
     stopped_by: int | None = None
@@ -549,6 +554,9 @@ def main(argv: list[str] | None = None) -> int:
     # must not turn it into a death by signal while the interpreter shuts down.
     for name in PREEMPT_SIGNALS:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
+    if line and failclass.STOPPED and code == EXIT_FAILED:
+        err = failclass.STOPPED[0][1] or "an exception"
+        line += f"; its own code raised {err}: not retried (a restart would fail the same way)"
     if line:
         print(line, file=sys.stderr, flush=True)
     said = goodput.launcher_exit(run_dir, code == EXIT_REQUEUE, int(args.node_rank))

@@ -195,7 +195,7 @@ def test_node_script_runs_the_node_launcher_with_the_rendezvous(tmp_path: Path) 
     assert rc == 0
     assert argv[:2] == ["-m", "ddpkit.train.node"]
     assert argv[argv.index("--") + 1 :] == ["-m", "ddpkit.train", *spec.train_argv()]
-    for flag in ("--nnodes=2", "--nproc-per-node=3", "--rdzv-backend=c10d", "--max-restarts=0"):
+    for flag in ("--nnodes=2", "--nproc-per-node=3", "--rdzv-backend=c10d", "--max-restarts=3"):
         assert flag in argv
     assert argv[argv.index("--shutdown-timeout") + 1] == "30"
     assert env["PET_RDZV_ENDPOINT"] == "10.1.2.3:20042"

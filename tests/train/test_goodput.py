@@ -110,6 +110,7 @@ def test_a_killed_worker_restarts_in_place_and_the_report_lists_it(tmp_path):
     )  # fmt: skip  (rank 1 SIGKILLs itself before step 8)
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from"].endswith("step-6")  # the newest complete checkpoint
     assert summary["param_digest"] == reference.summary["param_digest"]
     rep = summary["goodput"]
     assert rep["attempts"] == 2 and rep["finished"]
