@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -94,3 +95,58 @@ def stop_retrying_code_failures(culprit: Callable[[dict[int, Any]], tuple[int, A
 
     classified.classified = True  # type: ignore[attr-defined]
     LocalElasticAgent._monitor_workers = classified  # type: ignore[method-assign]
+
+
+# --- past the in-place budget: the scheduler's requeue (the SLURM batch shell asks here) ------
+
+NODE_FAILURES_TO_EXCLUDE = 2  # a node that failed this often is left out of the next attempt
+
+
+def requeue_verdict(
+    run_dir: str, launch_id: str, rc: int, restarts: int, limit: int
+) -> tuple[bool, list[str], str]:
+    """(requeue?, nodes to exclude, the line saying why) for a job step that ended with `rc`
+    (not 0, not 75: those the batch shell handles itself), from the run's goodput records:
+    the user's code failing (in this attempt) is never requeued; a lost node, a killed or
+    hung worker past the in-place budget is, `limit` times at most (SLURM_RESTART_COUNT
+    survives the requeue, so the count does too). A node with two failures is excluded."""
+    from ddpkit.train import goodput
+    from ddpkit.train.contract import EXIT_INTERRUPTED
+
+    if rc in (0, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED):
+        return False, [], ""
+    ends = [r for r in goodput.read(run_dir) if r["kind"] == "end" and r.get("launch") == launch_id]
+    code = next(
+        (r for r in ends if is_code_failure(int(r.get("code") or 1), str(r.get("cause") or ""))),
+        None,
+    )
+    if code is not None:
+        return False, [], f"rank {code.get('rank')} failed in its own code: not requeued"
+    if restarts >= limit:
+        return False, [], f"step exit {rc}; the requeue limit ({limit}) is reached: not requeued"
+    rep = goodput.report(run_dir)
+    counts: dict[str, int] = {}
+    for f in rep.failures if rep else []:
+        if f.node and f.kind != "preempted":
+            counts[f.node] = counts.get(f.node, 0) + 1
+    bad = sorted(n for n, c in counts.items() if c >= NODE_FAILURES_TO_EXCLUDE)
+    why = f"step exit {rc} (a lost node, or workers past the in-place restart budget)"
+    line = f"{why}; requeue {restarts + 1} of {limit}"
+    if bad:
+        line += f", excluding {','.join(bad)} (failed {NODE_FAILURES_TO_EXCLUDE} times or more)"
+    return True, bad, line
+
+
+def main(argv: list[str]) -> int:
+    """`python -m ddpkit.train.failclass RUN_DIR LAUNCH_ID RC RESTARTS LIMIT`: prints
+    `requeue [NODE,...]` or `stop` on stdout, the reason on stderr."""
+    run_dir, launch_id, rc, restarts, limit = argv
+    again, bad, line = requeue_verdict(run_dir, launch_id, int(rc), int(restarts), int(limit))
+    if line:
+        print(f"ddpkit: {line}", file=sys.stderr, flush=True)
+    print(f"requeue {','.join(bad)}".rstrip() if again else "stop")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

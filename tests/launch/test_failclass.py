@@ -62,3 +62,23 @@ def test_bad_input_and_divergence_are_never_retried_and_signals_always_are():
     assert failclass.is_code_failure(2, "") and failclass.is_code_failure(3, "")
     assert not failclass.is_code_failure(-9, failclass.CODE)
     assert not failclass.is_code_failure(1, "")  # unexplained: a restart may cure it
+
+
+def test_a_node_that_failed_twice_is_excluded_from_the_requeue(tmp_path):
+    from ddpkit.train import goodput
+
+    def attempt(launch: str, t: float, lost: str) -> None:  # two nodes; `lost` never reports
+        for node in ("c1", "c2"):
+            goodput.record(tmp_path, "attempt", time=t, launch=launch, node=node)
+        other = "c2" if lost == "c1" else "c1"
+        goodput.record(tmp_path, "end", time=t + 5, launch=launch, node=other, rank=0, code=143)
+
+    attempt("job-0", 0, "c2")
+    again, bad, line = failclass.requeue_verdict(str(tmp_path), "job-0", 137, 0, 3)
+    assert again and bad == [] and "requeue 1 of 3" in line
+    attempt("job-1", 10, "c1")
+    attempt("job-2", 20, "c2")  # c2's second failure
+    again, bad, line = failclass.requeue_verdict(str(tmp_path), "job-2", 137, 2, 3)
+    assert again and bad == ["c2"] and "excluding c2 (failed 2 times" in line
+    again, _, line = failclass.requeue_verdict(str(tmp_path), "job-2", 137, 3, 3)
+    assert not again and "requeue limit (3) is reached" in line
