@@ -234,7 +234,8 @@ def report(run_dir: str | Path, now: float | None = None) -> Report | None:
         return None
     groups: dict[tuple[Any, int], list[dict[str, Any]]] = {}
     for r in recs:
-        groups.setdefault((r.get("launch"), int(r.get("attempt") or 0)), []).append(r)
+        if r["kind"] != "inject":  # the drill's own records belong to no attempt
+            groups.setdefault((r.get("launch"), int(r.get("attempt") or 0)), []).append(r)
     order = sorted(groups.values(), key=lambda g: g[0]["time"])
     injects = [r for r in recs if r["kind"] == "inject"]
     productive: float | None = None
