@@ -22,7 +22,7 @@ for mode in eager compile; do
         --run-dir "$out/$mode" --progress plain "${flags[@]}" 2>&1 | tee "$out/$mode.log"
 done
 
-"$py" -m ddpkit.tools.memory --config configs/gpt_350m.toml --gpus 1 --strategy FULL_SHARD --json \
+"$py" -m ddpkit.tools.planner --config configs/gpt_350m.toml --gpus 1 --strategy FULL_SHARD --json \
     > "$out/planner.json"
 "$py" - "$out" <<'PY'
 import json, sys

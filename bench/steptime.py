@@ -1,4 +1,4 @@
-"""The step-time model (ddpkit.tools.steptime_*) against real steps on this machine.
+"""The step-time model (ddpkit.tools.planner) against real steps on this machine.
 
     python -m bench.steptime              # = python -m bench --only steptime; 30 min on 2 shared cores
     python -m bench.steptime --quick      # mlp-deep, 2 ranks, DDP and FULL_SHARD (~1 min)
@@ -93,7 +93,7 @@ def commbench(n: int, work: Path, quick: bool) -> Path:
 
 def job_cfg(model: str) -> Any:
     """The run's training config, as the planner reads it from flags."""
-    from ddpkit.tools.memory_model import load_cfg
+    from ddpkit.tools.planner.model import load_cfg
 
     ns = argparse.Namespace(config=None, model=model, dataset=None)
     flags = MODEL_FLAGS[model]
@@ -117,7 +117,7 @@ def measure(r: Run, work: Path) -> dict[str, Any]:
 def contended_compute(model: str, n: int, work: Path) -> Any:
     """One rank's compute measured while n ranks measure at once (the cores they share):
     the mean over ranks of bench.steptime --compute-worker under torchrun."""
-    from ddpkit.tools.steptime_model import Compute
+    from ddpkit.tools.planner.predict import Compute
 
     out = work / f"compute-{model}-{n}"
     out.mkdir(parents=True, exist_ok=True)
@@ -129,7 +129,7 @@ def contended_compute(model: str, n: int, work: Path) -> Any:
 
 def compute_worker(model: str, out: Path) -> int:
     import torch
-    from ddpkit.tools.steptime_job import measure_compute
+    from ddpkit.tools.planner.job import measure_compute
 
     torch.set_num_threads(1)
     c = measure_compute(job_cfg(model))
@@ -138,8 +138,8 @@ def compute_worker(model: str, out: Path) -> int:
 
 
 def predict(r: Run, links: dict[int, Any], computes: dict[str, Any]) -> dict[str, float]:
-    from ddpkit.tools.steptime_links import preset
-    from ddpkit.tools.steptime_plan import plan
+    from ddpkit.tools.planner.links import preset
+    from ddpkit.tools.planner.recommend import plan
 
     cfg = job_cfg(r.model)
     cfg.replicate_degree = r.replicate
@@ -179,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_all(quick: bool, work: Path, out: Path) -> list[str]:
     import torch
-    from ddpkit.tools.steptime_job import measure_compute
-    from ddpkit.tools.steptime_links import load_link
+    from ddpkit.tools.planner.job import measure_compute
+    from ddpkit.tools.planner.links import load_link
 
     torch.set_num_threads(1)  # one rank's compute, as torchrun's OMP_NUM_THREADS=1 runs it
     plan = runs(quick)

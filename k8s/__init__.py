@@ -1,1 +1,1 @@
-"""ddpkit.k8s: the pods' launch script (launch.sh); the manifests are built in ddpkit.tools.backends.k8s."""
+"""ddpkit.k8s: the pods' launch script (launch.sh); the manifests are built in ddpkit.k8s."""

@@ -57,6 +57,7 @@ class Chunk:
     counts: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     failure: str = ""
+    failed_tests: list[str] = field(default_factory=list)  # pytest's `FAILED id - why` lines
 
 
 def chunks() -> list[Chunk]:
@@ -148,6 +149,8 @@ class Runner:
             self.say(chunk.name, line)
             if _COUNT.search(line) and (" in " in line or line.startswith("=")):
                 last_summary = line
+            if line.startswith(("FAILED ", "ERROR ")):
+                chunk.failed_tests.append(line)
         rc = proc.wait()
         chunk.counts = summary_counts(last_summary)
         chunk.seconds = time.monotonic() - start
@@ -207,6 +210,11 @@ def main(argv: list[str]) -> int:
     failures = [f"{c.name} {c.failure}" for c in every if c.failure]
     for f in failures:
         print(f"lanes: FAILED {f}")
+    # The failing tests again, at the end where a CI log's tail shows them (their tracebacks are
+    # above, under the chunk's name).
+    for chunk in every:
+        for line in chunk.failed_tests:
+            print(f"lanes: [{chunk.name}] {line[:400]}")
     print(f"lanes: {time.monotonic() - start:.0f} s in all (wall), {LANES} lanes")
     failed = total.get("failed", 0) + total.get("errors", 0)
     if failures and not failed:

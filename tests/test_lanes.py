@@ -54,3 +54,17 @@ def test_pytests_closing_line_is_read_as_counts():
         "failed": 2, "passed": 830, "skipped": 2, "errors": 1, "deselected": 12,
     }  # fmt: skip
     assert lanes.summary_counts("5 passed in 0.10s") == {"passed": 5}
+
+
+def test_a_failing_test_is_named_again_in_the_closing_lines(tmp_path, capsys):
+    """A CI log is read from its tail: the failing test's id and reason come after the chunk
+    times, before `total:`, not only thousands of lines up in the chunk's own output."""
+    (tmp_path / "test_two.py").write_text(
+        "def test_ok():\n    pass\n\n\ndef test_broken():\n    assert 1 + 1 == 3, 'arithmetic'\n"
+    )
+    chunk = lanes.Chunk("tiny", [str(tmp_path / "test_two.py"), "-ra", "-p", "no:cacheprovider"])
+    runner = lanes.Runner([])
+    runner.pytest(chunk)
+    assert chunk.counts == {"failed": 1, "passed": 1} and chunk.failure == "exited 1"
+    assert [ln.split(" - ")[0].split("::")[-1] for ln in chunk.failed_tests] == ["test_broken"]
+    assert all(ln.startswith("FAILED ") for ln in chunk.failed_tests)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGES = ("ddpkit.train", "ddpkit.tools")
+PACKAGES = ("ddpkit.train", "ddpkit.tools", "ddpkit.slurm", "ddpkit.k8s", "ddpkit.docker")
 
 
 def _modules() -> dict[str, Path]:
@@ -142,10 +142,12 @@ def describe(loop: list[str], graph: dict[str, dict[str, int]], known: dict[str,
 
 def test_the_walk_sees_the_trainer_and_the_tools():
     graph, known = import_graph()
-    assert {"ddpkit.train.registry", "ddpkit.train.config", "ddpkit.tools.memory"} <= set(known)
-    assert "ddpkit.tools.backends.k8s" in known  # subpackages too
+    assert {"ddpkit.train.registry", "ddpkit.train.config", "ddpkit.tools.planner.cli"} <= set(
+        known
+    )
+    assert "ddpkit.k8s.backend" in known  # the engines' packages too
     assert "ddpkit.train.errors" in graph["ddpkit.train.config"]  # module level
-    assert "ddpkit.train.models" in graph["ddpkit.tools.memory_model"]  # inside a function
+    assert "ddpkit.train.models" in graph["ddpkit.tools.planner.model"]  # inside a function
 
 
 def test_the_walk_reads_every_kind_of_import(tmp_path):

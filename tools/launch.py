@@ -262,9 +262,9 @@ def _act(backend: Any, opts: argparse.Namespace, spec: JobSpec | None, members: 
 
 
 def check_plan(specs: list[JobSpec]) -> None:
-    """`--plan`: the planner's dry run of each job (ddpkit.tools.memory_dryrun.plan_for_spec)
+    """`--plan`: the planner's dry run of each job (ddpkit.tools.planner.dryrun.plan_for_spec)
     before anything is rendered or queued; its refusal is one line (SpecError)."""
-    from ddpkit.tools.memory_dryrun import plan_for_spec
+    from ddpkit.tools.planner.dryrun import plan_for_spec
 
     for spec in specs:
         refusal = plan_for_spec(spec)

@@ -31,11 +31,11 @@ def main(
         print(dump(cfg))
         return 0
     try:  # imports the user's model/dataset/loss: a bad path exits 2 before any process group
-        from ddpkit.train.config import check_paths
         from ddpkit.train.lookup import precheck
+        from ddpkit.train.preflight import check_paths
 
         precheck(cfg)
-        check_paths(cfg)
+        check_paths({"--run-dir": cfg.run_dir, "--ckpt-dir": cfg.ckpt_dir})
     except ConfigError as e:
         return _before_group(e)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -26,6 +25,7 @@ from ddpkit.train.contract import (
     default_run_dir,
 )
 from ddpkit.train.errors import CliParser, ConfigError
+from ddpkit.train.preflight import check_packages, check_world, world_from_env
 
 
 @dataclass
@@ -243,12 +243,12 @@ def parse_config(
         values["steps"] = None
     cfg = TrainConfig(**values)
     validate(cfg, local_paths=local_paths)
-    if installed:
-        check_packages(cfg)  # not in validate(): what is installed is the node's business
+    if installed:  # not in validate(): what is installed is the node's business
+        check_packages(log_packages(cfg))
     if world is None:
         _, size, _, local_size = world_from_env()
         world = (size, max(1, size // max(1, local_size)))
-    check_world(cfg, *world)
+    check_world(cfg.sharding, cfg.replicate_degree, *world)
     return cfg, bool(args.print_config)
 
 
@@ -423,35 +423,21 @@ def entry_name(argv0: str | None = None) -> str:
     return "train" if path.stem in ("", "-c") else path.stem
 
 
-def check_paths(cfg: TrainConfig) -> None:
-    """The run and checkpoint dirs can be made and written here (on the node, before
-    anything is written: not part of validate(), which the launcher also runs elsewhere).
-    A probe directory is made and removed in the nearest existing one."""
-    import tempfile
-
-    for flag, value in (("--run-dir", cfg.run_dir), ("--ckpt-dir", cfg.ckpt_dir)):
-        path = Path(str(value))
-        probe = path
-        while not probe.exists() and probe != probe.parent:
-            probe = probe.parent
-        if not probe.is_dir():
-            where = "is a file" if probe == path else f"is under {probe}, a file"
-            raise ConfigError(f"{flag} {value} {where}; pass a directory path")
-        try:
-            os.rmdir(tempfile.mkdtemp(prefix=".ddpkit-probe-", dir=probe))
-        except OSError as e:
-            raise ConfigError(
-                f"{flag} {value}: cannot create directories in {probe} ({e.strerror}); "
-                "pass a writable path"
-            ) from None
-
-
 def log_backends(cfg: TrainConfig) -> list[str]:
     """The chosen logging backends: --log-to's list, plus tensorboard for --tensorboard."""
     names = [n.strip() for n in cfg.log_to.split(",") if n.strip()]
     if cfg.tensorboard:
         names.insert(0, "tensorboard")
     return list(dict.fromkeys(names))
+
+
+def log_packages(cfg: TrainConfig) -> dict[str, str]:
+    """The package each chosen logging backend needs, by the flag that chose it."""
+    needs = {}
+    for name in log_backends(cfg):
+        flag = "--tensorboard" if name == "tensorboard" and cfg.tensorboard else f"--log-to {name}"
+        needs[flag] = LOG_BACKENDS[name]
+    return needs
 
 
 def profile_range(spec: str | None) -> tuple[int, int] | None:
@@ -484,56 +470,6 @@ def check_outputs(cfg: TrainConfig) -> None:
             f"--eval-interval must be >= 0 steps (0 = at the end), got {cfg.eval_interval}"
         )
     profile_range(cfg.profile_steps)
-
-
-def check_packages(cfg: TrainConfig) -> None:
-    """Each chosen logging backend's package is importable, before anything is written."""
-    from importlib.util import find_spec
-
-    for name in log_backends(cfg):
-        module = LOG_BACKENDS[name]
-        try:
-            found = find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            flag = (
-                "--tensorboard" if name == "tensorboard" and cfg.tensorboard else f"--log-to {name}"
-            )
-            raise ConfigError(
-                f"{flag} needs the {module} package, which is not installed: "
-                f"pip install {module} (or pip install -e '.[logging]'), or drop {flag}"
-            )
-
-
-def world_from_env() -> tuple[int, int, int, int]:
-    """(rank, world size, local rank, local world size) as torchrun sets them; 0,1,0,1 alone."""
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(size)))
-    return rank, size, local_rank, local_size
-
-
-def replicate_problem(size: int, rep: int) -> str | None:
-    """HYBRID_SHARD's one rule (the trainer's and the planner's): the replicate degree divides
-    the world size. The problem and its fix, or None."""
-    if size % rep == 0:
-        return None
-    divisors = [d for d in range(1, size + 1) if size % d == 0]
-    return (
-        f"HYBRID_SHARD: replicate degree {rep} does not divide world size {size} "
-        f"({size} % {rep} = {size % rep}); pass --replicate-degree one of "
-        f"{', '.join(map(str, divisors))}"
-    )
-
-
-def check_world(cfg: TrainConfig, size: int, nnodes: int) -> None:
-    """World-size rules, checked from the environment before any process group exists."""
-    if cfg.sharding == "HYBRID_SHARD":
-        problem = replicate_problem(size, cfg.replicate_degree or nnodes)
-        if problem:
-            raise ConfigError(problem)
 
 
 def dump(cfg: TrainConfig) -> str:

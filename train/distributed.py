@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from ddpkit.train.config import TrainConfig, check_world, world_from_env
+from ddpkit.train.config import TrainConfig
+from ddpkit.train.preflight import check_world, world_from_env
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class World:
 
 def init(cfg: TrainConfig) -> World:
     rank, size, local_rank, local_size = world_from_env()
-    check_world(cfg, size, max(1, size // max(1, local_size)))
+    check_world(cfg.sharding, cfg.replicate_degree, size, max(1, size // max(1, local_size)))
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)

@@ -15,7 +15,7 @@ The contracts (docs/training.md "Your own model, data and loss" says the same):
 - Model factory: `factory(cfg, **model_args) -> torch.nn.Module`. `cfg` is the resolved
   TrainConfig, `model_args` the `[train.model_args]` table (`--model-args '{"k": 1}'`). It is
   called once under `torch.device("meta")` before any process group starts (to check it and
-  for `ddpkit.tools.memory`), then once per rank on the CPU after `torch.manual_seed(cfg.seed)`, so
+  for `ddpkit memory`), then once per rank on the CPU after `torch.manual_seed(cfg.seed)`, so
   every rank starts from the same weights. It must not move the model to a device.
   Every rank builds the same parameter names, shapes and dtypes, and under DDP every
   parameter that requires grad takes part in forward (both checked, one line each).

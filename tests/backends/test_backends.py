@@ -75,10 +75,10 @@ def _read_record(backend: str) -> object:
 
         return LocalBackend().poll("4242")
     if backend == "docker":
-        from ddpkit.tools.backends.docker.run import job_and_engine
+        from ddpkit.docker.run import job_and_engine
 
         return job_and_engine(None, argparse.Namespace(engine="podman"))
-    from ddpkit.tools.backends.k8s.api import _target
+    from ddpkit.k8s.api import _target
 
     return _target(None, argparse.Namespace())
 

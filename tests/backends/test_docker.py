@@ -18,7 +18,7 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
-from ddpkit.tools.backends import docker
+from ddpkit.docker import backend as docker
 from ddpkit.tools.spec import load_spec
 from ddpkit.tools.templating import KIT_DIR as REPO_ROOT
 
@@ -527,7 +527,7 @@ def test_container_trains_is_preempted_and_resumes(image, tmp_path):
             time.sleep(0.5)
         # list: the running container carries the ddpkit label; logs: its output so far
         r = subprocess.run(
-            [sys.executable, "-c", "import sys, argparse; from ddpkit.tools.backends import docker; "
+            [sys.executable, "-c", "import sys, argparse; from ddpkit.docker import backend as docker; "
              "sys.exit(docker.list_jobs(argparse.Namespace(engine=sys.argv[1])))", harness.engine()],
             cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
         )  # fmt: skip

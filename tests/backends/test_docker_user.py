@@ -1,4 +1,4 @@
-"""Code shipping: the user's image FROM the ddpkit image (tools/backends/docker/user.py), its
+"""Code shipping: the user's image FROM the ddpkit image (tools/backends/user_image.py), its
 generated Containerfile checked by hadolint, bad input refused, and built and run with podman:
 a plain torchrun script that knows nothing of ddpkit, with a dependency from its requirements
 file, runs on 2 gloo ranks in the built image."""
@@ -13,8 +13,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from ddpkit.tools.backends import docker
-from ddpkit.tools.backends.docker import user as docker_user
+from ddpkit.docker import backend as docker
+from ddpkit.tools.backends import user_image as docker_user
 from ddpkit.tools.spec import load_spec
 from ddpkit.tools.templating import KIT_DIR as REPO_ROOT
 

@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from ddpkit.tools.backends import k8s
+from ddpkit.k8s import backend as k8s
 from ddpkit.tools.spec import load_spec
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from ddpkit.tools import launch
-from ddpkit.tools.backends import k8s
+from ddpkit.k8s import backend as k8s
 from ddpkit.tools.spec import JobSpec, SpecError, load_spec
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ import itertools
 
 import pytest
 import yaml
-from ddpkit.tools.backends import k8s
-from ddpkit.tools.backends.k8s import crds as k8s_crds
+from ddpkit.k8s import crds as k8s_crds
+from ddpkit.k8s import backend as k8s
 from ddpkit.tools.spec import load_spec
 
 from tests import k8s_apiserver

@@ -85,7 +85,7 @@ def test_logs_name_each_node_by_its_host_in_slurms_order(tmp_path: Path) -> None
 
 
 def test_secrets_pass_by_name_only(tmp_path: Path) -> None:
-    from ddpkit.tools.backends import slurm
+    from ddpkit.slurm import backend as slurm
     from ddpkit.tools.spec import load_spec
 
     spec = load_spec(None, ["slurm.secret_env=['WANDB_API_KEY']"], 2, 1)

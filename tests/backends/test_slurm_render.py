@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ddpkit.tools.backends import slurm
+from ddpkit.slurm import backend as slurm
 from ddpkit.tools.spec import JobSpec, SpecError, load_spec
 from ddpkit.train import goodput
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 from ddpkit.tools import sweep
-from ddpkit.tools.backends import k8s
+from ddpkit.k8s import backend as k8s
 from ddpkit.tools.spec import SpecError, load_spec
 
 

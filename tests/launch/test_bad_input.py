@@ -465,7 +465,7 @@ def test_submit_refuses_what_the_partition_can_never_run(
 
 
 def test_the_partition_limits_parse_from_sinfo():
-    from ddpkit.tools.backends.slurm import parse_sinfo
+    from ddpkit.slurm.backend import parse_sinfo
 
     gpu = parse_sinfo(SINFO, None)
     assert gpu is not None and (gpu.name, gpu.nodes, gpu.time_minutes) == ("gpu", 3, 1440)
@@ -479,7 +479,7 @@ def test_the_partition_limits_parse_from_sinfo():
 
 
 def test_without_sinfo_the_check_is_skipped(tmp_path, monkeypatch):
-    from ddpkit.tools.backends import slurm
+    from ddpkit.slurm import backend as slurm
     from ddpkit.tools.spec import load_spec
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no sinfo here

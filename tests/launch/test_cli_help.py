@@ -75,7 +75,7 @@ def test_a_flag_not_given_does_not_override_the_file(tmp_path):
 
 TOOLS = [
     "ddpkit.tools.doctor",
-    "ddpkit.tools.memory",
+    "ddpkit.tools.planner",
     "ddpkit.tools.commbench",
     "ddpkit.tools.plot",
     "ddpkit.tools.ckpt",
@@ -108,7 +108,7 @@ def test_help_into_a_closed_pipe_is_quiet(tool):
 
 
 def test_memory_plan_into_a_closed_pipe_is_quiet():
-    p = _run_into_closed_pipe(["ddpkit.tools.memory", "--params", "7e9", "--gpus", "8"])
+    p = _run_into_closed_pipe(["ddpkit.tools.planner", "--params", "7e9", "--gpus", "8"])
     assert p.stderr == "" and p.returncode == 1, p.stderr
 
 
@@ -120,7 +120,7 @@ def test_memory_plan_into_a_closed_pipe_is_quiet():
         ("ddpkit.tools.ckpt", ["bogus"], "invalid choice"),
         ("ddpkit.tools.commbench", ["--iters", "0"], "--iters 0 must be >= 1"),
         ("ddpkit.tools.doctor", ["--timeout-s", "0"], "must be > 0 seconds"),
-        ("ddpkit.tools.memory", ["--params", "7e9", "--gpus", "x"], "invalid int value"),
+        ("ddpkit.tools.planner", ["--params", "7e9", "--gpus", "x"], "invalid int value"),
     ],
 )
 def test_a_user_error_is_one_line_and_exit_2(tool, args, needle):

@@ -180,7 +180,7 @@ def test_slurm_rules_refuse_slurm_jobs_only(sets: list[str], message: str) -> No
 
 
 def test_the_slurm_grace_follows_the_shutdown_budget_unless_set() -> None:
-    from ddpkit.tools.backends import slurm
+    from ddpkit.slurm import backend as slurm
 
     spec = load_spec(None, ["train.shutdown_timeout_s=300"])
     assert slurm.grace_s(spec) == 300 + slurm.GRACE_MARGIN_S

@@ -234,7 +234,7 @@ def test_the_wheel_holds_only_the_ddpkit_namespace_and_its_command_runs(tmp_path
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "the user's repo"], check=True)
     stage = (
-        "import sys; from pathlib import Path; from ddpkit.tools.backends.docker import image as d; "
+        "import sys; from pathlib import Path; from ddpkit.docker import image as d; "
         "d.stage_kit_context(Path(sys.argv[1])); print(repr(d._git('rev-parse', 'HEAD')))"
     )
     r = subprocess.run([str(venv / "bin/python"), "-c", stage, str(ctx)], cwd=proj, env=env,

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ddpkit.tools.doctor_checks import (
+from ddpkit.tools.doctor.checks import (
     GiB,
     MiB,
     disk_finding,
@@ -21,7 +21,7 @@ from ddpkit.tools.doctor_checks import (
     shm_finding,
     skew_finding,
 )
-from ddpkit.tools.doctor_net import (
+from ddpkit.tools.doctor.net import (
     ib_findings,
     ifname_findings,
     nccl_ifname_matches,

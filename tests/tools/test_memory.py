@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from ddpkit.tools.memory import make_plan, parse_count, shard_rows
+from ddpkit.tools.planner.memory import make_plan, parse_count
+from ddpkit.tools.planner.model import shard_rows
 
 from tests.trainrun import run_module
 
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return run_module("ddpkit.tools.memory", *args)
+    return run_module("ddpkit.tools.planner", *args)
 
 
 def by_name(plan):
@@ -113,7 +114,7 @@ def test_cli_bad_input(args, needle, one_line_error):
 def test_model_path_counts_and_activation_estimate():
     import argparse
 
-    from ddpkit.tools.memory_model import describe_model, saved_activation_bytes
+    from ddpkit.tools.planner.model import describe_model, saved_activation_bytes
 
     ns = argparse.Namespace(model="mlp", config=None, batch_size=64)
     desc = describe_model(ns)
@@ -157,7 +158,7 @@ def test_planner_matches_measured_state_bytes(tmp_path, world, flags, strategy, 
         pytest.skip("train/ is not runnable yet")
     import argparse
 
-    from ddpkit.tools.memory_model import describe_model
+    from ddpkit.tools.planner.model import describe_model
 
     run_dir = tmp_path / "run"
     cmd = [shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"]

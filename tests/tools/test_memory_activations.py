@@ -14,7 +14,7 @@ import argparse
 import pytest
 import torch
 import torch.nn.functional as F
-from ddpkit.tools.memory_model import describe_model, in_shape, saved_activation_bytes
+from ddpkit.tools.planner.model import describe_model, in_shape, saved_activation_bytes
 from ddpkit.train.config import TrainConfig
 from ddpkit.train.models import build_model
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from ddpkit.tools.memory import make_plan
-from ddpkit.tools.memory_dryrun import dry_run, last_shard_numel, zero_state_bytes
-from ddpkit.tools.memory_model import describe_model, load_cfg
+from ddpkit.tools.planner.dryrun import dry_run, last_shard_numel, zero_state_bytes
+from ddpkit.tools.planner.memory import make_plan
+from ddpkit.tools.planner.model import describe_model, load_cfg
 from torch import nn
 
 from tests.trainrun import run_module
@@ -113,7 +113,7 @@ def test_dry_run_leaves_the_process_clean():
 
 
 def test_a_layer_fsdp_cannot_shard_is_refused():
-    from ddpkit.tools.memory_model import PlanError
+    from ddpkit.tools.planner.model import PlanError
 
     cfg = load_cfg(Namespace(config=None, model="tests.tools.test_memory_dryrun:scalar_model"))
     with pytest.raises(PlanError, match="scalar parameters"):
@@ -129,7 +129,7 @@ def test_a_layer_fsdp_cannot_shard_is_refused():
     ],
 )
 def test_cli_refuses_what_fails_on_the_cluster(args, needle, one_line_error):
-    proc = run_module("ddpkit.tools.memory", "--config", "configs/gpt.toml", "--dry-run", *args)
+    proc = run_module("ddpkit.tools.planner", "--config", "configs/gpt.toml", "--dry-run", *args)
     assert needle in one_line_error(proc)
 
 
@@ -138,7 +138,7 @@ def test_a_plan_warns_of_less_data_than_a_global_batch_and_plans(how):
     """The memory of a step does not depend on the dataset's length: a plan at a world the
     example's data cannot fill is made, with one warning line (the real run refuses it)."""
     proc = run_module(
-        "ddpkit.tools.memory", "--config", "configs/gpt.toml", "--gpus", "1024", "--nodes", "128",
+        "ddpkit.tools.planner", "--config", "configs/gpt.toml", "--gpus", "1024", "--nodes", "128",
         "--strategy", "FULL_SHARD", "--peak-tflops", "989", "--json", *how,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -147,7 +147,7 @@ def test_a_plan_warns_of_less_data_than_a_global_batch_and_plans(how):
     assert "Traceback" not in proc.stderr
     assert json.loads(proc.stdout)  # the plan itself
     enough = run_module(
-        "ddpkit.tools.memory", "--config", "configs/gpt.toml", "--gpus", "8", "--json", *how,
+        "ddpkit.tools.planner", "--config", "configs/gpt.toml", "--gpus", "8", "--json", *how,
         "--peak-tflops", "989",
     )  # fmt: skip
     assert enough.returncode == 0 and "global batch" not in enough.stderr, enough.stderr
@@ -155,11 +155,11 @@ def test_a_plan_warns_of_less_data_than_a_global_batch_and_plans(how):
 
 def test_cli_refuses_a_scalar_parameter(one_line_error):
     model = "tests.tools.test_memory_dryrun:scalar_model"
-    proc = run_module("ddpkit.tools.memory", "--model", model, "--gpus", "8", "--dry-run")
+    proc = run_module("ddpkit.tools.planner", "--model", model, "--gpus", "8", "--dry-run")
     assert "FULL_SHARD cannot shard" not in proc.stderr  # its own strategy: DDP (the default)
     assert proc.returncode == 0, proc.stderr
     proc = run_module(
-        "ddpkit.tools.memory", "--model", model, "--gpus", "8", "--strategy", "FULL_SHARD",
+        "ddpkit.tools.planner", "--model", model, "--gpus", "8", "--strategy", "FULL_SHARD",
         "--dry-run",
     )  # fmt: skip
     assert "FULL_SHARD cannot shard this model on 8 ranks" in one_line_error(proc)
@@ -167,7 +167,7 @@ def test_cli_refuses_a_scalar_parameter(one_line_error):
 
 def test_cli_json_holds_params_and_measured_state_per_rank():
     proc = run_module(
-        "ddpkit.tools.memory", "--config", "configs/gpt.toml", "--gpus", "64", "--nodes", "8",
+        "ddpkit.tools.planner", "--config", "configs/gpt.toml", "--gpus", "64", "--nodes", "8",
         "--strategy", "FULL_SHARD", "--strategy", "HYBRID_SHARD", "--dry-run", "--json",
         "--gpu-mem", "80",
     )  # fmt: skip
@@ -186,7 +186,7 @@ def test_cli_json_holds_params_and_measured_state_per_rank():
 
 
 def test_cli_dry_run_needs_a_model(one_line_error):
-    proc = run_module("ddpkit.tools.memory", "--params", "7B", "--gpus", "8", "--dry-run")
+    proc = run_module("ddpkit.tools.planner", "--params", "7B", "--gpus", "8", "--dry-run")
     assert "--dry-run builds the model" in one_line_error(proc)
 
 
@@ -201,7 +201,7 @@ def test_350m_gpt_on_1024_ranks_is_quick():
 
 def test_cli_table_reads_as_a_plan():
     proc = run_module(
-        "ddpkit.tools.memory", "--config", "configs/gpt.toml", "--gpus", "8", "--dry-run"
+        "ddpkit.tools.planner", "--config", "configs/gpt.toml", "--gpus", "8", "--dry-run"
     )
     assert proc.returncode == 0, proc.stderr
     assert "state (measured)" in proc.stdout and "ZeRO table" in proc.stdout
@@ -212,7 +212,7 @@ def test_cli_table_reads_as_a_plan():
 def test_plan_for_spec_refuses_in_one_line_what_the_cluster_would_refuse():
     """What `submit --plan` asks: None for a job that plans (and for a user's own script, whose
     model the planner cannot see), one line for one the nodes would refuse after the queue."""
-    from ddpkit.tools.memory_dryrun import plan_for_spec
+    from ddpkit.tools.planner.dryrun import plan_for_spec
     from ddpkit.tools.spec import JobSpec
 
     assert plan_for_spec(JobSpec(nodes=2, nproc_per_node=4, train={"model": "mlp"})) is None

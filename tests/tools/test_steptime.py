@@ -10,11 +10,14 @@ import subprocess
 from argparse import Namespace
 
 import pytest
-from ddpkit.tools import memory, steptime_job, steptime_links, steptime_plan
 from ddpkit.tools.commbench import bus_factor
-from ddpkit.tools.memory_model import PlanError, load_cfg
-from ddpkit.tools.steptime_links import Fabric, Link
-from ddpkit.tools.steptime_model import STRATEGIES, Compute, ModelComm, Prediction, predict
+from ddpkit.tools.planner import cli as memory
+from ddpkit.tools.planner import job as steptime_job
+from ddpkit.tools.planner import links as steptime_links
+from ddpkit.tools.planner import recommend as steptime_plan
+from ddpkit.tools.planner.links import Fabric, Link
+from ddpkit.tools.planner.model import PlanError, load_cfg
+from ddpkit.tools.planner.predict import STRATEGIES, Compute, ModelComm, Prediction, predict
 
 from tests.badjson import cases, damaged
 from tests.trainrun import PY, ROOT, clean_env, torchrun_cmd, train

@@ -65,9 +65,9 @@ from ddpkit.train.jsonshape import Opt, ShapeError, load, loads
 
 BACKENDS = {
     "local": "ddpkit.tools.backends.local:LocalBackend",
-    "slurm": "ddpkit.tools.backends.slurm:SlurmBackend",
-    "k8s": "ddpkit.tools.backends.k8s:K8sBackend",
-    "docker": "ddpkit.tools.backends.docker:DockerBackend",
+    "slurm": "ddpkit.slurm.backend:SlurmBackend",
+    "k8s": "ddpkit.k8s.backend:K8sBackend",
+    "docker": "ddpkit.docker.backend:DockerBackend",
 }
 ENTRY_POINT_GROUP = "ddpkit.backends"  # plugins: name = "module:Class" (see the docstring)
 STATE_DIR = ".ddpkit"  # in the workspace: job records (jobs/), rendered files, build contexts

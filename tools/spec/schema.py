@@ -162,7 +162,7 @@ class DockerSpec:
     # GPU, one process each (the entrypoint counts; make docker-run without GPUS); "0,1" =
     # those devices, one process each.
     gpus: str | None = None
-    # Code shipping (tools/backends/docker/user.py): `render docker --build` builds the ddpkit
+    # Code shipping (tools/backends/user_image.py): `render docker --build` builds the ddpkit
     # image as kit_image, then `image` FROM it with user_dir (copied to /workspace/<user_dir>)
     # and the pip requirements file; paths relative to the repository root.
     user_dir: str | None = None

@@ -3,6 +3,7 @@
 - runlock.py: one job per checkpoint dir (the `.lock` file and its heartbeat);
 - rundir.py: the dirs a run claims before it writes anything;
 - evaluate.py: the held-out evaluation;
+- ending.py: how a run ends (finished, stopped by a signal, diverged), its base class RunEnd;
 - trainer.py: Trainer, state up front, `train()` short, one step in `train_step`.
 """
 

@@ -1,18 +1,16 @@
-"""The training loop: state up front, `train()` short, one step in `train_step`."""
+"""The training loop: state up front, `train()` short, one step in `train_step`; how a run
+ends (summary, signal, divergence) is its base class, ending.RunEnd."""
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from ddpkit.train import goodput, lookup
+from ddpkit.train import lookup
 from ddpkit.train.ckpt import (
     Checkpointer,
     ModelState,
@@ -23,20 +21,10 @@ from ddpkit.train.ckpt import (
     check_resume_path,
 )
 from ddpkit.train.config import (
-    EXIT_REQUEUE,
     ConfigError,
     TrainConfig,
     log_backends,
     profile_range,
-)
-from ddpkit.train.contract import (
-    EXIT_DIVERGED,
-    EXIT_INTERRUPTED,
-    LAUNCH_ID_ENV,
-    SUMMARY_FILE,
-    asks_requeue,
-    requeue_signals,
-    write_requeue_marker,
 )
 from ddpkit.train.data import DataBundle, GlobalBatchSampler, iterate_batches
 from ddpkit.train.data.sampler import check_same_length
@@ -50,17 +38,15 @@ from ddpkit.train.fault import (
     is_collective_error,
     stop_check_every,
 )
+from ddpkit.train.loop.ending import RunEnd
 from ddpkit.train.loop.evaluate import held_out
 from ddpkit.train.loop.rundir import claim_run_dirs
 from ddpkit.train.loop.schedule import lr_multiplier, scaled_lr
 from ddpkit.train.metrics import (
     Reporter,
     cuda_memory,
-    gather_objects,
     memory_bytes,
-    param_digest,
     peak_flops,
-    state_bytes,
 )
 from ddpkit.train.parallel import DTYPES, parallelize, set_grad_sync
 from ddpkit.train.profiling import StepProfiler
@@ -70,7 +56,7 @@ class CollectiveFailure(RuntimeError):
     pass
 
 
-class Trainer:
+class Trainer(RunEnd):
     def __init__(self, cfg: TrainConfig, world: World, states: dict[str, Any] | None = None):
         self.cfg, self.world = cfg, world
         self.t_start = time.perf_counter()
@@ -422,7 +408,7 @@ class Trainer:
             return None
         return tokens_per_s * self.flops_per_token / (self.peak_flops * self.world.size)
 
-    # --- checkpoints, resume, preemption -------------------------------------------------
+    # --- checkpoints and resume (the ends of a run: ending.py) ----------------------------
 
     def save(self, force_sync: bool = False) -> float:
         self.phase = "checkpoint save"
@@ -506,84 +492,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         torch.set_rng_state(rng)
 
-    def preempted(self, signum: int) -> int:
-        import signal as _signal
-
-        self.stop.drain()
-        self.profiler.close()
-        name = _signal.Signals(signum).name
-        self.reporter.info(f"{name} received: saving a checkpoint at step {self.step}")
-        if self.last_saved != self.step:  # else (stopped right after a resume) it is on disk
-            self.save(force_sync=True)
-        self.ckpt.close()
-        took = time.time() - self.stop.received_at
-        budget = self.cfg.shutdown_timeout_s
-        if signum == _signal.SIGINT or not asks_requeue(name):
-            # Ctrl-C, or a cancel (SLURM's scancel sends SIGTERM; its requeue signal is the
-            # --signal the kit asks for): the stop is the user's, never a requeue.
-            code = EXIT_INTERRUPTED if signum == _signal.SIGINT else 128 + signum
-            why = (
-                ""
-                if signum == _signal.SIGINT
-                else f" (this job requeues on {'/'.join(requeue_signals())} only)"
-            )
-            self.reporter.info(
-                f"stopped by {name} at step {self.step} (checkpoint saved, {took:.1f} s); "
-                f"exit {code}, not requeued{why}: --resume auto continues"
-            )
-            self.reporter.close()
-            return code
-        if took <= budget:
-            self.reporter.info(
-                f"preemption save finished {took:.1f} s after {name}, within the "
-                f"{budget:g} s shutdown timeout; exiting {EXIT_REQUEUE} (requeue)"
-            )
-        else:
-            self.reporter.info(
-                f"warning: preemption save took {took:.1f} s after {name}, MORE "
-                f"than the {budget:g} s shutdown timeout: raise torchrun's "
-                "--shutdown-timeout or the scheduler's grace time"
-            )
-        if self.world.is_main:  # carries DDPKIT_LAUNCH_ID: only this launch's marker counts
-            write_requeue_marker(
-                self.run_dir,
-                signal=name,
-                step=self.step,
-                save_s=round(took, 3),
-                checkpoint=str(Path(self.cfg.ckpt_dir) / f"step-{self.step}"),
-            )
-        self.reporter.close()
-        return EXIT_REQUEUE
-
-    def diverged(self, e: Diverged) -> int:
-        """Stop on a non-finite state: nothing saved from it; name the checkpoint to use."""
-        from ddpkit.train.ckpt import list_checkpoints
-
-        self.stop.drain()
-        self.ckpt.close()  # a save in flight was started from a checked, finite state
-        if self.world.is_main:
-            import sys
-
-            complete, _ = list_checkpoints(Path(self.cfg.ckpt_dir))
-            skipped = f" after skipping {e.skipped} (--max-bad-steps)" if e.skipped else ""
-            fix = "lower --lr, or add --clip-grad or --max-bad-steps N"
-            where = (
-                f"the last finite checkpoint is {complete[-1]}: {fix} and rerun with "
-                f"--resume {complete[-1]}"
-                if complete
-                else f"no checkpoint was saved before it: {fix} and start over"
-            )
-            print(
-                f"error: training diverged: non-finite loss or gradient norm at step "
-                f"{e.step}{skipped}; nothing was saved from that state; {where}",
-                file=sys.stderr,
-                flush=True,
-            )
-        self.reporter.close()
-        dist.barrier()
-        return EXIT_DIVERGED
-
-    # --- the end -------------------------------------------------------------------------
+    # --- evaluation ----------------------------------------------------------------------
 
     def log_eval(self, ev: dict[str, float]) -> None:
         if ev:
@@ -599,79 +508,3 @@ class Trainer:
         return held_out(
             self.model, self.data.val, self.loss_fn, self.cfg, self.world, self._autocast
         )
-
-    def finish(self) -> int:
-        self.profiler.close()
-        ev = self.evaluate()
-        trained = self.last_loss is not None  # False: resumed at the last step, nothing ran
-        every = self.cfg.eval_interval
-        if trained and every and self.step % every:
-            self.log_eval(ev)  # the eval curve's last point (unless the interval just logged it)
-        self.phase = "summary gather"
-        per_rank = gather_objects(state_bytes(self.model, self.optimizer))
-        digest = param_digest(self.raw_model)
-        good = goodput.note_done(self.run_dir, self.step) if self.world.is_main else None
-        self.reporter.log_goodput(self.step, good)
-        if self.world.is_main and (trained or not (self.run_dir / SUMMARY_FILE).exists()):
-            summary = {
-                "world_size": self.world.size,
-                "nnodes": self.world.nnodes,
-                "backend": self.world.backend,
-                "parallel": self.cfg.parallel,
-                "sharding": self.cfg.sharding,
-                "mixed_precision": self.cfg.mixed_precision,
-                "model": self.cfg.model,
-                "num_params": self.num_params,
-                "steps": self.step,
-                "global_batch": self.global_batch,
-                "peak_lr": self.peak_lr,
-                "first_loss": self.first_loss,
-                "final_loss": self.last_loss,
-                **ev,
-                "samples_per_s": statistics.median(self.throughputs)
-                / (self.data.tokens_per_sample or 1)
-                if self.throughputs
-                else None,
-                "tokens_per_s": statistics.median(self.throughputs)
-                if self.throughputs and self.data.tokens_per_sample
-                else None,
-                "mfu": statistics.median(self.mfus) if self.mfus else None,
-                **cuda_memory(self.world.device),
-                "time_to_first_step_s": self.time_to_first_step,
-                "total_time_s": time.perf_counter() - self.t_start,
-                "resumed_from": self.resumed_from,
-                "signal": _signal_name(self.late_signal) if self.late_signal else None,
-                "launch_id": os.environ.get(LAUNCH_ID_ENV),  # the launcher's "it finished"
-                "state_bytes_per_rank": per_rank,
-                "param_digest": digest,
-                "goodput": good.to_dict() if good else None,
-            }
-            (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-        if self.world.is_main:
-            losses = (
-                f"loss {self.first_loss:.4f} -> {self.last_loss:.4f}"
-                if self.last_loss is not None
-                else "nothing left to train (resumed at the last step; summary.json kept; "
-                "--resume never or a new --run-dir starts over)"
-            )
-            self.reporter.info(
-                f"done: {self.step} steps, {losses}"
-                + (f", eval accuracy {ev['eval_accuracy']:.3f}" if "eval_accuracy" in ev else "")
-                + f"; outputs in {self.run_dir}"
-            )
-            if self.late_signal:
-                self.reporter.info(
-                    f"{_signal_name(self.late_signal)} received during the last steps: the "
-                    "run finished instead of stopping (nothing to requeue; summary.json "
-                    "records it)"
-                )
-        self.reporter.close()
-        self.phase = "final barrier"  # leave together: gloo can abort a rank whose peer left
-        dist.barrier()
-        return 0
-
-
-def _signal_name(signum: int) -> str:
-    import signal
-
-    return signal.Signals(signum).name

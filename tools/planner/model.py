@@ -1,5 +1,5 @@
 """The model side of the memory planner: a train/ model built on the meta device, and the
-planner's error type (PlanError: bad input, one line, exit 2), which ddpkit.tools.memory
+planner's error type (PlanError: bad input, one line, exit 2), which ddpkit.tools.planner.cli
 raises too.
 
 Nothing is allocated: parameter shapes give the exact FSDP2 shard sizes, the model's

@@ -10,9 +10,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ddpkit.tools.backends import JobState, JobStatus, last_job, record_job
-from ddpkit.tools.backends.docker.image import find_engine
-from ddpkit.tools.backends.docker.render import (
+from ddpkit.docker.image import find_engine
+from ddpkit.docker.render import (
     LABEL,
     RUNS,
     STOP_GRACE_S,
@@ -20,6 +19,7 @@ from ddpkit.tools.backends.docker.render import (
     run_argv,
     stop_timeout_s,
 )
+from ddpkit.tools.backends import JobState, JobStatus, last_job, record_job
 from ddpkit.tools.spec import JobSpec, SpecError
 from ddpkit.tools.templating import shell_quote
 from ddpkit.train.contract import DEFAULT_SHUTDOWN_TIMEOUT_S, EXIT_REQUEUE, shutdown_budget_s

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
-from ddpkit.tools.backends.containers import CONTAINER_WORKDIR, validate_docker
-from ddpkit.tools.backends.docker import user as docker_user
+from ddpkit.docker.options import validate_docker
+from ddpkit.tools.backends import user_image
+from ddpkit.tools.backends.containers import CONTAINER_WORKDIR
 from ddpkit.tools.spec import JobSpec, SpecError
 from ddpkit.tools.templating import check_passable, shell_quote
 from ddpkit.train.config import TrainConfig
@@ -109,7 +110,7 @@ def run_argv(spec: JobSpec, engine: str = "docker") -> list[str]:
             f"docker.gpus = {spec.docker.gpus!r} runs one process per GPU ({what}), but "
             f"nproc_per_node is {spec.nproc_per_node}; drop one of them (make: GPUS=N alone)"
         )
-    docker_user.check(spec)
+    user_image.check(spec)
     _under_runs(spec, "train.run_dir", spec.run_dir)
     if spec.ckpt_dir or spec.train.get("ckpt_dir"):
         _under_runs(spec, "ckpt_dir", spec.ckpt_dir or spec.train["ckpt_dir"])

@@ -16,10 +16,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ddpkit.k8s import crds as k8s_crds
+from ddpkit.k8s.crds import NODE as TRAINJOB_CONTAINER
+from ddpkit.k8s.crds import PYTORCH_CONTAINER, PYTORCHJOB, TRAINJOB
 from ddpkit.tools.backends import JobState, JobStatus, last_job, record_job
-from ddpkit.tools.backends.k8s import crds as k8s_crds
-from ddpkit.tools.backends.k8s.crds import NODE as TRAINJOB_CONTAINER
-from ddpkit.tools.backends.k8s.crds import PYTORCH_CONTAINER, PYTORCHJOB, TRAINJOB
 from ddpkit.tools.spec import JobSpec, SpecError
 
 JOB_LABEL = "app.kubernetes.io/instance"  # k8s.labels(): on the job and on every pod template

@@ -22,10 +22,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ddpkit.tools.backends import Backend, JobStatus
-from ddpkit.tools.backends.containers import validate_k8s
-from ddpkit.tools.backends.docker import user as docker_user
-from ddpkit.tools.backends.k8s.render import (
+from ddpkit.k8s.options import validate_k8s
+from ddpkit.k8s.render import (
     FILE_EXT,
     LAUNCH_SCRIPT,
     command,
@@ -33,6 +31,7 @@ from ddpkit.tools.backends.k8s.render import (
     render,
     volumes,
 )
+from ddpkit.tools.backends import Backend, JobStatus, user_image
 from ddpkit.tools.spec import JobSpec
 
 __all__ = ["LAUNCH_SCRIPT", "K8sBackend", "command", "manifests", "render", "volumes"]
@@ -46,7 +45,7 @@ class K8sBackend(Backend):
     def validate(self, spec: JobSpec) -> None:
         super().validate(spec)
         validate_k8s(spec)
-        note = docker_user.code_note(spec)  # the job's code and the image it names
+        note = user_image.code_note(spec)  # the job's code and the image it names
         if note:
             print(note, file=sys.stderr)
 
@@ -61,7 +60,7 @@ class K8sBackend(Backend):
         return render(spec)
 
     def submit(self, spec: JobSpec, opts: argparse.Namespace) -> int:
-        from ddpkit.tools.backends.k8s import api
+        from ddpkit.k8s import api
 
         rc = api.submit(spec, manifests(spec), opts)
         if rc or not getattr(opts, "wait", False):
@@ -70,27 +69,27 @@ class K8sBackend(Backend):
         return self.wait(spec.name, poll_s=5.0)
 
     def poll(self, job: str) -> JobStatus:
-        from ddpkit.tools.backends.k8s import api
+        from ddpkit.k8s import api
 
         ns, kind = getattr(self, "_where", None) or api.where(job)
         return api.poll(job, ns, kind)
 
     def status(self, job: str | None, opts: argparse.Namespace) -> int:
-        from ddpkit.tools.backends.k8s import api
+        from ddpkit.k8s import api
 
         return api.status(job, opts)
 
     def logs(self, job: str | None, opts: argparse.Namespace) -> int:
-        from ddpkit.tools.backends.k8s import api
+        from ddpkit.k8s import api
 
         return api.logs(job, opts)
 
     def cancel(self, job: str | None, opts: argparse.Namespace) -> int:
-        from ddpkit.tools.backends.k8s import api
+        from ddpkit.k8s import api
 
         return api.cancel(job, opts)
 
     def list_jobs(self, opts: argparse.Namespace) -> int:
-        from ddpkit.tools.backends.k8s import api
+        from ddpkit.k8s import api
 
         return api.list_jobs(opts)

@@ -13,18 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddpkit.tools.backends import (
-    Backend,
-    JobState,
-    JobStatus,
-    check_node_env,
-    last_job,
-    record_job,
-)
-
 # The pure pieces and the cluster probes, named here too: `slurm.render(spec)`,
 # `slurm.check_partition(spec)` read as the backend's own words.
-from ddpkit.tools.backends.slurm.cluster import (
+from ddpkit.slurm.cluster import (
     LogFollower,
     NodeCommand,
     check_job_id,
@@ -37,7 +28,7 @@ from ddpkit.tools.backends.slurm.cluster import (
     run_cmd,
     sacct_fields,
 )
-from ddpkit.tools.backends.slurm.render import (
+from ddpkit.slurm.render import (
     COMMENT,
     GRACE_MARGIN_S,
     STATES,
@@ -52,6 +43,14 @@ from ddpkit.tools.backends.slurm.render import (
     submitit_parameters,
     teardown_script,
     validate,
+)
+from ddpkit.tools.backends import (
+    Backend,
+    JobState,
+    JobStatus,
+    check_node_env,
+    last_job,
+    record_job,
 )
 from ddpkit.tools.spec import JobSpec, SpecError
 from ddpkit.train.jsonshape import Opt

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from ddpkit.tools.backends.k8s import crds
+from ddpkit.k8s import crds
 from ddpkit.tools.spec import JobSpec, SpecError
 
 # Set by the controllers; a user value would conflict (TrainJob rejects PET_* outright).

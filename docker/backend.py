@@ -20,13 +20,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ddpkit.tools.backends import Backend, JobStatus
-from ddpkit.tools.backends.containers import validate_docker
-from ddpkit.tools.backends.docker import user as docker_user
-
 # The pieces, named here too: `docker.run_argv(spec)`, `docker.poll(name)` read as the
 # backend's own words.
-from ddpkit.tools.backends.docker.image import (
+from ddpkit.docker.image import (
     add_arguments,
     after_render,
     build,
@@ -35,7 +31,8 @@ from ddpkit.tools.backends.docker.image import (
     kit_wheel,
     stage_kit_context,
 )
-from ddpkit.tools.backends.docker.render import (
+from ddpkit.docker.options import validate_docker
+from ddpkit.docker.render import (
     FILE_EXT,
     gpu_args,
     node_args,
@@ -43,7 +40,8 @@ from ddpkit.tools.backends.docker.render import (
     run_argv,
     stop_timeout_s,
 )
-from ddpkit.tools.backends.docker.run import cancel, list_jobs, logs, poll, status, submit
+from ddpkit.docker.run import cancel, list_jobs, logs, poll, status, submit
+from ddpkit.tools.backends import Backend, JobStatus, user_image
 from ddpkit.tools.spec import JobSpec
 
 __all__ = [
@@ -77,7 +75,7 @@ class DockerBackend(Backend):
     def validate(self, spec: JobSpec) -> None:
         super().validate(spec)
         validate_docker(spec)
-        note = docker_user.code_note(spec)  # the job's code and the image it names
+        note = user_image.code_note(spec)  # the job's code and the image it names
         if note:
             print(note, file=sys.stderr)
 

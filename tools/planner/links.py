@@ -1,5 +1,5 @@
-"""The fabric of the step-time model (ddpkit.tools.steptime): links, their presets, and a
-link fitted from `ddpkit commbench` data.
+"""The fabric of the step-time model: links, their presets, and a link fitted from
+`ddpkit commbench` data.
 
 Model (alpha-beta, ring collectives, as nccl-tests and NCCL's own tuning model count them):
 a collective of S bytes over a ring of n ranks takes
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpkit.tools.commbench import bus_factor
-from ddpkit.tools.memory_model import PlanError
+from ddpkit.tools.planner.model import PlanError
 from ddpkit.train.jsonshape import ListOf, Opt, ShapeError, load
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")

@@ -9,12 +9,13 @@ import posixpath
 from pathlib import PurePosixPath
 from typing import Any
 
-from ddpkit.tools.backends.containers import CONTAINER_WORKDIR, validate_k8s
-from ddpkit.tools.backends.k8s import crds as k8s_crds
-from ddpkit.tools.backends.k8s.checks import check
-from ddpkit.tools.backends.k8s.crds import PYTORCH_CONTAINER as CONTAINER
-from ddpkit.tools.backends.k8s.crds import PYTORCHJOB, TRAINJOB
-from ddpkit.tools.backends.k8s.crds import RUNTIME as TRAINER_RUNTIME
+from ddpkit.k8s import crds as k8s_crds
+from ddpkit.k8s.checks import check
+from ddpkit.k8s.crds import PYTORCH_CONTAINER as CONTAINER
+from ddpkit.k8s.crds import PYTORCHJOB, TRAINJOB
+from ddpkit.k8s.crds import RUNTIME as TRAINER_RUNTIME
+from ddpkit.k8s.options import validate_k8s
+from ddpkit.tools.backends.containers import CONTAINER_WORKDIR
 from ddpkit.tools.spec import JobSpec
 from ddpkit.tools.templating import KIT_DIR, dump_yaml_all
 

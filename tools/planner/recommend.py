@@ -1,6 +1,6 @@
-"""The step-time plan (ddpkit.tools.steptime): every strategy's predicted step beside the
-memory planner's estimate (ddpkit.tools.memory_plan.make_plan: state + held buffers + in-flight
-all-gathers + activations), and the recommendation: the fastest strategy that fits; within 5%
+"""The step-time plan: every strategy's predicted step beside the memory planner's estimate
+(ddpkit.tools.planner.memory.make_plan: state + held buffers + in-flight all-gathers +
+activations), and the recommendation: the fastest strategy that fits; within 5%
 of it, the first of DDP, HYBRID_SHARD, SHARD_GRAD_OP, FULL_SHARD (less communication, so less
 to lose where the model is wrong).
 """
@@ -11,10 +11,10 @@ import math
 from dataclasses import asdict
 from typing import Any
 
-from ddpkit.tools.memory_model import PlanError
-from ddpkit.tools.steptime_job import model_comm
-from ddpkit.tools.steptime_links import Fabric, Link
-from ddpkit.tools.steptime_model import STRATEGIES, Compute, Prediction, predict
+from ddpkit.tools.planner.job import model_comm
+from ddpkit.tools.planner.links import Fabric, Link
+from ddpkit.tools.planner.model import PlanError
+from ddpkit.tools.planner.predict import STRATEGIES, Compute, Prediction, predict
 
 PREFERENCE = ("DDP", "HYBRID_SHARD", "SHARD_GRAD_OP", "FULL_SHARD")  # less communication first
 TIE = 0.05  # within 5% of the fastest, prefer the strategy that communicates less
@@ -78,8 +78,8 @@ def plan(
     strategies: tuple[str, ...] = STRATEGIES,
 ) -> dict[str, Any]:
     """Every strategy's predicted step and memory for the job `cfg` at `gpus` over `nodes`."""
-    from ddpkit.tools.memory_model import build_meta, saved_activation_bytes
-    from ddpkit.tools.memory_plan import make_plan
+    from ddpkit.tools.planner.memory import make_plan
+    from ddpkit.tools.planner.model import build_meta, saved_activation_bytes
 
     check_inputs(gpus, nodes, overlap)
     dtype = cfg.mixed_precision if cfg.mixed_precision != "none" else "fp32"

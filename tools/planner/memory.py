@@ -1,8 +1,8 @@
 """The planner's arithmetic: per-rank state and buffers of each strategy (ZeRO accounting).
 
-Pure functions of counts and shapes (no torch, no CLI): ddpkit.tools.memory renders what
-make_plan returns, ddpkit.tools.steptime puts it beside each strategy's predicted step.
-See ddpkit.tools.memory's docstring for the accounting.
+Pure functions of counts and shapes (no torch, no CLI): ddpkit.tools.planner.cli renders what
+make_plan returns, ddpkit.tools.planner.recommend puts it beside each strategy's predicted step.
+See ddpkit.tools.planner.cli's docstring for the accounting.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ddpkit.tools.memory_model import OPTIM_BYTES, PlanError, RankState, shard_rows
-from ddpkit.train.config import replicate_problem
+from ddpkit.tools.planner.model import OPTIM_BYTES, PlanError, RankState, shard_rows
+from ddpkit.train.preflight import replicate_problem
 
 GB = 1e9  # the article quotes decimal GB (7e9 * 16 B = 112 GB)
 STRATEGIES = ("DDP", "NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")

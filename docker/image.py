@@ -11,8 +11,8 @@ import tempfile
 import tomllib
 from pathlib import Path
 
-from ddpkit.tools.backends.docker import user as docker_user
-from ddpkit.tools.backends.docker.render import DOCKERFILE
+from ddpkit.docker.render import DOCKERFILE
+from ddpkit.tools.backends import user_image
 from ddpkit.tools.spec import JobSpec, SpecError
 from ddpkit.tools.templating import KIT_DIR, shell_quote
 
@@ -137,11 +137,11 @@ def stage_kit_context(ctx: Path) -> None:
 
 
 def build(spec: JobSpec, opts: argparse.Namespace) -> int:
-    """Build the ddpkit image; when the job has code of its own (docker_user.wanted), then
-    the workspace's image FROM it (docker_user.py)."""
-    user = docker_user.wanted(spec)
+    """Build the ddpkit image; when the job has code of its own (user_image.wanted), then
+    the workspace's image FROM it (user_image.py)."""
+    user = user_image.wanted(spec)
     if user:
-        docker_user.check_files(spec)  # before minutes of building
+        user_image.check_files(spec)  # before minutes of building
     engine = find_engine(getattr(opts, "engine", None))
     revision = _git("rev-parse", "HEAD")
     if revision and _git("status", "--porcelain", "--", "train", "tools", "configs", "docker"):
@@ -166,8 +166,8 @@ def build(spec: JobSpec, opts: argparse.Namespace) -> int:
     if rc or not user:
         return rc
     with tempfile.TemporaryDirectory(prefix="ddpkit-user-") as ctx:
-        docker_user.stage_context(spec, Path(ctx))
-        argv = docker_user.build_argv(engine, spec, Path(ctx), os.getuid(), os.getgid())
+        user_image.stage_context(spec, Path(ctx))
+        argv = user_image.build_argv(engine, spec, Path(ctx), os.getuid(), os.getgid())
         print("+ " + " ".join(shell_quote(a) for a in argv), file=sys.stderr)
         return subprocess.run(argv).returncode
 

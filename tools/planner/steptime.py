@@ -5,13 +5,8 @@
         [--mfu 0.4 --peak-tflops 989 | --compute-s S | (default) measure one step here]
         [--overlap 1.0] [--gpu-mem 80] [--json]
 
-The model, one concern per module, each importing only those listed before it:
-
-    steptime_links  links (presets, fitted from commbench) and the fabric of nodes x GPUs
-    steptime_model  per strategy: the collectives of a step, their cost, what compute hides
-    steptime_job    the job's model (its FSDP units) and the compute of one micro-batch
-    steptime_plan   every strategy beside the memory plan, and the recommended one
-    steptime        this: `ddpkit memory --step-time` and the table it prints
+The model is links, predict, job and recommend (the package's docstring maps them); this
+module runs it for `ddpkit memory --step-time` and prints the table.
 """
 
 from __future__ import annotations
@@ -19,11 +14,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ddpkit.tools.memory_model import PlanError
-from ddpkit.tools.steptime_job import compute_from_flops, compute_given, measure_compute
-from ddpkit.tools.steptime_links import load_link
-from ddpkit.tools.steptime_model import STRATEGIES
-from ddpkit.tools.steptime_plan import check_inputs, check_mfu, gb, ms, plan
+from ddpkit.tools.planner.job import compute_from_flops, compute_given, measure_compute
+from ddpkit.tools.planner.links import load_link
+from ddpkit.tools.planner.model import PlanError
+from ddpkit.tools.planner.predict import STRATEGIES
+from ddpkit.tools.planner.recommend import check_inputs, check_mfu, gb, ms, plan
 
 
 def render(out: dict[str, Any]) -> str:
@@ -65,9 +60,9 @@ def render(out: dict[str, Any]) -> str:
 
 
 def run(args: Any) -> int:
-    """`ddpkit memory --step-time ...` (the flags are ddpkit.tools.memory's)."""
-    from ddpkit.tools.memory_dryrun import warn_short_data
-    from ddpkit.tools.memory_model import load_cfg
+    """`ddpkit memory --step-time ...` (the flags are ddpkit.tools.planner.cli's)."""
+    from ddpkit.tools.planner.dryrun import warn_short_data
+    from ddpkit.tools.planner.model import load_cfg
 
     if args.params is not None or args.dry_run:
         raise PlanError(

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from ddpkit.tools.memory_model import (
+from ddpkit.tools.planner.model import (
     OPTIM_BYTES,
     PlanError,
     RankState,
@@ -72,7 +72,8 @@ def strategy_cfg(cfg: Any, strategy: str) -> Any:
 def check_job(cfg: Any, gpus: int, nodes: int) -> None:
     """What the cluster would refuse after the queue wait for the world itself, in the
     trainer's own words. The data is another matter: see data_shortfall."""
-    from ddpkit.train.config import ConfigError, check_world
+    from ddpkit.train.errors import ConfigError
+    from ddpkit.train.preflight import check_world
 
     if gpus < 1 or nodes < 1 or gpus % nodes:
         raise PlanError(
@@ -80,7 +81,7 @@ def check_job(cfg: Any, gpus: int, nodes: int) -> None:
             "nodes; pass nodes * gpus-per-node"
         )
     try:
-        check_world(cfg, gpus, nodes)
+        check_world(cfg.sharding, cfg.replicate_degree, gpus, nodes)
     except ConfigError as e:
         raise PlanError(str(e)) from None
 

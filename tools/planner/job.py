@@ -1,6 +1,5 @@
-"""The job's side of the step-time model (ddpkit.tools.steptime): the parameter counts of
-the model's FSDP units, and the compute of one micro-batch (from peak FLOPs x MFU, given, or
-measured here on the CPU)."""
+"""The job's side of the step-time model: the parameter counts of the model's FSDP units, and
+the compute of one micro-batch (from peak FLOPs x MFU, given, or measured here on the CPU)."""
 
 from __future__ import annotations
 
@@ -8,14 +7,14 @@ import statistics
 import time
 from typing import Any
 
-from ddpkit.tools.memory_model import PlanError
-from ddpkit.tools.steptime_model import Compute, ModelComm
+from ddpkit.tools.planner.model import PlanError
+from ddpkit.tools.planner.predict import Compute, ModelComm
 
 
 def model_comm(cfg: Any, dtype: str) -> ModelComm:
     """Parameter counts of the FSDP units of the job's model, built on the meta device."""
-    from ddpkit.tools.memory_dryrun import build_model
-    from ddpkit.tools.memory_model import _kind
+    from ddpkit.tools.planner.dryrun import build_model
+    from ddpkit.tools.planner.model import _kind
     from ddpkit.train.lookup import find_blocks
 
     model = build_model(cfg)
@@ -33,7 +32,7 @@ def model_comm(cfg: Any, dtype: str) -> ModelComm:
 def compute_from_flops(cfg: Any, peak_tflops: float, mfu: float) -> Compute:
     """One micro-batch at peak x MFU with the registry's training FLOPs per token (forward :
     backward = 1 : 2, the 2N + 4N of the 6N rule); the optimizer step is not counted."""
-    from ddpkit.tools.memory_dryrun import build_model
+    from ddpkit.tools.planner.dryrun import build_model
     from ddpkit.train import lookup
 
     spec = lookup.model_spec(cfg)
@@ -55,7 +54,7 @@ def compute_given(cfg: Any, seconds: float) -> Compute:
 def measure_compute(cfg: Any, reps: int = 5, warmup: int = 2) -> Compute:
     """Forward, backward and optimizer step of the job's model on this CPU, one micro-batch
     (median of `reps` after `warmup`), in this process's torch thread count."""
-    from ddpkit.tools.memory_model import cannot_run
+    from ddpkit.tools.planner.model import cannot_run
 
     try:  # the user's model on the input the planner has: what it cannot run is one line
         return _measure(cfg, reps, warmup)
@@ -66,7 +65,7 @@ def measure_compute(cfg: Any, reps: int = 5, warmup: int = 2) -> Compute:
 def _measure(cfg: Any, reps: int, warmup: int) -> Compute:
     import torch
     import torch.nn.functional as F
-    from ddpkit.tools.memory_model import _kind, in_shape
+    from ddpkit.tools.planner.model import _kind, in_shape
     from ddpkit.train.models import build_model
 
     torch.manual_seed(0)

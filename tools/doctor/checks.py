@@ -2,7 +2,7 @@
 
 The rules that decide are small functions over plain values (`shm_finding(total, gpus)`)
 so tests can feed them any machine; the `check_*` wrappers read this node. Network checks
-(interfaces, InfiniBand, rendezvous) are in tools/doctor_net.py.
+(interfaces, InfiniBand, rendezvous) are in tools/doctor/net.py.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import socket
 import time
 from pathlib import Path
 
-from ddpkit.tools.doctor_checks import Finding
+from ddpkit.tools.doctor.checks import Finding
 
 # --- network interfaces and InfiniBand --------------------------------------------------------
 

@@ -10,11 +10,12 @@
 
 --dry-run builds the job's model on the meta device, parallelizes it with the kit's own
 `parallelize` over a fake process group at --gpus ranks, and reports the state measured from
-the sharded tensors (ddpkit.tools.memory_dryrun); it refuses the world the cluster would
+the sharded tensors (ddpkit.tools.planner.dryrun); it refuses the world the cluster would
 refuse, and warns of data smaller than one global batch (a memory plan does not depend on it).
 --step-time predicts each strategy's step time from an alpha-beta model of the collectives (a
 preset interconnect or a commbench.json) and the compute of one step (measured here, or peak
-x MFU), next to this memory plan, and recommends one (ddpkit.tools.steptime).
+x MFU), next to this memory plan, and recommends one
+(ddpkit.tools.planner.steptime).
 
 State bytes follow the ZeRO paper's table (the article's section 3.1): with Psi parameters and
 N GPUs in a shard group, DDP keeps 16*Psi bytes on every GPU and FULL_SHARD 16*Psi/N. The
@@ -32,30 +33,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ddpkit.tools.memory_model import (
+from ddpkit.tools.planner.memory import (
+    GB,
+    HALF_BYTES,
+    STRATEGIES,
+    Plan,
+    make_plan,
+    parse_count,
+)
+from ddpkit.tools.planner.model import (
     MODEL_FLAGS,
     OPTIM_BYTES,
     PlanError,
     describe_model,
-    shard_rows,  # noqa: F401  (importable here too)
-)
-from ddpkit.tools.memory_plan import (  # noqa: F401  (the planner's names, importable here too)
-    GB,
-    HALF_BYTES,
-    STRATEGIES,
-    ZERO_STAGE,
-    Plan,
-    StrategyPlan,
-    group_layout,
-    make_plan,
-    parse_count,
-    rank_states,
-    shard_numel,
 )
 from ddpkit.train.errors import CliParser, run_cli
 
@@ -157,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
         "group and measure the shards (needs --config or --model)",
     )
     st = p.add_argument_group(
-        "step time per strategy (--step-time; see ddpkit.tools.steptime for the model)"
+        "step time per strategy (--step-time; see ddpkit.tools.planner for the model)"
     )
     st.add_argument(
         "--step-time",
@@ -227,12 +221,12 @@ def _plan(args: argparse.Namespace) -> int:
     if sum(x is not None for x in (args.params, args.model, args.config)) != 1:
         raise PlanError("pass exactly one of --params N, --model NAME or --config FILE")
     if args.step_time:
-        from ddpkit.tools import steptime
+        from ddpkit.tools.planner import steptime
 
         return steptime.run(args)
     if args.dry_run:
         return _dry_run_main(args)
-    from ddpkit.tools import memory_dryrun
+    from ddpkit.tools.planner import dryrun
 
     dtype, optimizer = args.dtype or "fp32", args.optimizer or "adamw"
     kwargs: dict[str, Any] = {}
@@ -241,7 +235,7 @@ def _plan(args: argparse.Namespace) -> int:
         kwargs["num_params"] = parse_count(args.params)
     else:
         desc = describe_model(args)
-        memory_dryrun.warn_short_data(desc.cfg, args.gpus)
+        dryrun.warn_short_data(desc.cfg, args.gpus)
         dtype = args.dtype or desc.dtype
         optimizer = args.optimizer or desc.optimizer
         batch = desc.batch_size
@@ -270,7 +264,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _dry_run_main(args: argparse.Namespace) -> int:
-    from ddpkit.tools import memory_dryrun
+    from ddpkit.tools.planner import dryrun
 
     if args.params is not None:
         raise PlanError(
@@ -278,7 +272,7 @@ def _dry_run_main(args: argparse.Namespace) -> int:
         )
     desc = describe_model(args)
     cfg = desc.cfg
-    memory_dryrun.warn_short_data(cfg, args.gpus)
+    dryrun.warn_short_data(cfg, args.gpus)
     if args.replicate_degree is not None:
         cfg.replicate_degree = args.replicate_degree
     if args.optimizer:
@@ -286,7 +280,7 @@ def _dry_run_main(args: argparse.Namespace) -> int:
     dtype = args.dtype or desc.dtype
     own = "DDP" if cfg.parallel == "ddp" else (cfg.sharding or "FULL_SHARD")
     strategies = tuple(args.strategy or (own,))
-    runs = [memory_dryrun.dry_run(cfg, args.gpus, args.nodes, s) for s in strategies]
+    runs = [dryrun.dry_run(cfg, args.gpus, args.nodes, s) for s in strategies]
     plan = make_plan(
         gpus=args.gpus,
         nodes=args.nodes,
@@ -310,7 +304,7 @@ def _dry_run_main(args: argparse.Namespace) -> int:
 def dry_run_report(runs: list[Any], plan: Plan, gpu_mem: int | None) -> dict[str, Any]:
     """Measured state per rank beside the ZeRO table, and the peak estimate on top of it:
     held buffers, in-flight all-gathers and activations are the planner's estimates."""
-    from ddpkit.tools.memory_dryrun import zero_state_bytes
+    from ddpkit.tools.planner.dryrun import zero_state_bytes
 
     rows = []
     for run, est in zip(runs, plan.strategies, strict=True):
@@ -379,7 +373,3 @@ def render_dry_run(out: dict[str, Any]) -> str:
             "them after backward, so they are held forward->backward (in the peak), not state"
         )
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

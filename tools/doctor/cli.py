@@ -22,12 +22,11 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from ddpkit.tools.doctor_checks import (
+from ddpkit.tools.doctor.checks import (
     Finding,
     check_disk,
     check_gpus,
@@ -36,7 +35,7 @@ from ddpkit.tools.doctor_checks import (
     limits_findings,
     skew_finding,
 )
-from ddpkit.tools.doctor_net import (
+from ddpkit.tools.doctor.net import (
     hostname_finding,
     ib_findings,
     ifname_findings,
@@ -130,7 +129,7 @@ def ckpt_settings(args: argparse.Namespace) -> tuple[str, int | None]:
         run_dir = cfg.run_dir or default_run_dir(cfg.name)
         ckpt = ckpt or cfg.ckpt_dir or default_ckpt_dir(run_dir)
         if args.params is None:
-            from ddpkit.tools.memory_model import describe_model
+            from ddpkit.tools.planner.model import describe_model
 
             ns = argparse.Namespace(model=None, config=args.config)
             try:
@@ -361,7 +360,3 @@ def gather(
     for host, t in stamps:
         times[host] = min(times.get(host, t), t)
     return reports, cross_rank(reports, times)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
-"""The step-time model's arithmetic (ddpkit.tools.steptime): what each strategy sends, and
-how much of it the compute of one step hides. The links and their costs are
-ddpkit.tools.steptime_links. Per strategy, per micro-batch:
+"""The step-time model's arithmetic: what each strategy sends, and how much of it the compute
+of one step hides. The links and their costs are ddpkit.tools.planner.links. Per strategy,
+per micro-batch:
 
     DDP           all_reduce of the fp32 gradients in 25 MiB buckets, during backward
     FULL_SHARD    all_gather per FSDP unit in forward and again in backward (the root unit
@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ddpkit.tools.commbench import bus_factor
-from ddpkit.tools.memory_model import PlanError
-from ddpkit.tools.steptime_links import Fabric
+from ddpkit.tools.planner.links import Fabric
+from ddpkit.tools.planner.model import PlanError
 
 STRATEGIES = ("DDP", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb default (25 MiB)
