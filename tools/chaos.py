@@ -42,7 +42,7 @@ from ddpkit.train.contract import RUN_DIR_ENV
 from ddpkit.train.errors import CliParser, UserError
 
 KINDS = ("kill-rank", "kill-node", "stop-rank", "preempt")
-STOPPED_FOR_S = 600  # a stop-rank holds its worker until the launcher kills it (the hang)
+ATTACH_WAIT_S = 600  # --attach to a queued job: how long its workers may take to start
 
 
 class ChaosError(UserError):
@@ -240,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     plan = [Injection.parse(text, rng) for text in args.inject]
     if args.attach:
         run_dir = Path(args.attach)
+        deadline = time.monotonic() + ATTACH_WAIT_S
+        while not workers(run_dir) and time.monotonic() < deadline:
+            time.sleep(0.5)  # a queued job: wait for its workers to start
         drill(run_dir, plan, alive=lambda: bool(workers(run_dir)))
         return _report(run_dir, 0)
     from ddpkit.tools.spec import load_spec

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -115,6 +116,8 @@ def requeue_verdict(
 
     if rc in (0, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED):
         return False, [], ""
+    if rc == 128 + signal.SIGTERM:  # every node stopped by SIGTERM: a cancel (scancel), never
+        return False, [], ""  # requeued; a lost node's step ends by its SIGKILL (137)
     ends = [r for r in goodput.read(run_dir) if r["kind"] == "end" and r.get("launch") == launch_id]
     code = next(
         (r for r in ends if is_code_failure(int(r.get("code") or 1), str(r.get("cause") or ""))),

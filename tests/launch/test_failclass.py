@@ -82,3 +82,4 @@ def test_a_node_that_failed_twice_is_excluded_from_the_requeue(tmp_path):
     assert again and bad == ["c2"] and "excluding c2 (failed 2 times" in line
     again, _, line = failclass.requeue_verdict(str(tmp_path), "job-2", 137, 3, 3)
     assert not again and "requeue limit (3) is reached" in line
+    assert not failclass.requeue_verdict(str(tmp_path), "job-2", 143, 0, 3)[0]  # a scancel
