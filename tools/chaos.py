@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddpkit.train import goodput
-from ddpkit.train.contract import RUN_DIR_ENV
+from ddpkit.train.contract import METRICS_FILE, RUN_DIR_ENV
 from ddpkit.train.errors import CliParser, UserError
 
 KINDS = ("kill-rank", "kill-node", "stop-rank", "preempt")
@@ -128,10 +128,14 @@ def workers(run_dir: Path) -> list[Proc]:
 
 
 def logged_step(run_dir: Path) -> int:
-    from ddpkit.tools.backends import progress
-
-    text = progress(run_dir).split()
-    return int(text[1]) if len(text) > 1 and text[1].isdigit() else 0
+    """The last step the run logged (metrics.jsonl's last line; its last 4 KB read)."""
+    try:
+        with (run_dir / METRICS_FILE).open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            step = json.loads(f.read().decode(errors="replace").strip().splitlines()[-1])["step"]
+    except (OSError, ValueError, IndexError, KeyError, TypeError):
+        return 0  # none yet, or a line cut short
+    return step if isinstance(step, int) else 0
 
 
 def inject(run_dir: Path, inj: Injection) -> str:

@@ -19,7 +19,7 @@ nproc_per_node = 2
 accelerator = "cpu"
 [train]
 model = "mlp"
-steps = 1500
+steps = 3000
 batch_size = 16
 log_interval = 10
 ckpt_interval = 100
@@ -51,7 +51,7 @@ def test_a_drill_kills_and_stops_ranks_and_the_job_recovers_from_both(tmp_path):
     hang = rep["failures"][1]
     assert hang["detect_s"] >= 10  # the peers waited out the collective timeout
     summary = json.loads((tmp_path / "runs/drill/summary.json").read_text())
-    assert summary["steps"] == 1500 and summary["resumed_from"]
+    assert summary["steps"] == 3000 and summary["resumed_from"]
     assert "kind   attempt      rank" in out and "     killed" in out
 
 
