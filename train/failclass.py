@@ -100,8 +100,6 @@ def stop_retrying_code_failures(culprit: Callable[[dict[int, Any]], tuple[int, A
 
 # --- past the in-place budget: the scheduler's requeue (the SLURM batch shell asks here) ------
 
-NODE_FAILURES_TO_EXCLUDE = 2  # a node that failed this often is left out of the next attempt
-
 
 def requeue_verdict(
     run_dir: str, launch_id: str, rc: int, restarts: int, limit: int
@@ -128,15 +126,13 @@ def requeue_verdict(
     if restarts >= limit:
         return False, [], f"step exit {rc}; the requeue limit ({limit}) is reached: not requeued"
     rep = goodput.report(run_dir)
-    counts: dict[str, int] = {}
-    for f in rep.failures if rep else []:
-        if f.node and f.kind != "preempted":
-            counts[f.node] = counts.get(f.node, 0) + 1
-    bad = sorted(n for n, c in counts.items() if c >= NODE_FAILURES_TO_EXCLUDE)
+    bad = rep.failing_nodes() if rep else []
     why = f"step exit {rc} (a lost node, or workers past the in-place restart budget)"
     line = f"{why}; requeue {restarts + 1} of {limit}"
     if bad:
-        line += f", excluding {','.join(bad)} (failed {NODE_FAILURES_TO_EXCLUDE} times or more)"
+        line += (
+            f", excluding {','.join(bad)} (failed {goodput.NODE_FAILURES_TO_EXCLUDE} times or more)"
+        )
     return True, bad, line
 
 

@@ -40,6 +40,7 @@ from ddpkit.train.contract import LAUNCH_ID_ENV, RUN_DIR_ENV
 
 GOODPUT_DIR = "goodput"  # <run dir>/goodput/<time>-<node>-<uid>-<kind>.json
 REPORT_FILE = "goodput.json"  # the last report, written by the launcher of node 0 at its exit
+NODE_FAILURES_TO_EXCLUDE = 2  # a node that failed this often is left out of the next attempt
 KINDS = ("attempt", "end", "ready", "save", "stop", "done", "inject")
 
 
@@ -150,10 +151,20 @@ class Report:
     def lost_s(self) -> float:
         return sum(f.lost_s for f in self.failures)
 
+    def failing_nodes(self, times: int = NODE_FAILURES_TO_EXCLUDE) -> list[str]:
+        """The nodes with at least `times` failures (a preemption is no node's fault): on
+        SLURM the requeue excludes them from the next attempt."""
+        counts: dict[str, int] = {}
+        for f in self.failures:
+            if f.node and f.kind != "preempted":
+                counts[f.node] = counts.get(f.node, 0) + 1
+        return sorted(n for n, c in counts.items() if c >= times)
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["goodput"] = self.goodput
         out["lost_s"] = round(self.lost_s, 3)
+        out["failing_nodes"] = self.failing_nodes()
         for f, d in zip(self.failures, out["failures"], strict=True):
             d["lost_s"] = round(f.lost_s, 3)
         return out
@@ -389,5 +400,10 @@ def status_lines(run_dir: str | Path) -> list[str]:
         state = "recovered" if f.recovered else "not recovered (yet)"
         out.append(
             f"  failure: {f.kind} {who} in attempt {f.attempt}, {f.lost_s:.0f} s lost, {state}"
+        )
+    if bad := rep.failing_nodes():
+        out.append(
+            f"  excluded from the next attempt (SLURM): {', '.join(bad)} "
+            f"(failed {NODE_FAILURES_TO_EXCLUDE} times or more)"
         )
     return out

@@ -83,3 +83,8 @@ def test_a_node_that_failed_twice_is_excluded_from_the_requeue(tmp_path):
     again, _, line = failclass.requeue_verdict(str(tmp_path), "job-2", 137, 3, 3)
     assert not again and "requeue limit (3) is reached" in line
     assert not failclass.requeue_verdict(str(tmp_path), "job-2", 143, 0, 3)[0]  # a scancel
+    from ddpkit.train import goodput as gp
+
+    lines = gp.status_lines(tmp_path)
+    assert any("excluded from the next attempt (SLURM): c2 (failed 2 times" in x for x in lines)
+    assert gp.report(tmp_path).to_dict()["failing_nodes"] == ["c2"]
