@@ -115,7 +115,7 @@ def requeue_verdict(
     if rc in (0, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED):
         return False, [], ""
     if rc == 128 + signal.SIGTERM:  # every node stopped by SIGTERM: a cancel (scancel), never
-        return False, [], ""  # requeued; a lost node's step ends by its SIGKILL (137)
+        return False, [], ""  # requeued; a lost node's step ended 247 on the local cluster
     ends = [r for r in goodput.read(run_dir) if r["kind"] == "end" and r.get("launch") == launch_id]
     code = next(
         (r for r in ends if is_code_failure(int(r.get("code") or 1), str(r.get("cause") or ""))),
