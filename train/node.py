@@ -557,11 +557,11 @@ def main(argv: list[str] | None = None) -> int:
     if line and failclass.STOPPED and code == EXIT_FAILED:
         err = failclass.STOPPED[0][1] or "an exception"
         line += f"; its own code raised {err}: not retried (a restart would fail the same way)"
-    if line:
-        print(line, file=sys.stderr, flush=True)
+    # The goodput first: the outcome line stays the launch's last word.
     said = goodput.launcher_exit(run_dir, code == EXIT_REQUEUE, int(args.node_rank))
-    if said:
-        print(said, file=sys.stderr, flush=True)
+    for text in (said, line):
+        if text:
+            print(text, file=sys.stderr, flush=True)
     return code
 
 
