@@ -5,7 +5,7 @@
     python -m bench --only ckpt      # checkpoint save sync/async/raw disk, resume vs fresh
     python -m bench --only hf        # a tiny Hugging Face model: the kit vs a plain FSDP2 loop
     python -m bench --only steptime  # the step-time model vs real steps at 1/2/4 ranks (~30 min;
-                                     # not part of "all": = python -m bench.steptime)
+                                     # not part of "all": = python -m bench.steptime_accuracy)
     python -m bench --quick          # tiny sizes, one repetition: checks the scripts run
 
 Speed is reported, never asserted: the targets (kit step time within 3% of the plain loop;
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import checkpoint_io, step_time
+from bench import checkpoint_io, loop_overhead
 from bench.common import ROOT, BenchError, fmt_spread, table, write_json
 
 STEP_TARGET = 1.03  # kit step time / plain step time
@@ -37,8 +37,8 @@ ALL = ("plain", "plain-gather", "kit", "kit-nolog", "kit-nostop")
 def plan(quick: bool) -> dict[str, Any]:
     if quick:
         return {
-            "interleaved": [step_time.Interleaved("mlp", ALL, 3, warmup_cycles=1)],
-            "launch_cases": [step_time.Case("mlp", 14, 2, ("plain", "kit"))],
+            "interleaved": [loop_overhead.Interleaved("mlp", ALL, 3, warmup_cycles=1)],
+            "launch_cases": [loop_overhead.Case("mlp", 14, 2, ("plain", "kit"))],
             "ckpt_model": "mlp",
             "ckpt_reps": 1,
             "resume_model": "mlp",
@@ -46,11 +46,11 @@ def plan(quick: bool) -> dict[str, Any]:
         }
     return {
         "interleaved": [
-            step_time.Interleaved("mlp", ALL, 120),
+            loop_overhead.Interleaved("mlp", ALL, 120),
             # ~0.5 s steps: the overheads are below the noise here, so only plain vs kit
-            step_time.Interleaved("mlp-deep", ("plain", "kit"), 10, warmup_cycles=1),
+            loop_overhead.Interleaved("mlp-deep", ("plain", "kit"), 10, warmup_cycles=1),
         ],
-        "launch_cases": [step_time.Case("mlp", 60, 10, ("plain", "kit"))],
+        "launch_cases": [loop_overhead.Case("mlp", 60, 10, ("plain", "kit"))],
         "ckpt_model": "mlp-deep",
         "ckpt_reps": 3,
         "resume_model": "mlp-deep",
@@ -75,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--reps must be >= 1, got {args.reps}")
     reps = 1 if args.quick else args.reps
     if args.only == "steptime":
-        from bench import steptime as steptime_check
+        from bench import steptime_accuracy
 
-        return steptime_check.main(
+        return steptime_accuracy.main(
             [*(["--quick"] if args.quick else []), "--out-dir", args.out_dir]
         )
     out = Path(args.out_dir)
@@ -107,14 +107,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def hf_case(quick: bool, work: Path) -> step_time.Interleaved:
+def hf_case(quick: bool, work: Path) -> loop_overhead.Interleaved:
     """A tiny Llama (4 layers, width 64; config + word-level tokenizer built locally, as the
     tests do) on packed 64-token sequences, FULL_SHARD on 2 ranks; the plain loop is
     bench.plain_fsdp (FSDP2 by hand on the same model and data)."""
     from tests.hf_fixtures import make_all
 
     model, data = make_all(work / "hf", size="bench")
-    return step_time.Interleaved(
+    return loop_overhead.Interleaved(
         f"hf:{model}",
         ("plain-fsdp", "kit"),
         4 if quick else 30,
@@ -129,7 +129,7 @@ def run_hf(quick: bool, work: Path, out: Path, env: dict) -> list[str]:
     _log("step time, interleaved blocks: the kit vs a plain FSDP2 loop on a tiny HF model")
     try:
         case = hf_case(quick, work)
-        r = step_time.run_interleaved(case, 1, work, _log)
+        r = loop_overhead.run_interleaved(case, 1, work, _log)
     finally:  # the generated model and data are scratch, like the run dirs
         shutil.rmtree(work / "hf", ignore_errors=True)
     write_json(out / "hf_step_time.json", {"env": env, "interleaved": [r]})
@@ -161,13 +161,13 @@ def _log(msg: str) -> None:
 
 def run_steps(cfg: dict[str, Any], reps: int, work: Path, out: Path, env: dict) -> list[str]:
     _log("step time, interleaved blocks: kit and plain loop in the same 2 gloo ranks")
-    inter = [step_time.run_interleaved(c, 1, work, _log) for c in cfg["interleaved"]]
+    inter = [loop_overhead.run_interleaved(c, 1, work, _log) for c in cfg["interleaved"]]
     _log(f"time to first step (and step time), separate launches, {reps} repetition(s)")
-    launches = [step_time.run_case(c, reps, work, _log) for c in cfg["launch_cases"]]
+    launches = [loop_overhead.run_case(c, reps, work, _log) for c in cfg["launch_cases"]]
     write_json(out / "step_time.json", {"env": env, "interleaved": inter, "launches": launches})
-    rows = [step_time.INTERLEAVED_HEADER]
+    rows = [loop_overhead.INTERLEAVED_HEADER]
     for r in inter:
-        rows += step_time.interleaved_rows(r)
+        rows += loop_overhead.interleaved_rows(r)
     lines = [
         "== step time: blocks of 10 steps alternating in one launch; ratios paired per cycle ==",
         table(rows),
@@ -190,9 +190,9 @@ def run_steps(cfg: dict[str, Any], reps: int, work: Path, out: Path, env: dict) 
                     f"{model}: {label} costs {fmt_spread(costs[key], 1e3, 3)} ms per step "
                     "(kit minus the variant without it, paired per cycle)"
                 )
-    rows = [step_time.HEADER]
+    rows = [loop_overhead.HEADER]
     for r in launches:
-        rows += step_time.rows(r)
+        rows += loop_overhead.rows(r)
     lines += [
         "== separate launches: launch -> first step; step ms = block median, ratio paired "
         "per repetition ==",

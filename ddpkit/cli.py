@@ -75,17 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     from ddpkit.train.errors import run_cli
 
     if command in LAUNCH_ACTIONS:
-        from ddpkit.tools import launch
+        from ddpkit.tools import submit
 
-        return run_cli(lambda: launch.run([command, *rest]))
+        return run_cli(lambda: submit.run([command, *rest]))
     if command == "run":
-        from ddpkit.tools import launch
+        from ddpkit.tools import submit
 
-        return run_cli(lambda: launch.run_here(rest))
+        return run_cli(lambda: submit.run_here(rest))
     if command == "build":
-        from ddpkit.tools import launch
+        from ddpkit.tools import submit
 
-        return run_cli(lambda: launch.run(["render", "docker", "--build", "--quiet", *rest]))
+        return run_cli(lambda: submit.run(["render", "docker", "--build", "--quiet", *rest]))
     if command == "init":
         from ddpkit.tools import init
 

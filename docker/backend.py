@@ -31,7 +31,7 @@ from ddpkit.docker.image import (
     kit_wheel,
     stage_kit_context,
 )
-from ddpkit.docker.options import validate_docker
+from ddpkit.docker.options import DockerOptions, validate_docker
 from ddpkit.docker.render import (
     FILE_EXT,
     gpu_args,
@@ -42,7 +42,7 @@ from ddpkit.docker.render import (
 )
 from ddpkit.docker.run import cancel, list_jobs, logs, poll, status, submit
 from ddpkit.tools.backends import Backend, JobStatus, user_image
-from ddpkit.tools.spec import JobSpec
+from ddpkit.tools.jobspec import JobSpec
 
 __all__ = [
     "DockerBackend",
@@ -70,6 +70,7 @@ __all__ = [
 class DockerBackend(Backend):
     name = "docker"
     file_ext = FILE_EXT
+    Options = DockerOptions  # the job file's [docker] table
     shares_filesystem = False  # inputs live in the image or its mounts
 
     def validate(self, spec: JobSpec) -> None:

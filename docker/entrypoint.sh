@@ -37,7 +37,7 @@ fi
 
 launch=()
 if [[ -z ${PET_NPROC_PER_NODE:-} ]]; then
-    launch+=(--nproc-per-node "$(python -m ddpkit.docker.launch_plan)")
+    launch+=(--nproc-per-node "$(python -m ddpkit.docker.nproc)")
 fi
 if [[ -z ${PET_NNODES:-}${PET_RDZV_ENDPOINT:-}${PET_MASTER_ADDR:-}${PET_STANDALONE:-} ]]; then
     launch+=(--standalone)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ddpkit.docker.render import DOCKERFILE
 from ddpkit.tools.backends import user_image
-from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.jobspec import JobSpec, SpecError
 from ddpkit.tools.templating import KIT_DIR, shell_quote
 
 

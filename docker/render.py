@@ -7,7 +7,7 @@ from pathlib import Path, PurePosixPath
 from ddpkit.docker.options import validate_docker
 from ddpkit.tools.backends import user_image
 from ddpkit.tools.backends.containers import CONTAINER_WORKDIR
-from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.jobspec import JobSpec, SpecError
 from ddpkit.tools.templating import check_passable, shell_quote
 from ddpkit.train.config import TrainConfig
 
@@ -22,7 +22,7 @@ DEFAULT_UID = 1000  # the image's user when built by root (never build a root-us
 
 def host_path(path: str) -> Path:
     p = Path(path)
-    return p if p.is_absolute() else Path.cwd() / p  # the workspace (launch.run)
+    return p if p.is_absolute() else Path.cwd() / p  # the workspace (submit.run)
 
 
 def volume(*paths: tuple[str, Path | PurePosixPath], options: str = "") -> str:

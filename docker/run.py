@@ -20,7 +20,7 @@ from ddpkit.docker.render import (
     stop_timeout_s,
 )
 from ddpkit.tools.backends import JobState, JobStatus, last_job, record_job
-from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.jobspec import JobSpec, SpecError
 from ddpkit.tools.templating import shell_quote
 from ddpkit.train.contract import DEFAULT_SHUTDOWN_TIMEOUT_S, EXIT_REQUEUE, shutdown_budget_s
 from ddpkit.train.jsonshape import Opt
@@ -68,7 +68,8 @@ def for_this_machine(spec: JobSpec) -> JobSpec:
         'the CPU (gloo), as accelerator = "cpu" says',
         file=sys.stderr,
     )
-    return replace(spec, accelerator="cpu", docker=replace(spec.docker, gpus=None))
+    tables = {**spec.backend_options, "docker": replace(spec.docker, gpus=None)}
+    return replace(spec, accelerator="cpu", backend_options=tables)
 
 
 def submit(spec: JobSpec, opts: argparse.Namespace) -> int:

@@ -1,1 +1,3 @@
-"""ddpkit.k8s: the pods' launch script (launch.sh); the manifests are built in ddpkit.k8s."""
+"""ddpkit.k8s: the Kubernetes engine: backend.py (K8sBackend), options.py ([k8s]), render.py
+(pure: the manifests, built as data), checks.py, crds.py, api.py (the client, imported on
+use), the pods' launch script (launch.sh), and local/, the local control plane's scripts."""

@@ -20,7 +20,7 @@ from ddpkit.k8s import crds as k8s_crds
 from ddpkit.k8s.crds import NODE as TRAINJOB_CONTAINER
 from ddpkit.k8s.crds import PYTORCH_CONTAINER, PYTORCHJOB, TRAINJOB
 from ddpkit.tools.backends import JobState, JobStatus, last_job, record_job
-from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.jobspec import JobSpec, SpecError
 
 JOB_LABEL = "app.kubernetes.io/instance"  # k8s.labels(): on the job and on every pod template
 

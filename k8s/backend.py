@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ddpkit.k8s.options import validate_k8s
+from ddpkit.k8s.options import K8sOptions, validate_k8s
 from ddpkit.k8s.render import (
     FILE_EXT,
     LAUNCH_SCRIPT,
@@ -32,7 +32,7 @@ from ddpkit.k8s.render import (
     volumes,
 )
 from ddpkit.tools.backends import Backend, JobStatus, user_image
-from ddpkit.tools.spec import JobSpec
+from ddpkit.tools.jobspec import JobSpec
 
 __all__ = ["LAUNCH_SCRIPT", "K8sBackend", "command", "manifests", "render", "volumes"]
 
@@ -40,6 +40,8 @@ __all__ = ["LAUNCH_SCRIPT", "K8sBackend", "command", "manifests", "render", "vol
 class K8sBackend(Backend):
     name = "k8s"
     file_ext = FILE_EXT
+    Options = K8sOptions  # the job file's [k8s] table
+    make_vars = {"NAMESPACE": "namespace"}
     shares_filesystem = False  # inputs live in the image or on the PVC
 
     def validate(self, spec: JobSpec) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from ddpkit.k8s import crds
-from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.jobspec import JobSpec, SpecError
 
 # Set by the controllers; a user value would conflict (TrainJob rejects PET_* outright).
 RESERVED_ENV = re.compile(r"^(PET_.*|MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|POD_NAME)$")

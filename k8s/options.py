@@ -1,9 +1,51 @@
-"""The Kubernetes backend's rules on a job's options."""
+"""The Kubernetes engine's options: the job file's [k8s] table, its defaults and its rules
+(validate_k8s, run by K8sBackend.validate for Kubernetes jobs only)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
 from ddpkit.tools.backends.containers import INT32_MAX, check_ckpt_dir, check_shm_size
-from ddpkit.tools.spec import ENV_NAME_RE, JobSpec, SpecError
+from ddpkit.tools.jobspec import ENV_NAME_RE, JobSpec, SpecError
+
+
+@dataclass
+class ElasticOptions:
+    min: int | None = None  # minimum nodes (replicas); unset = not elastic
+    max: int | None = None  # maximum nodes
+
+
+@dataclass
+class K8sOptions:
+    """The job file's [k8s] table."""
+
+    __backend_options__ = True
+    namespace: str = "default"
+    api: Literal["pytorchjob", "trainjob"] = "pytorchjob"  # kubeflow.org/v1 or Trainer v2
+    # The Kubeflow Trainer release a TrainJob is shaped for (its per-job pod field changed name
+    # in 2.1 and 2.2); submit checks it against the cluster's CRD.
+    trainer_version: Literal["2.0", "2.1", "2.2", "2.3"] = "2.3"
+    elastic: ElasticOptions = field(default_factory=ElasticOptions)
+    pvc: str | None = None  # PersistentVolumeClaim mounted for runs/checkpoints
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    priority_class: str | None = None
+    service_account: str | None = None
+    image_pull_secrets: list[str] = field(default_factory=list)
+    queue: str | None = None  # Kueue LocalQueue / Volcano queue name
+    scheduler: str | None = None  # schedulerName, e.g. "volcano"
+    shm_size: str = "16Gi"  # /dev/shm as a memory-backed emptyDir
+    rdma: bool = False  # request RDMA/InfiniBand devices; unlimited memlock (docs/kubernetes.md)
+    rdma_resource: str = "rdma/ib"  # the device plugin's RDMA resource, requested when rdma
+    pvc_size: str | None = None  # also render the PVC (ReadWriteMany), e.g. "100Gi"
+    storage_class: str | None = None  # storageClassName of the rendered PVC
+    backoff_limit: int = 3  # runPolicy.backoffLimit: pod restarts before the job fails
+    ttl_seconds_after_finished: int | None = 86400  # runPolicy: delete the job this long after
+    clean_pod_policy: Literal["None", "Running", "All"] = "Running"  # pods deleted at the end
+    # Environment from Kubernetes Secrets: NAME = "secret/key" (secretKeyRef), so the value is
+    # never written into the manifest, e.g. WANDB_API_KEY = "wandb/api-key".
+    secret_env: dict[str, str] = field(default_factory=dict)
 
 
 def validate_k8s(spec: JobSpec) -> None:

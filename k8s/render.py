@@ -16,7 +16,7 @@ from ddpkit.k8s.crds import PYTORCHJOB, TRAINJOB
 from ddpkit.k8s.crds import RUNTIME as TRAINER_RUNTIME
 from ddpkit.k8s.options import validate_k8s
 from ddpkit.tools.backends.containers import CONTAINER_WORKDIR
-from ddpkit.tools.spec import JobSpec
+from ddpkit.tools.jobspec import JobSpec
 from ddpkit.tools.templating import KIT_DIR, dump_yaml_all
 
 FILE_EXT = "yaml"

@@ -28,6 +28,7 @@ from ddpkit.slurm.cluster import (
     run_cmd,
     sacct_fields,
 )
+from ddpkit.slurm.options import SlurmOptions
 from ddpkit.slurm.render import (
     COMMENT,
     GRACE_MARGIN_S,
@@ -52,7 +53,7 @@ from ddpkit.tools.backends import (
     last_job,
     record_job,
 )
-from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.jobspec import JobSpec, SpecError
 from ddpkit.train.jsonshape import Opt
 
 __all__ = [
@@ -79,6 +80,12 @@ __all__ = [
 class SlurmBackend(Backend):
     name = "slurm"
     file_ext = "sbatch"
+    Options = SlurmOptions  # the job file's [slurm] table
+    make_vars = {"PARTITION": "partition"}
+    job_file_lines = (
+        '# partition = "gpu"',
+        '# python = "/path/to/venv/bin/python"  # default: the Python that runs `ddpkit submit`',
+    )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--poll-s", type=float, default=2.0, help="seconds between polls")
@@ -88,7 +95,7 @@ class SlurmBackend(Backend):
         return node_python(spec) if spec.slurm.container == "none" else sys.executable
 
     def validate(self, spec: JobSpec) -> None:
-        super().validate(spec)  # the [slurm] table's field checks (SlurmSpec)
+        super().validate(spec)  # the [slurm] table's field checks (SlurmOptions)
         validate(spec)
 
     def render(self, spec: JobSpec) -> str:

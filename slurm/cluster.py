@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddpkit.tools.spec import JobSpec, SpecError, parse_time_minutes
+from ddpkit.tools.jobspec import JobSpec, SpecError, parse_time_minutes
 from ddpkit.train.contract import PREEMPT_SIGNALS
 
 

@@ -18,9 +18,9 @@ import re
 from ddpkit.tools.backends import (
     JobState,
 )
-from ddpkit.tools.spec import ENV_NAME_RE, JobSpec, SpecError
+from ddpkit.tools.jobspec import ENV_NAME_RE, JobSpec, SpecError
 from ddpkit.tools.templating import render_template, shell_quote
-from ddpkit.train import typed
+from ddpkit.train import dataclass_fields
 from ddpkit.train.contract import EXIT_REQUEUE, REQUEUE_SIGNALS_ENV
 
 # Values that land on `#SBATCH` lines, which sbatch (not a shell) parses: no quoting there,
@@ -87,7 +87,7 @@ def grace_s(spec: JobSpec) -> int:
 
 def validate(spec: JobSpec) -> None:
     """The SLURM backend's own rules (launch applies them to SLURM jobs only)."""
-    s = spec.slurm  # single-value rules: declared on SlurmSpec's fields (check_options)
+    s = spec.slurm  # single-value rules: declared on SlurmOptions' fields (check_options)
     if s.signal == "TERM":
         raise SpecError(
             "slurm.signal = TERM cannot be told from a plain `scancel` (SIGTERM), which must "
@@ -152,7 +152,7 @@ def sbatch_options(spec: JobSpec) -> list[str]:
     """The `#SBATCH` options, in the order they are written."""
     opts = []
     for key, value in sbatch_params(spec).items():
-        flag = typed.flag(key)  # sbatch's long options: the kit's one spelling rule
+        flag = dataclass_fields.flag(key)  # sbatch's long options: the kit's one spelling rule
         opts.append(flag if value is True else f"{flag}={value}")
         if key == "time":
             # sbatch opens --output before the script runs, so it must be a directory that

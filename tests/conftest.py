@@ -68,7 +68,7 @@ def fake_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeBin:
 
 @pytest.fixture(scope="session")  # session: module fixtures (a built image) use it too
 def launcher() -> Callable[..., subprocess.CompletedProcess[str]]:
-    """`launcher(*args, cwd=checkout, env=None, timeout=900)`: `python -m ddpkit.tools.launch
+    """`launcher(*args, cwd=checkout, env=None, timeout=900)`: `python -m ddpkit.tools.submit
     ARGS` with text output captured; env None inherits this process's environment (fake_bin's
     PATH included), a dict is the whole environment, as for subprocess.run."""
 
@@ -76,7 +76,7 @@ def launcher() -> Callable[..., subprocess.CompletedProcess[str]]:
         *args: str, cwd: Path | str = ROOT, env: dict[str, str] | None = None, timeout: float = 900
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [PY, "-m", "ddpkit.tools.launch", *args],
+            [PY, "-m", "ddpkit.tools.submit", *args],
             cwd=cwd,
             env=env,
             capture_output=True,

@@ -28,7 +28,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 import yaml
-from ddpkit.tools import launch
+from ddpkit.tools import submit as launch
 
 SERVED = {("kubeflow.org", "v1", "pytorchjobs"), ("trainer.kubeflow.org", "v1alpha1", "trainjobs")}
 CUSTOM = re.compile(r"^/apis/([^/]+)/([^/]+)/namespaces/([^/]+)/([^/]+)(?:/([^/]+))?$")

@@ -249,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.5)  # a queued job: wait for its workers to start
         drill(run_dir, plan, alive=lambda: bool(workers(run_dir)))
         return _report(run_dir, 0)
-    from ddpkit.tools.spec import load_spec
-    from ddpkit.tools.spec.load import default_job_file
+    from ddpkit.tools.jobspec import load_spec
+    from ddpkit.tools.jobspec.load import default_job_file
 
     spec = load_spec(args.config or default_job_file(), args.set)
     run_dir = Path(str(spec.workspace)) / spec.run_dir  # an absolute run_dir stays as it is

@@ -14,7 +14,8 @@ import argparse
 import re
 from pathlib import Path
 
-from ddpkit.tools.spec import JOB_FILE, MODULE_RE, NAME_RE, SpecError, load_spec
+from ddpkit.tools.backends.registry import BACKENDS, builtin_class
+from ddpkit.tools.jobspec import JOB_FILE, MODULE_RE, NAME_RE, SpecError, load_spec
 from ddpkit.train.errors import CliParser
 
 COMMON = ("train.py", "main.py", "run.py")
@@ -108,12 +109,10 @@ def render(name: str, nproc: int, entry: dict[str, str]) -> str:
             "lr = 1e-3",
             "ckpt_interval = 100",
         ]
-    lines += [
-        "",
-        "[slurm]",
-        '# partition = "gpu"',
-        '# python = "/path/to/venv/bin/python"  # default: the Python that runs `ddpkit submit`',
-    ]
+    for name in BACKENDS:  # each engine's starter lines for its table (Backend.job_file_lines)
+        table = builtin_class(name).job_file_lines
+        if table:
+            lines += ["", f"[{name}]", *table]
     return "\n".join(lines) + "\n"
 
 

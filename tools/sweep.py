@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.jobspec import JobSpec, SpecError
 
 MAX_MEMBERS = 1000  # a typo in a product should not queue ten thousand jobs
 

@@ -13,11 +13,13 @@ import shlex
 import sys
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jinja2
 import yaml
 from ddpkit.train.errors import UserError
+
+if TYPE_CHECKING:
+    import jinja2
 
 # The folder that holds slurm/, k8s/ and docker/: the checkout's root in a development
 # install, site-packages/ddpkit in a wheel's (package-dir maps both the same way).
@@ -132,6 +134,10 @@ def dump_yaml_all(docs: list[Any]) -> str:
 
 @cache
 def environment() -> jinja2.Environment:
+    # jinja2 is imported here, on the first render: `ddpkit run`, status and the job spec use
+    # only the quoting helpers above, and need not pay for it (issue 34: launch overhead).
+    import jinja2
+
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(KIT_DIR)),
         undefined=jinja2.StrictUndefined,

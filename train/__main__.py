@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any
 
-from ddpkit.train import early, teardown
+from ddpkit.train import startup_signals, teardown
 from ddpkit.train.config import EXIT_BAD_INPUT, ConfigError, dump, parse_config
 
 
@@ -21,7 +21,7 @@ def main(
 ) -> int:
     """`defaults`: settings a script passes through train.fit (flags and --config win);
     `states`: its own objects with state_dict/load_state_dict, checkpointed by name."""
-    early.install()  # first: a stop signal during start-up is recorded, not fatal
+    startup_signals.install()  # first: a stop signal during start-up is recorded, not fatal
     teardown.install()  # the exit waits for gloo's threads (train/teardown.py)
     try:
         cfg, print_only = parse_config(argv, defaults)
@@ -31,8 +31,8 @@ def main(
         print(dump(cfg))
         return 0
     try:  # imports the user's model/dataset/loss: a bad path exits 2 before any process group
-        from ddpkit.train.lookup import precheck
         from ddpkit.train.preflight import check_paths
+        from ddpkit.train.resolve import precheck
 
         precheck(cfg)
         check_paths({"--run-dir": cfg.run_dir, "--ckpt-dir": cfg.ckpt_dir})

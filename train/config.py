@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_type_hints
 
-from ddpkit.train import lookup, typed
+from ddpkit.train import dataclass_fields, resolve
 from ddpkit.train.contract import (
     EXIT_BAD_INPUT,
     EXIT_REQUEUE,
@@ -133,7 +133,7 @@ TRAIN_KEYS = [f.name for f in fields(TrainConfig) if f.name != "extra"]
 # --- parsing -------------------------------------------------------------------------------
 
 
-_flag = typed.flag  # the one spelling of a field as a flag
+_flag = dataclass_fields.flag  # the one spelling of a field as a flag
 
 
 def _hints() -> dict[str, Any]:
@@ -142,16 +142,16 @@ def _hints() -> dict[str, Any]:
 
 def convert_value(name: str, value: Any, where: str) -> Any:
     """Check a TOML (or fit()) value against the field's type with the one typed engine
-    (ddpkit.train.typed; the CLI path is checked by argparse). None stays None (fit()'s
+    (ddpkit.train.dataclass_fields; the CLI path is checked by argparse). None stays None (fit()'s
     "unset")."""
     if value is None:
         return None
-    return typed.check_value(_hints()[name], value, f"{where}: {name}", ConfigError)
+    return dataclass_fields.check_value(_hints()[name], value, f"{where}: {name}", ConfigError)
 
 
 def field_help() -> dict[str, str]:
     """Each TrainConfig field's help text: its trailing comment in the source."""
-    return typed.field_comments(TrainConfig)
+    return dataclass_fields.field_comments(TrainConfig)
 
 
 class _Parser(CliParser):
@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", help="TOML file with the same keys (top level or [train])")
     p.add_argument("--print-config", action="store_true", help="print the resolved config, exit")
-    typed.add_arguments(p, TrainConfig)
+    dataclass_fields.add_arguments(p, TrainConfig)
     return p
 
 
@@ -217,8 +217,8 @@ def parse_config(
     Returns (config, print_only).
 
     `world` = (world size, nodes) the run will have; default: torchrun's environment. The
-    launchers (ddpkit.train.node, ddpkit.tools.launch) pass it to check a launch before it starts.
-    installed=False skips the checks of what is installed (ddpkit.tools.launch renders for nodes
+    launchers (ddpkit.train.node, ddpkit.tools.submit) pass it to check a launch before it starts.
+    installed=False skips the checks of what is installed (ddpkit.tools.submit renders for nodes
     whose packages it cannot see); local_paths=False also skips whether input paths
     (--data-dir, --resume, hf:PATH) exist here (a container's paths exist only in its
     image or volumes)."""
@@ -300,7 +300,7 @@ def check_numbers(cfg: TrainConfig) -> None:
     hints = _hints()
     for f in fields(TrainConfig):
         v = getattr(cfg, f.name)
-        tp, choices = typed.base_type(hints[f.name])
+        tp, choices = dataclass_fields.base_type(hints[f.name])
         if v is None or choices is not None or tp not in (int, float):
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -378,14 +378,14 @@ def validate(cfg: TrainConfig, local_paths: bool = True) -> None:
             f"--lr-scaling {cfg.lr_scaling} needs --base-batch-size (the global batch "
             "the base --lr was tuned for)"
         )
-    lookup.check_names(cfg, local_paths=local_paths)
-    mkind, dkind = lookup.model_kind(cfg), lookup.dataset_kind(cfg)
+    resolve.check_names(cfg, local_paths=local_paths)
+    mkind, dkind = resolve.model_kind(cfg), resolve.dataset_kind(cfg)
     if mkind is not None and dkind != "any" and mkind != dkind:
         raise ConfigError(
             f"--model {cfg.model} trains on {mkind} data, --dataset {cfg.dataset} holds {dkind}; "
             f"pick a dataset of {mkind} (synthetic fits every model)"
         )
-    lookup.check_model(cfg)
+    resolve.check_model(cfg)
     if local_paths and cfg.dataset in ("imagefolder", "tokens") and not Path(cfg.data_dir).exists():
         raise ConfigError(
             f"--data-dir {cfg.data_dir} does not exist; point it at your {cfg.dataset} data"

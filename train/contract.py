@@ -2,7 +2,7 @@
 
 Every party to a launch reads its values from here: the trainer (`python -m ddpkit.train`), the
 launcher's backends (tools/backends), the node scripts they render, the Docker entrypoint
-(through docker/launch_plan.py) and the tools. Importing this module must stay cheap (no
+(through docker/nproc.py) and the tools. Importing this module must stay cheap (no
 torch, no third-party imports): the node side imports it before anything heavy.
 """
 
@@ -44,8 +44,9 @@ CKPT_STEP_PREFIX = "step-"  # <ckpt_dir>/step-<N>/
 # configures: USR1/USR2), Kubernetes pod deletion and docker stop (TERM). ddpkit.train.preempt
 # catches these for a user's script.
 PREEMPT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
-# What the kit's trainer stops on at a step boundary (ddpkit.train.early records them from its
-# first line): the preemption signals, and Ctrl-C, which saves and stops without a requeue.
+# What the kit's trainer stops on at a step boundary (ddpkit.train.startup_signals records them
+# from its first line): the preemption signals, and Ctrl-C, which saves and stops without a
+# requeue.
 STOP_SIGNALS = (*PREEMPT_SIGNALS, "SIGINT")
 # What torchrun must forward to its workers (--signals-to-handle). Its default lacks USR1/USR2,
 # and a USR1 sent to an agent that does not handle it kills the agent.

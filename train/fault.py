@@ -34,9 +34,9 @@ class StopRequest:
         self._work: dist.Work | None = None
         for s in STOP_SIGNALS:
             signal.signal(s, self._handle)
-        from ddpkit.train import early
+        from ddpkit.train import startup_signals
 
-        got = early.received()  # a signal during start-up (ddpkit.train.early recorded it)
+        got = startup_signals.received()  # a signal during start-up, recorded there
         if got is not None and not self.signum:
             self._handle(got[0], None)
             self.received_at = got[1]

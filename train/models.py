@@ -121,7 +121,7 @@ def gpt_flops_per_token(cfg: TrainConfig, num_params: int) -> float:
 def build_model(cfg: TrainConfig, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Build through the registry on the CPU from the current RNG state (the caller seeds it
     identically on all ranks); in_shape/num_classes are what the data gives."""
-    from ddpkit.train import lookup
+    from ddpkit.train import resolve
     from ddpkit.train.data import DataBundle
 
-    return lookup.model_spec(cfg).build(cfg, DataBundle(None, None, in_shape, num_classes))
+    return resolve.model_spec(cfg).build(cfg, DataBundle(None, None, in_shape, num_classes))

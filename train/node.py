@@ -119,6 +119,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def require_torch() -> None:
+    """torch imports with this interpreter, or one line: the local backend runs no separate
+    import check for it (this launcher is the check, at no extra interpreter's cost)."""
+    try:
+        import torch.distributed.run  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - a broken install raises anything
+        raise NodeError(
+            f"torch does not import with {sys.executable} ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); install torch for that Python"
+        ) from None
+
+
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     """(launcher flags, entry point argv) around the first `--`."""
     if "--" not in argv:
@@ -282,7 +294,8 @@ def workers_die_with_launcher() -> bool:
     torchrun starts each worker in a session of its own (start_new_session), so nothing
     else reaches them when the launcher is SIGKILLed (an OOM kill, SLURM's final KILL, a
     `kill -9`): a user script would live on holding its port and GPU. The kit's trainer
-    sets the same signal on itself (ddpkit.train.early); this covers every entry point.
+    sets the same signal on itself (ddpkit.train.startup_signals); this covers every entry
+    point.
     The signal follows the forking thread: torchrun starts its workers from its main
     thread, which lives as long as the launcher. True when installed."""
     if not sys.platform.startswith("linux"):
@@ -442,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().print_help()
         return EXIT_OK
     flags, entry = split_argv(argv)
+    require_torch()
     own, args = parse_flags(flags, entry)
     from torch.distributed import run as torchrun
 

@@ -78,7 +78,7 @@ def apply_ddp(model: nn.Module, world: World) -> nn.Module:
 
 def parallelize(model: nn.Module, cfg: TrainConfig, world: World) -> tuple[nn.Module, nn.Module]:
     """Returns (the module to train, the unwrapped model whose parameter names are canonical)."""
-    from ddpkit.train.lookup import find_blocks
+    from ddpkit.train.resolve import find_blocks
 
     blocks = find_blocks(model)
     if cfg.activation_checkpointing:

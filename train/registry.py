@@ -34,12 +34,12 @@ The contracts (docs/training.md "Your own model, data and loss" says the same):
 
 Anything wrong (no such module or attribute, not callable, a factory that raises or returns
 something else) is a ConfigError naming the path and what was expected: one line, exit 2,
-raised by `lookup.precheck()` before any process group starts.
+raised by `resolve.precheck()` before any process group starts.
 
 This module holds the specs and the tables only. What fills them sits above it:
 ddpkit.train.builtins (the built-in names, and how hf:PATH and pkg.module:attr resolve),
 imported by the package itself, so the tables are full before any ddpkit.train module runs.
-What reads them sits above it too: ddpkit.train.lookup (a config's names -> specs).
+What reads them sits above it too: ddpkit.train.resolve (a config's names -> specs).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ddpkit.train.errors import ConfigError, UserError
-from ddpkit.train.lookup import meta_model
 from ddpkit.train.registry import OBJECTS, DataKind, DatasetSpec, ModelSpec, Source, register_source
+from ddpkit.train.resolve import meta_model
 
 if TYPE_CHECKING:
     from ddpkit.train.config import TrainConfig

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from ddpkit.tools.backends import progress, record_job
-from ddpkit.tools.spec import SpecError
+from ddpkit.tools.jobspec import SpecError
 
 from tests.badjson import cases, damaged
 from tests.trainrun import clean_env

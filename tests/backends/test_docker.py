@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from ddpkit.docker import backend as docker
-from ddpkit.tools.spec import load_spec
+from ddpkit.tools.jobspec import load_spec
 from ddpkit.tools.templating import KIT_DIR as REPO_ROOT
 
 from tests import container_harness as harness
@@ -533,7 +533,7 @@ def test_container_trains_is_preempted_and_resumes(image, tmp_path):
         )  # fmt: skip
         assert r.returncode == 0 and r.stdout.startswith(f"{name}\t"), r.stdout + r.stderr
         r = subprocess.run(
-            [sys.executable, "-m", "ddpkit.tools.launch", "logs", "docker", name, "--engine",
+            [sys.executable, "-m", "ddpkit.tools.submit", "logs", "docker", name, "--engine",
              harness.engine()], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert r.returncode == 0 and "ddpkit" in r.stdout + r.stderr, r.stderr

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from ddpkit.docker import backend as docker
 from ddpkit.tools.backends import user_image as docker_user
-from ddpkit.tools.spec import load_spec
+from ddpkit.tools.jobspec import load_spec
 from ddpkit.tools.templating import KIT_DIR as REPO_ROOT
 
 from tests import container_harness as harness
@@ -126,7 +126,7 @@ def _build_and_run(tmp_path: Path, config: Path | None, sets: list[str]) -> Path
             f"docker.out_dir={out}"]  # fmt: skip
     cfg = ["--config", str(config)] if config else []
     r = subprocess.run(
-        [sys.executable, "-m", "ddpkit.tools.launch", "render", "docker", *cfg,
+        [sys.executable, "-m", "ddpkit.tools.submit", "render", "docker", *cfg,
          *[a for s in sets for a in ("--set", s)], "--build", "--base-image", base],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, env=harness.engine_env(),
     )  # fmt: skip

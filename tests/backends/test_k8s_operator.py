@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ddpkit.k8s import backend as k8s
-from ddpkit.tools.spec import load_spec
+from ddpkit.tools.jobspec import load_spec
 
 
 def free_port() -> int:

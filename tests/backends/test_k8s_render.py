@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 import yaml
-from ddpkit.tools import launch
 from ddpkit.k8s import backend as k8s
-from ddpkit.tools.spec import JobSpec, SpecError, load_spec
+from ddpkit.tools import submit as launch
+from ddpkit.tools.jobspec import JobSpec, SpecError, load_spec
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "k8s"

@@ -8,9 +8,9 @@ import itertools
 
 import pytest
 import yaml
-from ddpkit.k8s import crds as k8s_crds
 from ddpkit.k8s import backend as k8s
-from ddpkit.tools.spec import load_spec
+from ddpkit.k8s import crds as k8s_crds
+from ddpkit.tools.jobspec import load_spec
 
 from tests import k8s_apiserver
 from tests.k8s_apiserver import cli, prune_object, trainjob_crd
@@ -95,7 +95,7 @@ def test_the_api_server_keeps_every_field_exactly_when_the_shapes_match(rendered
 
 
 def test_older_releases_refuse_what_they_cannot_carry(capsys) -> None:
-    from ddpkit.tools import launch
+    from ddpkit.tools import submit as launch
 
     rc = launch.main(["render", "k8s", "--set", "k8s.api=trainjob", "--set",
                       "k8s.trainer_version=2.0", "--set", "k8s.image_pull_secrets=['reg']"])  # fmt: skip

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ddpkit.k8s import backend as k8s
-from ddpkit.tools.spec import load_spec
+from ddpkit.tools.jobspec import load_spec
 from ddpkit.tools.templating import dump_yaml_all, to_json, yaml_str
 from hypothesis import example, given, settings
 from hypothesis import strategies as st

@@ -1,7 +1,7 @@
 """The node launcher (train/node.py) and the `local` backend, with real torchrun processes.
 
 - the plain torchrun script (examples/plain_torchrun, knows nothing of ddpkit) runs through
-  `python -m ddpkit.tools.launch submit local` on 2 ranks;
+  `python -m ddpkit.tools.submit submit local` on 2 ranks;
 - bad input is one line + exit 2 before any process group (launcher and node launcher), and
   a worker's own exit 2 stays 2 without torch's ChildFailedError dump;
 - the preemption contract (train/preempt.py) with a real SIGTERM: save + requeue -> 75 and a
@@ -40,7 +40,7 @@ def plain_project(tmp_path: Path) -> Path:
 
 def launch(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PY, "-m", "ddpkit.tools.launch", *args],
+        [PY, "-m", "ddpkit.tools.submit", *args],
         cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 
@@ -149,7 +149,7 @@ def test_stale_requeue_marker_does_not_fake_a_save(tmp_path: Path) -> None:
 def start_preemptible(run: Path, steps: int) -> subprocess.Popen[str]:
     job = plain_project(run.parent)
     proc = subprocess.Popen(
-        [PY, "-m", "ddpkit.tools.launch", "submit", "local", "--config", str(job),
+        [PY, "-m", "ddpkit.tools.submit", "submit", "local", "--config", str(job),
          "--set", "script=preemptible.py", "--set", f"train.run_dir={run}",
          "--set", "train.shutdown_timeout_s=20",
          "--", "--steps", str(steps), "--step-s", "0.05", "--out", str(run / "result.json")],
@@ -178,7 +178,7 @@ def test_preempt_helper_requeue_then_resume(tmp_path: Path) -> None:
     assert "Traceback" not in out + err
     # Run again: it resumes from its checkpoint and finishes.
     again = subprocess.run(
-        [PY, "-m", "ddpkit.tools.launch", "submit", "local", "--config",
+        [PY, "-m", "ddpkit.tools.submit", "submit", "local", "--config",
          str(run.parent / "plain-project" / "job.toml"),
          "--set", "script=preemptible.py", "--set", f"train.run_dir={run}",
          "--", "--steps", str(marker["step"] + 5), "--out", str(run / "result.json")],
@@ -271,7 +271,7 @@ def test_gpus_beyond_the_visible_ones_are_refused_and_none_is_said(tmp_path, mon
     """`--gpus 4` (make train GPUS=4) on 2 visible GPUs: one line, exit 2, nothing runs; on a
     machine without GPUs the CPU fallback is said, not silent."""
     from ddpkit.tools.backends import local
-    from ddpkit.tools.spec import load_spec
+    from ddpkit.tools.jobspec import load_spec
 
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"}
     ddpkit = str(Path(PY).with_name("ddpkit"))

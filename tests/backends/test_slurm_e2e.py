@@ -84,7 +84,7 @@ def test_make_slurm_submit_trains_on_two_nodes(uninterrupted: dict) -> None:
 
 def submit(cfg: Path, *extra: str) -> str:
     sub = subprocess.run(
-        [str(REPO / ".venv/bin/python"), "-m", "ddpkit.tools.launch", "submit", "slurm",
+        [str(REPO / ".venv/bin/python"), "-m", "ddpkit.tools.submit", "submit", "slurm",
          "--config", str(cfg), "--nodes", "2", "--gpus", "1", *extra],
         cwd=REPO, capture_output=True, text=True, timeout=600, check=True,
     )  # fmt: skip
@@ -273,7 +273,7 @@ def test_plain_sbatch_of_the_rendered_file(slurm_cluster: int, tmp_path: Path) -
     cfg = job_file(tmp_path, "e2e-sbatch")
     script = tmp_path / "job.sbatch"
     render = subprocess.run(
-        [str(REPO / ".venv/bin/python"), "-m", "ddpkit.tools.launch", "render", "slurm", "--config",
+        [str(REPO / ".venv/bin/python"), "-m", "ddpkit.tools.submit", "render", "slurm", "--config",
          str(cfg), "--nodes", "2", "--gpus", "1", "--set", "accelerator=cpu",
          "--set", "train.steps=20", "--set", f"slurm.venv={REPO / '.venv'}"],
         cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
@@ -312,7 +312,7 @@ def test_sweep_is_one_job_array_with_a_run_dir_per_member(
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}  # the submit dir is not the repository
     sub = subprocess.run(
-        [str(REPO / ".venv/bin/python"), "-m", "ddpkit.tools.launch", "submit", "slurm",
+        [str(REPO / ".venv/bin/python"), "-m", "ddpkit.tools.submit", "submit", "slurm",
          "--config", str(cfg), "--nodes", "1", "--gpus", "1",
          "--sweep", "train.lr=1e-3,3e-4", "--wait"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,

@@ -20,7 +20,7 @@ def fake(bin_dir: Path, name: str, stdout: str, rc: int = 0) -> None:
 
 def launch(bin_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = clean_env(PATH=f"{bin_dir}:/usr/bin:/bin", USER="alice")
-    return subprocess.run([sys.executable, "-m", "ddpkit.tools.launch", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "ddpkit.tools.submit", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
 
 
@@ -86,7 +86,7 @@ def test_logs_name_each_node_by_its_host_in_slurms_order(tmp_path: Path) -> None
 
 def test_secrets_pass_by_name_only(tmp_path: Path) -> None:
     from ddpkit.slurm import backend as slurm
-    from ddpkit.tools.spec import load_spec
+    from ddpkit.tools.jobspec import load_spec
 
     spec = load_spec(None, ["slurm.secret_env=['WANDB_API_KEY']"], 2, 1)
     text = slurm.render(spec)

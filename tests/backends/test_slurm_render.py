@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from ddpkit.slurm import backend as slurm
-from ddpkit.tools.spec import JobSpec, SpecError, load_spec
+from ddpkit.tools.jobspec import JobSpec, SpecError, load_spec
 from ddpkit.train import goodput
 
 from tests.conftest import FakeBin

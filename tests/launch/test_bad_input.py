@@ -480,7 +480,7 @@ def test_the_partition_limits_parse_from_sinfo():
 
 def test_without_sinfo_the_check_is_skipped(tmp_path, monkeypatch):
     from ddpkit.slurm import backend as slurm
-    from ddpkit.tools.spec import load_spec
+    from ddpkit.tools.jobspec import load_spec
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no sinfo here
     job = tmp_path / "job.toml"

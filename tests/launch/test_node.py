@@ -486,3 +486,23 @@ def test_the_rank_that_stopped_taking_part_is_named_not_the_first_to_notice(
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith(expect), p.stderr[-3000:]
     assert "rank 0 failed" not in last, last
+
+
+def test_a_python_whose_torch_does_not_import_is_one_line_before_anything_starts(tmp_path):
+    """The local backend runs no separate import check for torch (issue 34: it cost a second
+    interpreter's torch import on every run); the node launcher is that check: one line, exit 2,
+    no traceback, no run dir."""
+    code = (
+        "import sys; sys.modules['torch'] = None; from ddpkit.train import node; "
+        "from ddpkit.train.errors import run_cli; "
+        "sys.exit(run_cli(lambda: node.main(['--standalone', '--nproc-per-node=1', '--', "
+        "'train.py'])))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == EXIT_BAD_INPUT, r.stderr
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    assert len(lines) == 1 and "torch does not import with" in lines[0], lines
+    assert "install torch" in lines[0] and "Traceback" not in r.stderr
+    assert list(tmp_path.iterdir()) == []

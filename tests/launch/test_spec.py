@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ddpkit.tools.spec import SpecError, load_spec, parse_time_minutes
+from ddpkit.tools.jobspec import SpecError, load_spec, parse_time_minutes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -77,7 +77,7 @@ BAD = [
     (["debug=loud"], "is not one of off, warn, info, trace"),
     (["env.1X=a"], "is not a variable name"),
     (["rdzv_port=70000"], "is not a port"),
-    # single-value rules declared on the fields (ddpkit.train.typed), nested tables too
+    # single-value rules declared on the fields (ddpkit.train.dataclass_fields), nested tables too
     (["ckpt_dir=-x"], "ckpt_dir '-x' starts with '-'"),
     (["time=1h"], "time '1h' does not parse"),
     (["cpus_per_proc=0"], "cpus_per_proc must be >= 1, got 0"),
@@ -225,7 +225,7 @@ def test_hybrid_shard_default_degree_is_nodes() -> None:
 )  # fmt: skip
 def test_cli_bad_input_one_line_exit_2(args: list[str], tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "ddpkit.tools.launch", "render", "slurm", "--write", *args],
+        [sys.executable, "-m", "ddpkit.tools.submit", "render", "slurm", "--write", *args],
         cwd=REPO, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert out.returncode == 2, out.stderr
@@ -236,7 +236,7 @@ def test_cli_bad_input_one_line_exit_2(args: list[str], tmp_path: Path) -> None:
 
 def test_cli_print_spec_round_trips(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "ddpkit.tools.launch", "render", "slurm", "--print-spec",
+        [sys.executable, "-m", "ddpkit.tools.submit", "render", "slurm", "--print-spec",
          "--config", "configs/mnist_ddp.toml", "--nodes", "3", "--set", "env.A=1"],
         cwd=REPO, capture_output=True, text=True, check=True,
     )  # fmt: skip
@@ -265,7 +265,7 @@ _IN_CONTAINER = [
 @pytest.mark.parametrize("backend", ["k8s", "docker"])
 def test_container_backends_do_not_look_up_input_paths_here(backend: str) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "ddpkit.tools.launch", "render", backend, *_IN_CONTAINER],
+        [sys.executable, "-m", "ddpkit.tools.submit", "render", backend, *_IN_CONTAINER],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -275,7 +275,7 @@ def test_container_backends_do_not_look_up_input_paths_here(backend: str) -> Non
 @pytest.mark.parametrize("backend", ["slurm", "local"])
 def test_shared_filesystem_backends_refuse_a_missing_input_path(backend: str) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "ddpkit.tools.launch", "render", backend, *_IN_CONTAINER],
+        [sys.executable, "-m", "ddpkit.tools.submit", "render", backend, *_IN_CONTAINER],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 2

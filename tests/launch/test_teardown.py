@@ -199,11 +199,11 @@ def test_install_registers_once(monkeypatch):
 
 def test_the_trainer_and_a_users_entry_install_it(monkeypatch, tmp_path):
     """Both ways a worker runs under the kit register the wait before any user code."""
-    from ddpkit.train import early, node
+    from ddpkit.train import node, startup_signals
 
     calls = []
     monkeypatch.setattr(teardown, "install", lambda: calls.append("installed"))
-    monkeypatch.setattr(early, "install", lambda: None)  # signal handlers: not in pytest
+    monkeypatch.setattr(startup_signals, "install", lambda: None)  # signal handlers: not in pytest
 
     script = tmp_path / "s.py"
     script.write_text("import ddpkit.train.teardown as t\n")

@@ -3,6 +3,7 @@ process group, its measured state per rank against the ZeRO table, and what it r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import subprocess
@@ -18,7 +19,7 @@ from ddpkit.tools.planner.memory import make_plan
 from ddpkit.tools.planner.model import describe_model, load_cfg
 from torch import nn
 
-from tests.trainrun import run_module
+from tests.trainrun import ROOT, run_module
 
 
 def gpt_cfg(path: str = "configs/gpt.toml"):
@@ -133,12 +134,26 @@ def test_cli_refuses_what_fails_on_the_cluster(args, needle, one_line_error):
     assert needle in one_line_error(proc)
 
 
+def plan_here(capsys, *args: str) -> subprocess.CompletedProcess[str]:
+    """`ddpkit memory ARGS` in this process, from the repository root, output captured as
+    run_module captures it. A subprocess would import torch again: ~4 s of CPU per call,
+    most of such a test's time; the CLI's own process (exit status, one-line errors) is
+    run_module's to test, in the tests above and below."""
+    from ddpkit.tools.planner.cli import main
+
+    capsys.readouterr()
+    with contextlib.chdir(ROOT):
+        rc = main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["ddpkit", "memory", *args], rc, out, err)
+
+
 @pytest.mark.parametrize("how", [["--dry-run"], [], ["--step-time", "--mfu", "0.4"]])
-def test_a_plan_warns_of_less_data_than_a_global_batch_and_plans(how):
+def test_a_plan_warns_of_less_data_than_a_global_batch_and_plans(how, capsys):
     """The memory of a step does not depend on the dataset's length: a plan at a world the
     example's data cannot fill is made, with one warning line (the real run refuses it)."""
-    proc = run_module(
-        "ddpkit.tools.planner", "--config", "configs/gpt.toml", "--gpus", "1024", "--nodes", "128",
+    proc = plan_here(
+        capsys, "--config", "configs/gpt.toml", "--gpus", "1024", "--nodes", "128",
         "--strategy", "FULL_SHARD", "--peak-tflops", "989", "--json", *how,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -146,8 +161,8 @@ def test_a_plan_warns_of_less_data_than_a_global_batch_and_plans(how):
     assert len(warnings) == 1 and warnings[0].startswith("warning: "), proc.stderr
     assert "Traceback" not in proc.stderr
     assert json.loads(proc.stdout)  # the plan itself
-    enough = run_module(
-        "ddpkit.tools.planner", "--config", "configs/gpt.toml", "--gpus", "8", "--json", *how,
+    enough = plan_here(
+        capsys, "--config", "configs/gpt.toml", "--gpus", "8", "--json", *how,
         "--peak-tflops", "989",
     )  # fmt: skip
     assert enough.returncode == 0 and "global batch" not in enough.stderr, enough.stderr
@@ -212,8 +227,8 @@ def test_cli_table_reads_as_a_plan():
 def test_plan_for_spec_refuses_in_one_line_what_the_cluster_would_refuse():
     """What `submit --plan` asks: None for a job that plans (and for a user's own script, whose
     model the planner cannot see), one line for one the nodes would refuse after the queue."""
+    from ddpkit.tools.jobspec import JobSpec
     from ddpkit.tools.planner.dryrun import plan_for_spec
-    from ddpkit.tools.spec import JobSpec
 
     assert plan_for_spec(JobSpec(nodes=2, nproc_per_node=4, train={"model": "mlp"})) is None
     assert plan_for_spec(JobSpec(nodes=1, nproc_per_node=4, script="x.py")) is None

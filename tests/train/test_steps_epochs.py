@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddpkit.tools.spec import load_spec
+from ddpkit.tools.jobspec import load_spec
 from ddpkit.train.config import parse_config
 
 

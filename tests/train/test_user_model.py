@@ -229,7 +229,7 @@ def test_fit_is_import_light_and_rejects_unknown_settings(tmp_path):
 
 
 def test_a_job_file_carries_model_args_to_the_nodes_as_json():
-    from ddpkit.tools.spec import load_spec
+    from ddpkit.tools.jobspec import load_spec
     from ddpkit.train.config import parse_config
 
     spec = load_spec(JOB)

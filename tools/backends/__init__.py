@@ -1,7 +1,7 @@
 """The typed seam between the launcher and its backends (torchx's scheduler API, smaller).
 
-A backend is a subclass of `Backend`, registered in BACKENDS by name -> "module:Class" and
-imported only when used (submitit and the kubernetes client stay out of other backends):
+A backend is a subclass of `Backend`, registered in BACKENDS (registry.py) by name ->
+"module:Class" and imported only when used (submitit and the kubernetes client stay out of other backends):
 
     class MyBackend(Backend):
         name = "mine"; file_ext = "sh"
@@ -14,12 +14,17 @@ imported only when used (submitit and the kubernetes client stay out of other ba
         def add_arguments(self, parser) -> None: ...       # optional backend-only flags
         def after_render(self, spec, opts, text) -> int: ...  # optional (e.g. build an image)
 
-The kit's backends have one shape: `backends/<name>/__init__.py` holds the subclass,
-`<name>/render.py` the pure pieces, other modules the side effects (docs/development.md).
+The kit's engines have one shape, one package each beside its templates or scripts
+(slurm/, k8s/, docker/): `<name>/backend.py` holds the subclass, `<name>/options.py` its
+job-file table and rules, `<name>/render.py` the pure pieces, other modules the side effects
+(docs/development.md). This package keeps what engines share: this interface and its wait
+loop, the registry, job records, the node environment probe (check_entry_point), the local
+backend, and the container engines' work dir and code shipping (containers.py, user_image.py).
 
 A backend's job-file options are a dataclass, `Options`, read from the job file's table of
 the backend's name (`[slurm]`, `[k8s]`, `[docker]`, `[mine]`) by the same typed loader as the
-rest of the spec; `backend.options(spec)` returns them, typed.
+rest of the spec; `backend.options(spec)` (or `spec.<name>`) returns them, typed. A built-in
+engine is its package and one line in registry.BACKENDS; the job spec names none of them.
 
 A backend of another package (a plugin) is one package and one line: the entry point
 `mine = "mypkg.backend:MyBackend"` in the group `ddpkit.backends` of its pyproject.toml
@@ -29,13 +34,13 @@ A backend of another package (a plugin) is one package and one line: the entry p
 `status` has a default (print `poll`'s answer; exit 0, or 1 when the job failed) and `wait`
 is ONE loop for every backend: poll until JobState is terminal, then the job's exit status.
 `opts` is the CLI's Namespace (opts.spec is the JobSpec when --config was given, else None).
-Bad input raises ddpkit.tools.spec.SpecError (exit 2). record_job / last_job keep "the last job
+Bad input raises ddpkit.tools.jobspec.SpecError (exit 2). record_job / last_job keep "the last job
 submitted from this workspace" per backend.
 
 Every backend runs the same node launcher (`python -m ddpkit.train.node ... -- <entry point>`,
 see train/node.py): a backend only sets the rendezvous (torchrun flags or PET_* variables).
 This package never imports a backend module, so backend modules may import from it freely
-(no cycles: k8s_api imports k8s and this package, never the other way round).
+(no cycles: ddpkit.k8s.api imports ddpkit.k8s and this package, never the other way round).
 """
 
 from __future__ import annotations
@@ -57,24 +62,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.backends.registry import BACKENDS, registered
+from ddpkit.tools.jobspec import JobSpec, SpecError
 from ddpkit.tools.templating import check_passable
-from ddpkit.train import typed
+from ddpkit.train import dataclass_fields
 from ddpkit.train.contract import METRICS_FILE
 from ddpkit.train.jsonshape import Opt, ShapeError, load, loads
 
-BACKENDS = {
-    "local": "ddpkit.tools.backends.local:LocalBackend",
-    "slurm": "ddpkit.slurm.backend:SlurmBackend",
-    "k8s": "ddpkit.k8s.backend:K8sBackend",
-    "docker": "ddpkit.docker.backend:DockerBackend",
-}
-ENTRY_POINT_GROUP = "ddpkit.backends"  # plugins: name = "module:Class" (see the docstring)
 STATE_DIR = ".ddpkit"  # in the workspace: job records (jobs/), rendered files, build contexts
 
 
 def state_dir() -> Path:
-    """The workspace's .ddpkit/ (the launcher runs in the workspace: see launch.run)."""
+    """The workspace's .ddpkit/ (the launcher runs in the workspace: see submit.run)."""
     return Path.cwd() / STATE_DIR
 
 
@@ -121,23 +120,27 @@ class Backend(abc.ABC):
     # The backend's job-file options: a dataclass typed from the job file's [<name>] table;
     # None = the backend has no options of its own.
     Options: ClassVar[type | None] = None
+    # Make variables that set a key of the backend's table (`make ... PARTITION=gpu` ->
+    # `--set slurm.partition=gpu`), read by `--make` (submit.make_argv): VAR -> key.
+    make_vars: ClassVar[dict[str, str]] = {}
+    # Commented lines `ddpkit init` writes under the table's header in a new job file.
+    job_file_lines: ClassVar[tuple[str, ...]] = ()
 
     def options(self, spec: JobSpec) -> Any:
         """This backend's options of the job, typed (its Options' defaults when the job file
         has no table for it)."""
-        if hasattr(spec, self.name):  # a built-in backend's table is a field of JobSpec
-            return getattr(spec, self.name)
         table = spec.backend_options.get(self.name)
         if table is None and self.Options is not None:
             return self.Options()
         return table
 
     def check_options(self, spec: JobSpec) -> None:
-        """The checks declared on this backend's options' fields (ddpkit.train.typed.checks);
-        Backend.validate runs them, for this backend's jobs only."""
+        """The checks declared on this backend's options' fields
+        (ddpkit.train.dataclass_fields.checks); Backend.validate runs them, for this backend's
+        jobs only."""
         options = self.options(spec)
         if dataclasses.is_dataclass(options):
-            typed.check_all(options, self.name, SpecError)
+            dataclass_fields.check_all(options, self.name, SpecError)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:  # noqa: B027 (a hook)
         """Backend-only CLI flags (none by default)."""
@@ -417,19 +420,10 @@ def check_node_env(spec: JobSpec, python: str, key: str) -> None:
     )
 
 
-def registered() -> dict[str, str]:
-    """Every backend by name -> "module:Class": the built-in ones, then the plugins other
-    packages register in the entry-point group ENTRY_POINT_GROUP (a plugin never replaces
-    a built-in backend of the same name). Nothing is imported here."""
-    found = dict(BACKENDS)
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep.value)
-    return found
-
-
 def plugin_sections(backend: Backend) -> dict[str, type | None]:
-    """The plugin backends' tables a job file may hold (built-in backends' are JobSpec
-    fields): the acting backend's typed by its Options, every other one kept as written."""
+    """The plugin backends' tables a job file may hold (the built-in engines' are typed
+    always: registry.builtin_options): the acting backend's typed by its Options, every
+    other one kept as written."""
     sections: dict[str, type | None] = dict.fromkeys(set(registered()) - set(BACKENDS))
     if backend.name not in BACKENDS and backend.Options is not None:
         sections[backend.name] = backend.Options

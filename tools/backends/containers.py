@@ -8,11 +8,13 @@ paths resolve against it in every container.
 from __future__ import annotations
 
 import posixpath
+import re
 from pathlib import PurePosixPath
 
-from ddpkit.tools.spec import SIZE_RE, JobSpec, SpecError
+from ddpkit.tools.jobspec import JobSpec, SpecError
 
 CONTAINER_WORKDIR = "/workspace"  # the image's WORKDIR (docker/Dockerfile)
+SIZE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?([kmgtKMGT]i?[bB]?)?$")  # /dev/shm sizes: 16Gi, 16g
 KIT_DIR_IN_IMAGE = "/opt/ddpkit"  # where the image keeps the kit (docker/Dockerfile)
 INT32_MAX = 2**31 - 1  # Kubernetes replica counts and many scheduler fields are int32
 

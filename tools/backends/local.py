@@ -30,7 +30,7 @@ from ddpkit.tools.backends import (
     node_imports,
     record_job,
 )
-from ddpkit.tools.spec import JobSpec, SpecError
+from ddpkit.tools.jobspec import JobSpec, SpecError
 from ddpkit.tools.templating import shell_join, shell_quote
 from ddpkit.train.contract import (
     CKPT_SUBDIR,
@@ -140,7 +140,10 @@ class LocalBackend(Backend):
     def submit(self, spec: JobSpec, opts: argparse.Namespace) -> int:
         argv = node_argv(spec)
         check_gpus(spec)
-        if spec.script or len(node_imports(spec)) > 2:  # the user's code: check it imports
+        # The user's import paths (model, dataset, loss): checked in a Python of their own
+        # before the run. torch and the node launcher need no such check here: the launcher
+        # is this interpreter, and it imports both first, refusing in one line (train/node.py).
+        if len(node_imports(spec)) > 2:
             check_node_env(spec, sys.executable, "python")
         env = {**os.environ, **spec.launch_env()}
         log_path(spec).parent.mkdir(parents=True, exist_ok=True)

@@ -20,8 +20,8 @@ import shutil
 from pathlib import Path, PurePosixPath
 
 from ddpkit.tools.backends.containers import CONTAINER_WORKDIR
-from ddpkit.tools.spec import JobSpec, SpecError
-from ddpkit.train import typed
+from ddpkit.tools.jobspec import JobSpec, SpecError
+from ddpkit.train import dataclass_fields
 
 WORKDIR = PurePosixPath(CONTAINER_WORKDIR)
 USER_REQUIREMENTS = "/opt/ddpkit/user-requirements.txt"
@@ -39,7 +39,7 @@ def wanted(spec: JobSpec) -> bool:
 
 def _host(path: str) -> Path:
     p = Path(path)
-    return p if p.is_absolute() else Path.cwd() / p  # the workspace (launch.run)
+    return p if p.is_absolute() else Path.cwd() / p  # the workspace (submit.run)
 
 
 def source_dir(spec: JobSpec) -> Path:
@@ -77,7 +77,7 @@ def check(spec: JobSpec) -> None:
                 "image its own name, e.g. --set image=myproject:latest"
             )
         return
-    if not typed.is_plain_token(d.kit_image):
+    if not dataclass_fields.is_plain_token(d.kit_image):
         raise SpecError(f"docker.kit_image {d.kit_image!r} is not an image reference")
     if d.user_dir:
         p = Path(d.user_dir)

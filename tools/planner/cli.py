@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from ddpkit.tools.spec.load import in_workspace
+    from ddpkit.tools.jobspec.load import in_workspace
 
     args = build_parser().parse_args(argv)
     args.config_shown = args.config  # as the user wrote it, for the report's header
@@ -206,7 +206,7 @@ def workspace(config: str | None) -> Path:
     key; without a job file, here): the user's `--model pkg.mod:factory` imports from it."""
     import tomllib
 
-    from ddpkit.tools.spec.load import resolve_workspace
+    from ddpkit.tools.jobspec.load import resolve_workspace
 
     if not config:
         return Path.cwd()

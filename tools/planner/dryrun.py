@@ -148,12 +148,12 @@ def stays_on_meta(model: Any) -> Iterator[None]:
 
 
 def build_model(cfg: Any) -> Any:
-    from ddpkit.train import lookup
+    from ddpkit.train import resolve
 
     try:
-        spec = lookup.model_spec(cfg)
+        spec = resolve.model_spec(cfg)
         shape, classes = in_shape(cfg)
-        return lookup.meta_model(spec, cfg, SimpleNamespace(in_shape=shape, num_classes=classes))
+        return resolve.meta_model(spec, cfg, SimpleNamespace(in_shape=shape, num_classes=classes))
     except Exception as e:  # a UserError's line, or the user's factory's failure in one
         raise cannot_run(cfg, e) from None
 

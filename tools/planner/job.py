@@ -15,7 +15,7 @@ def model_comm(cfg: Any, dtype: str) -> ModelComm:
     """Parameter counts of the FSDP units of the job's model, built on the meta device."""
     from ddpkit.tools.planner.dryrun import build_model
     from ddpkit.tools.planner.model import _kind
-    from ddpkit.train.lookup import find_blocks
+    from ddpkit.train.resolve import find_blocks
 
     model = build_model(cfg)
     blocks = find_blocks(model)
@@ -33,10 +33,10 @@ def compute_from_flops(cfg: Any, peak_tflops: float, mfu: float) -> Compute:
     """One micro-batch at peak x MFU with the registry's training FLOPs per token (forward :
     backward = 1 : 2, the 2N + 4N of the 6N rule); the optimizer step is not counted."""
     from ddpkit.tools.planner.dryrun import build_model
-    from ddpkit.train import lookup
+    from ddpkit.train import resolve
 
-    spec = lookup.model_spec(cfg)
-    if spec.flops_per_token is None or lookup.model_spec(cfg).data_kind != "tokens":
+    spec = resolve.model_spec(cfg)
+    if spec.flops_per_token is None or resolve.model_spec(cfg).data_kind != "tokens":
         raise PlanError(
             f"--mfu needs the model's FLOPs per token; {cfg.model} registers none: drop --mfu "
             "to measure one step here, or pass --compute-s"

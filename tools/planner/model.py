@@ -157,10 +157,10 @@ def load_cfg(args: argparse.Namespace) -> Any:
         cfg = TrainConfig(**values)
     except TypeError as e:
         raise PlanError(f"bad model settings: {e}") from None
-    from ddpkit.train import lookup
+    from ddpkit.train import resolve
 
     try:
-        lookup.check_model(cfg)  # the model's own rules (gpt: heads divide the width)
+        resolve.check_model(cfg)  # the model's own rules (gpt: heads divide the width)
     except UserError as e:
         raise PlanError(str(e)) from None
     for key in ("batch_size", "seq_len", "vocab_size", "n_layer", "n_head", "d_model"):
@@ -177,10 +177,10 @@ def load_cfg(args: argparse.Namespace) -> Any:
 
 def _kind(cfg: Any) -> str:
     """The model's data kind from the registry (the planner builds models through it too)."""
-    from ddpkit.train import lookup
+    from ddpkit.train import resolve
 
     try:
-        return lookup.model_spec(cfg).data_kind
+        return resolve.model_spec(cfg).data_kind
     except UserError as e:
         raise PlanError(str(e)) from None
 
@@ -303,7 +303,7 @@ def describe_model(args: argparse.Namespace) -> ModelDesc:
     cfg = load_cfg(args)
     model = build_meta(cfg)
     shapes = [tuple(p.shape) for p in model.parameters()]
-    from ddpkit.train.lookup import find_blocks
+    from ddpkit.train.resolve import find_blocks
 
     in_blocks = {id(p) for b in find_blocks(model) for p in b.parameters()}
     units = [sum(p.numel() for p in b.parameters()) for b in find_blocks(model)]

@@ -57,7 +57,7 @@ __all__ = [
 
 def build_data(cfg: TrainConfig, rank0_download: bool = True) -> DataBundle:
     """The job's dataset, as the registry names it (model's data kind, dataset spec)."""
-    from ddpkit.train import lookup
+    from ddpkit.train import resolve
 
-    kind = lookup.model_spec(cfg).data_kind
-    return lookup.dataset_spec(cfg).build(cfg, rank0_download, kind)
+    kind = resolve.model_spec(cfg).data_kind
+    return resolve.dataset_spec(cfg).build(cfg, rank0_download, kind)

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from ddpkit.train import lookup
+from ddpkit.train import resolve
 from ddpkit.train.ckpt import (
     Checkpointer,
     ModelState,
@@ -61,8 +61,8 @@ class Trainer(RunEnd):
         self.cfg, self.world = cfg, world
         self.t_start = time.perf_counter()
         self.run_dir = Path(cfg.run_dir)
-        self.spec = lookup.model_spec(cfg)
-        self.loss_fn = lookup.loss_fn(cfg, self.spec)
+        self.spec = resolve.model_spec(cfg)
+        self.loss_fn = resolve.loss_fn(cfg, self.spec)
         self.data = self._load_data()
         # Same seed on every rank: identical initial weights without a broadcast.
         torch.manual_seed(cfg.seed)
@@ -158,7 +158,7 @@ class Trainer(RunEnd):
         return data
 
     def _build_data(self, rank0_download: bool) -> DataBundle:
-        spec = lookup.dataset_spec(self.cfg)
+        spec = resolve.dataset_spec(self.cfg)
         return spec.build(self.cfg, rank0_download, self.spec.data_kind)
 
     def _build_optimizer(self) -> torch.optim.Optimizer:

@@ -1,7 +1,8 @@
-"""The job spec's schema: JobSpec and the backend sections, with their validators.
+"""The job spec's schema: JobSpec, with the validators declared on its fields.
 
 Bad input raises SpecError with the problem and the fix; the CLI prints it on one line and
-exits 2. Rendering reads nothing but a JobSpec, so everything a backend needs is here.
+exits 2. Rendering reads nothing but a JobSpec; each engine's own table ([slurm], [k8s],
+...) is the engine's Options dataclass (its package's options.py), held in backend_options.
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ddpkit.tools.spec.values import (
+from ddpkit.tools.jobspec.values import (
     DebugPreset,
     debug_env,
     drop_none,
     flag_value,
     parse_time_minutes,
 )
-from ddpkit.train import typed
+from ddpkit.train import dataclass_fields
 from ddpkit.train.config import DURATION_MAX_S
 from ddpkit.train.contract import (
     CKPT_DIR_ENV,
@@ -28,15 +29,13 @@ from ddpkit.train.contract import (
     default_run_dir,
     shutdown_budget_s,
 )
+from ddpkit.train.dataclass_fields import at_least, checks, matches, plain_path, port
 from ddpkit.train.errors import UserError
-from ddpkit.train.typed import at_least, checks, matches, plain_path, port
 
 # Names land in file names, SLURM job names, Kubernetes object names and container names.
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MEM_RE = re.compile(r"^[0-9]+[KMGT]?$")
-SIZE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?([kmgtKMGT]i?[bB]?)?$")
-SBATCH_SIGNALS = ("USR1", "USR2", "TERM")
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # [train] keys that mean something for any entry point (the node launcher reads them).
 ENTRY_NEUTRAL_TRAIN_KEYS = {"name", "run_dir", "shutdown_timeout_s"}
@@ -47,7 +46,7 @@ class SpecError(UserError):
     """A bad job file value, override or combination (one line, exit 2)."""
 
 
-# --- validators declared on the fields (ddpkit.train.typed): one predicate per rule ---------
+# --- validators declared on the fields (ddpkit.train.dataclass_fields): one predicate per rule
 
 
 def _time_limit(value: str, key: str) -> str | None:
@@ -59,7 +58,7 @@ def _time_limit(value: str, key: str) -> str | None:
 
 
 def _image_ref(value: str, key: str) -> str | None:
-    if not typed.is_plain_token(value):
+    if not dataclass_fields.is_plain_token(value):
         return (
             f"{key} {value!r} is not an image reference (it must not start with '-' or hold "
             "spaces, or an engine reads it as an option); use e.g. registry/ddpkit:1.0"
@@ -79,95 +78,6 @@ NAME_CHECK = matches(
     "{key} {value!r} is not safe: use 1-52 lowercase letters, digits and '-', starting and "
     "ending with a letter or digit (e.g. mnist-ddp)",
 )
-
-
-@dataclass
-class SlurmSpec:
-    __backend_options__ = True  # its field checks run for SLURM jobs only (check_options)
-    partition: str | None = None  # -p; unset = the cluster's default partition
-    account: str | None = None  # -A
-    qos: str | None = None
-    constraint: str | None = None  # -C, node features, e.g. "a100|h100"
-    exclusive: bool = False  # whole nodes (recommended for multi-GPU training)
-    container: Literal["none", "pyxis", "apptainer"] = "none"  # run torchrun inside `image`
-    container_mounts: list[str] = field(default_factory=list)  # "host:ctr[:ro]"; cwd is added
-    signal: Literal["USR1", "USR2", "TERM"] = "USR1"  # preemption/time-limit warning signal
-    # Send `signal` this long before the time limit; the save must fit. Unset: the shutdown
-    # budget (train.shutdown_timeout_s, rounded up) + GRACE_MARGIN_S.
-    grace_s: int | None = None
-    # requeues after "saved, please requeue"; 0 = never requeue
-    requeue_limit: int = field(default=3, metadata=checks(at_least(0)))
-    # default <run_dir>/slurm: batch and per-node logs
-    log_dir: str | None = field(default=None, metadata=checks(plain_path("runs/mine/slurm")))
-    # The Python on the nodes (container "none"): default the interpreter that ran `ddpkit
-    # submit` (its venv included), found at the same path on the shared filesystem.
-    python: str | None = None
-    venv: str | None = None  # a virtualenv to activate first on the nodes; unset = none
-    setup: list[str] = field(default_factory=list)  # shell lines run first, e.g. "module load cuda"
-    extra_sbatch: list[str] = field(default_factory=list)  # extra "#SBATCH" option lines
-    # fixed rendezvous port; unset = 20000 + job id % 20000
-    rdzv_port: int | None = field(default=None, metadata=checks(port(fix="use 1-65535, or unset")))
-    # Names of environment variables passed from the submitting shell (sbatch exports it)
-    # and never written into the script, e.g. ["WANDB_API_KEY"]; submit checks they are set.
-    secret_env: list[str] = field(default_factory=list)
-    # Shared directory where the image is converted once (pyxis: enroot squashfs, apptainer:
-    # SIF) and reused by every node and later job; unset = convert on every run.
-    image_cache: str | None = None
-
-
-@dataclass
-class ElasticSpec:
-    min: int | None = None  # minimum nodes (replicas); unset = not elastic
-    max: int | None = None  # maximum nodes
-
-
-@dataclass
-class K8sSpec:
-    __backend_options__ = True
-    namespace: str = "default"
-    api: Literal["pytorchjob", "trainjob"] = "pytorchjob"  # kubeflow.org/v1 or Trainer v2
-    # The Kubeflow Trainer release a TrainJob is shaped for (its per-job pod field changed name
-    # in 2.1 and 2.2); submit checks it against the cluster's CRD.
-    trainer_version: Literal["2.0", "2.1", "2.2", "2.3"] = "2.3"
-    elastic: ElasticSpec = field(default_factory=ElasticSpec)
-    pvc: str | None = None  # PersistentVolumeClaim mounted for runs/checkpoints
-    node_selector: dict[str, str] = field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = field(default_factory=list)
-    priority_class: str | None = None
-    service_account: str | None = None
-    image_pull_secrets: list[str] = field(default_factory=list)
-    queue: str | None = None  # Kueue LocalQueue / Volcano queue name
-    scheduler: str | None = None  # schedulerName, e.g. "volcano"
-    shm_size: str = "16Gi"  # /dev/shm as a memory-backed emptyDir
-    rdma: bool = False  # request RDMA/InfiniBand devices; unlimited memlock (docs/kubernetes.md)
-    rdma_resource: str = "rdma/ib"  # the device plugin's RDMA resource, requested when rdma
-    pvc_size: str | None = None  # also render the PVC (ReadWriteMany), e.g. "100Gi"
-    storage_class: str | None = None  # storageClassName of the rendered PVC
-    backoff_limit: int = 3  # runPolicy.backoffLimit: pod restarts before the job fails
-    ttl_seconds_after_finished: int | None = 86400  # runPolicy: delete the job this long after
-    clean_pod_policy: Literal["None", "Running", "All"] = "Running"  # pods deleted at the end
-    # Environment from Kubernetes Secrets: NAME = "secret/key" (secretKeyRef), so the value is
-    # never written into the manifest, e.g. WANDB_API_KEY = "wandb/api-key".
-    secret_env: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class DockerSpec:
-    __backend_options__ = True
-    shm_size: str = "16g"  # --shm-size (or use --ipc=host)
-    data_dir: str | None = None  # host dir mounted read-only at the container's data dir
-    out_dir: str | None = None  # host dir mounted for runs/ (outputs and checkpoints)
-    extra_args: list[str] = field(default_factory=list)  # extra `docker run` arguments
-    # GPUs for the container: unset = as many as processes (`--gpus N`); "all" = every visible
-    # GPU, one process each (the entrypoint counts; make docker-run without GPUS); "0,1" =
-    # those devices, one process each.
-    gpus: str | None = None
-    # Code shipping (tools/backends/user_image.py): `render docker --build` builds the ddpkit
-    # image as kit_image, then `image` FROM it with user_dir (copied to /workspace/<user_dir>)
-    # and the pip requirements file; paths relative to the repository root.
-    user_dir: str | None = None
-    requirements: str | None = None
-    kit_image: str = "ddpkit:latest"
 
 
 @dataclass
@@ -223,12 +133,18 @@ class JobSpec:
     args: list[str] = field(default_factory=list)  # the user entry point's arguments
     train: dict[str, Any] = field(default_factory=dict)  # TrainConfig keys ([train] table)
     train_args: list[str] = field(default_factory=list)  # extra raw flags for the entry point
-    slurm: SlurmSpec = field(default_factory=SlurmSpec)
-    k8s: K8sSpec = field(default_factory=K8sSpec)
-    docker: DockerSpec = field(default_factory=DockerSpec)
-    # A plugin backend's table ([mine]), typed by its Options when it is the backend acting
-    # on the job (else kept as written); not a key of its own in the job file.
+    # Each engine's table ([slurm], [k8s], [docker], a plugin's [mine]) by the engine's name,
+    # typed by its Backend.Options (a plugin's only when it is the backend acting on the job,
+    # else kept as written); `spec.slurm` reads one. Not a key of its own in the job file.
     backend_options: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
+
+    def __getattr__(self, name: str) -> Any:
+        """An engine's table by its name (`spec.slurm.partition`): the engines own their
+        options (Backend.Options), the job spec only holds them."""
+        tables = self.__dict__.get("backend_options", {})
+        if name in tables:
+            return tables[name]
+        raise AttributeError(f"{type(self).__name__!r} has no key or engine table {name!r}")
 
     @property
     def world_size(self) -> int:
@@ -272,9 +188,9 @@ class JobSpec:
         for key, value in self.train.items():
             if key == "name" or (key == "steps" and epochs_only):
                 continue  # --epochs after `--` switches the file's steps off (as the trainer does)
-            flag = typed.flag(key)
+            flag = dataclass_fields.flag(key)
             if isinstance(value, bool):
-                args.append(flag if value else typed.no_flag(key))
+                args.append(flag if value else dataclass_fields.no_flag(key))
             elif isinstance(value, dict):  # model_args / dataset_args: the flag takes JSON
                 args += [flag, json.dumps(value, separators=(",", ":"))]
             elif value is not None:

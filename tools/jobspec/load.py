@@ -16,14 +16,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
-from ddpkit.tools.spec.schema import (
+from ddpkit.tools.jobspec.schema import (
     ENTRY_NEUTRAL_TRAIN_KEYS,
     MAX_SHUTDOWN_S,
     MODULE_RE,
     JobSpec,
     SpecError,
 )
-from ddpkit.train import typed
+from ddpkit.train import dataclass_fields
 from ddpkit.train.config import TRAIN_KEYS, ConfigError, TrainConfig, parse_config, read_toml
 from ddpkit.train.config import convert_value as _convert_train_value
 
@@ -38,9 +38,9 @@ INT_RANGE = range(-INT_MAX - 1, INT_MAX + 1)
 
 
 def _check_value(tp: Any, value: Any, where: str) -> Any:
-    """Check one TOML value against a field annotation (ddpkit.train.typed), integers within
-    INT_MAX."""
-    value = typed.check_value(tp, value, where, SpecError)
+    """Check one TOML value against a field annotation (ddpkit.train.dataclass_fields),
+    integers within INT_MAX."""
+    value = dataclass_fields.check_value(tp, value, where, SpecError)
     _check_ints(value, where)
     return value
 
@@ -68,34 +68,31 @@ def _build(
     cls: type, table: dict[str, Any], where: str, sections: dict[str, type | None] | None = None
 ) -> Any:
     """A dataclass from its TOML table, every value type-checked (SpecError naming the key).
-    sections: at the top level, the plugin backends' tables the file may hold, by name ->
-    their Options (typed here), or None (kept as written: another backend's table)."""
+    sections: at the top level, the engines' tables the file may hold, by name -> their
+    Options (typed here; its checks are the engine's, check_options), or None (kept as
+    written: another plugin backend's table)."""
     hints = get_type_hints(cls)
-    known = typed.keys(cls)
+    known = dataclass_fields.keys(cls)
     sections = sections or {}
     kwargs: dict[str, Any] = {}
     for key, value in table.items():
         name = key.replace("-", "_")
         dotted = f"{where}.{key}" if where else key
         if cls is JobSpec and name not in known and key in sections:
-            if not isinstance(value, dict):
-                raise SpecError(
-                    f"[{key}] must be a table (backend {key!r}'s options), got {value!r}"
-                )
             opts_cls = sections[key]
-            options = _build(opts_cls, value, key) if opts_cls is not None else value
+            options = _check_value(opts_cls, value, key) if opts_cls is not None else value
             kwargs.setdefault("backend_options", {})[key] = options
             continue
         if name not in known:
             section = f"[{where}]" if where else "the top level"
-            valid = known + sorted(sections) if cls is JobSpec else known
+            valid = known + list(sections) if cls is JobSpec else known
             raise SpecError(f"unknown key {dotted!r}; valid keys in {section}: {', '.join(valid)}")
         if name == "train" and cls is JobSpec:
             kwargs[name] = _check_train(value)
         else:
             kwargs[name] = _check_value(hints[name], value, dotted)
-            if cls is JobSpec:  # a backend's table: its backend checks it (check_options)
-                typed.run_checks(cls, name, kwargs[name], dotted, SpecError)
+            if cls is JobSpec:
+                dataclass_fields.run_checks(cls, name, kwargs[name], dotted, SpecError)
     return cls(**kwargs)
 
 
@@ -120,14 +117,16 @@ def _check_train(table: Any) -> dict[str, Any]:
 
 
 def _field_type(path: list[str], sections: dict[str, type | None] | None = None) -> Any:
-    """The annotation at a dotted path (train.* from TrainConfig; a plugin backend's table
-    from its Options), or raise SpecError."""
+    """The annotation at a dotted path (train.* from TrainConfig; an engine's table from its
+    Options), or raise SpecError."""
     cls: Any = JobSpec
     sections = sections or {}
     dotted, full = ".".join(path), path
-    if len(path) > 1 and path[0] in sections and path[0] not in typed.keys(JobSpec):
+    if path[0] in sections and path[0] not in dataclass_fields.keys(JobSpec):
         if sections[path[0]] is None:
             return Any  # another backend's table: parsed as TOML, checked by its backend
+        if len(path) == 1:
+            return sections[path[0]]  # the whole table (`--set slurm=...`)
         cls, path = sections[path[0]], path[1:]
         prefix = 1
     else:
@@ -140,7 +139,7 @@ def _field_type(path: list[str], sections: dict[str, type | None] | None = None)
                     f"--set {dotted}: unknown key; valid keys in [train]: " + ", ".join(TRAIN_KEYS)
                 )
             return get_type_hints(TrainConfig)[name]
-        names = typed.keys(cls)
+        names = dataclass_fields.keys(cls) + (list(sections) if cls is JobSpec else [])
         if name not in names:
             where = f"[{'.'.join(full[: i + prefix])}]" if i or prefix else "the top level"
             raise SpecError(
@@ -149,7 +148,7 @@ def _field_type(path: list[str], sections: dict[str, type | None] | None = None)
         tp = TrainConfig if (cls is JobSpec and name == "train") else get_type_hints(cls)[name]
         if i == len(path) - 1:
             return tp  # as annotated: "none" clears an optional field
-        tp, _ = typed.unwrap_optional(tp)
+        tp, _ = dataclass_fields.unwrap_optional(tp)
         if get_origin(tp) is dict:  # env.FOO=bar, k8s.node_selector.x=y
             if i != len(path) - 2:
                 raise SpecError(f"--set {dotted}: too many dots")
@@ -161,8 +160,8 @@ def _field_type(path: list[str], sections: dict[str, type | None] | None = None)
 
 
 def parse_override_value(tp: Any, raw: str) -> Any:
-    """A --set value for a field of type tp (ddpkit.train.typed.parse_text)."""
-    return typed.parse_text(tp, raw, SpecError)
+    """A --set value for a field of type tp (ddpkit.train.dataclass_fields.parse_text)."""
+    return dataclass_fields.parse_text(tp, raw, SpecError)
 
 
 def apply_override(
@@ -206,7 +205,7 @@ def validate(spec: JobSpec, local_paths: bool = True) -> JobSpec:
     """Checks across fields. Each message names the value and the fix. local_paths: the
     nodes see this machine's files (local, SLURM's shared filesystem), so the training
     inputs are looked up here too; False for container backends."""
-    # The single-value rules are declared on the fields (typed.checks) and ran as the
+    # The single-value rules are declared on the fields (dataclass_fields.checks) and ran as the
     # spec was built; these are the ones across fields.
     _validate_entry(spec)
     _validate_train(spec, local_paths)
@@ -223,7 +222,7 @@ def _validate_entry(spec: JobSpec) -> None:
             f"module {spec.module!r} is not a Python module path; use dotted names, e.g. "
             '"mypkg.train" (what `python -m` takes)'
         )
-    if spec.script is not None and not typed.is_plain_path(spec.script):
+    if spec.script is not None and not dataclass_fields.is_plain_path(spec.script):
         raise SpecError(
             f"script {spec.script!r} is not a script path; use a .py path relative to the "
             'workspace (the job file\'s directory), e.g. "train.py"'
@@ -246,7 +245,7 @@ def _validate_entry(spec: JobSpec) -> None:
 def _validate_train(spec: JobSpec, local_paths: bool = True) -> None:
     for key in ("run_dir", "ckpt_dir"):
         value = spec.train.get(key)
-        if isinstance(value, str) and value.strip() and not typed.is_plain_path(value):
+        if isinstance(value, str) and value.strip() and not dataclass_fields.is_plain_path(value):
             raise SpecError(
                 f"train.{key} {value!r} starts with '-' or contains a newline; use a plain "
                 "path (e.g. runs/mine)"
@@ -295,7 +294,7 @@ def resolve_workspace(path: str | Path | None, data: dict[str, Any]) -> Path:
     value = data.get("workspace")
     if value is None:
         return base
-    if not isinstance(value, str) or not typed.is_plain_path(value):
+    if not isinstance(value, str) or not dataclass_fields.is_plain_path(value):
         raise SpecError(f'workspace {value!r} is not a directory path; use e.g. ".."')
     ws = (base / value).resolve()
     if not ws.is_dir():
@@ -331,7 +330,12 @@ def load_spec(
 ) -> JobSpec:
     """Load, override, type-check and validate a job file (BUILTIN_JOB: the kit's default
     job). Relative paths are checked against the workspace. sections: the plugin backends'
-    tables the file may hold (name -> Options to type it, or None). Raises SpecError."""
+    tables the file may hold (name -> Options to type it, or None); the built-in engines'
+    (registry.builtin_options) are typed always, their defaults filled. Raises SpecError."""
+    from ddpkit.tools.backends.registry import builtin_options
+
+    builtin = builtin_options()
+    sections = {**builtin, **dict(sorted((sections or {}).items()))}
     data: dict[str, Any] = {}
     if path is not None:
         source = builtin_job_path() if str(path) == BUILTIN_JOB else path
@@ -343,10 +347,6 @@ def load_spec(
         apply_override(data, assignment, sections)
     workspace = resolve_workspace(path, data)
     data["workspace"] = str(workspace)
-    slurm = data.setdefault("slurm", {})
-    if isinstance(slurm, dict) and slurm.get("python") is None and not slurm.get("venv"):
-        # The nodes' Python defaults to this one (the shared filesystem has it at this path).
-        slurm["python"] = sys.executable
     if nodes is not None:
         data["nodes"] = nodes
     if gpus is not None:
@@ -354,5 +354,8 @@ def load_spec(
     if train_args:
         data["train_args"] = list(data.get("train_args", [])) + list(train_args)
     spec = _build(JobSpec, data, "", sections)
+    tables = spec.backend_options  # the built-in engines' first, as a file lists them
+    spec.backend_options = {n: tables[n] if n in tables else cls() for n, cls in builtin.items()}
+    spec.backend_options.update((k, v) for k, v in tables.items() if k not in builtin)
     with in_workspace(workspace):
         return validate(spec, local_paths)

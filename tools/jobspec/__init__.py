@@ -2,16 +2,18 @@
 
 Precedence, stated once: dataclass defaults < the TOML file < `--set key=value` (dotted keys
 of the file, e.g. `slurm.partition=gpu`, `train.lr=3e-4`) < `--nodes` / `--gpus`.
-`[train]` holds the training flags (ddpkit.train.config.TrainConfig's fields); the backend
-sections `[slurm]`, `[k8s]`, `[docker]` hold what only that backend has, each checked by its
-backend (Backend.validate), never by another's rules.
+`[train]` holds the training flags (ddpkit.train.config.TrainConfig's fields); an engine's
+table (`[slurm]`, `[k8s]`, `[docker]`, a plugin's `[mine]`) holds what only that engine has: its
+Backend.Options dataclass types it (the engine's package owns it; the registry,
+tools/backends/registry.py, names the engines), and the engine checks it (Backend.validate),
+never another's rules.
 
-Modules, imported downward only: values.py (pure helpers) <- schema.py (JobSpec and the
-sections, validators declared on their fields) <- load.py (the job file, overrides,
+Modules, imported downward only: values.py (pure helpers) <- schema.py (JobSpec, validators
+declared on its fields) <- load.py (the job file, overrides,
 validation, the workspace). The names below are the package's interface.
 """
 
-from ddpkit.tools.spec.load import (
+from ddpkit.tools.jobspec.load import (
     BUILTIN_JOB,
     JOB_FILE,
     apply_override,
@@ -23,7 +25,7 @@ from ddpkit.tools.spec.load import (
     resolve_workspace,
     validate,
 )
-from ddpkit.tools.spec.schema import (
+from ddpkit.tools.jobspec.schema import (
     ENTRY_NEUTRAL_TRAIN_KEYS,
     ENV_NAME_RE,
     MAX_SHUTDOWN_S,
@@ -31,16 +33,10 @@ from ddpkit.tools.spec.schema import (
     MODULE_RE,
     NAME_CHECK,
     NAME_RE,
-    SBATCH_SIGNALS,
-    SIZE_RE,
-    DockerSpec,
-    ElasticSpec,
     JobSpec,
-    K8sSpec,
-    SlurmSpec,
     SpecError,
 )
-from ddpkit.tools.spec.values import DebugPreset, debug_env, flag_value, parse_time_minutes
+from ddpkit.tools.jobspec.values import DebugPreset, debug_env, flag_value, parse_time_minutes
 
 __all__ = [
     "BUILTIN_JOB",
@@ -52,14 +48,8 @@ __all__ = [
     "MODULE_RE",
     "NAME_CHECK",
     "NAME_RE",
-    "SBATCH_SIGNALS",
-    "SIZE_RE",
     "DebugPreset",
-    "DockerSpec",
-    "ElasticSpec",
     "JobSpec",
-    "K8sSpec",
-    "SlurmSpec",
     "SpecError",
     "apply_override",
     "builtin_job_path",

@@ -1,6 +1,6 @@
 """The one typed-config engine: dataclass annotations <-> TOML values <-> command-line text.
 
-The training config (train/config.py) and the job spec (tools/spec.py) are dataclasses whose
+The training config (train/config.py) and the job spec (tools/jobspec.py) are dataclasses whose
 annotations are their schema. This module is what both use to:
 
 - check one TOML value against an annotation (`check_value`), naming the key of a bad value;

@@ -1,7 +1,7 @@
 """The step-time model (ddpkit.tools.planner) against real steps on this machine.
 
-    python -m bench.steptime              # = python -m bench --only steptime; 30 min on 2 shared cores
-    python -m bench.steptime --quick      # mlp-deep, 2 ranks, DDP and FULL_SHARD (~1 min)
+    python -m bench.steptime_accuracy          # = python -m bench --only steptime; 30 min on 2 shared cores
+    python -m bench.steptime_accuracy --quick  # mlp-deep, 2 ranks, DDP and FULL_SHARD (~1 min)
 
 1. `ddpkit commbench` on loopback (gloo, 2 and 4 ranks, all_reduce/all_gather/reduce_scatter,
    4 KiB..64 MiB): the model's input, fitted per collective (latency + bandwidth).
@@ -37,7 +37,7 @@ from bench.common import (
     window_step_time,
     write_json,
 )
-from bench.step_time import kit_run_flags
+from bench.loop_overhead import kit_run_flags
 
 COMM_OPS = "all_reduce,all_gather,reduce_scatter"
 WARMUP, BLOCK = 3, 4
@@ -116,12 +116,17 @@ def measure(r: Run, work: Path) -> dict[str, Any]:
 
 def contended_compute(model: str, n: int, work: Path) -> Any:
     """One rank's compute measured while n ranks measure at once (the cores they share):
-    the mean over ranks of bench.steptime --compute-worker under torchrun."""
+    the mean over ranks of bench.steptime_accuracy --compute-worker under torchrun."""
     from ddpkit.tools.planner.predict import Compute
 
     out = work / f"compute-{model}-{n}"
     out.mkdir(parents=True, exist_ok=True)
-    launch(torchrun_cmd(n, "bench.steptime", "--compute-worker", model, "--out-dir", str(out)), 600)
+    launch(
+        torchrun_cmd(
+            n, "bench.steptime_accuracy", "--compute-worker", model, "--out-dir", str(out)
+        ),
+        600,
+    )
     recs = [read_json(out / f"rank-{i}.json") for i in range(n)]
     mean = {k: sum(r[k] for r in recs) / n for k in ("fwd_s", "bwd_s", "opt_s")}
     return Compute(**mean, samples=recs[0]["samples"], source=f"measured in {n} concurrent ranks")
@@ -157,7 +162,9 @@ def predict(r: Run, links: dict[int, Any], computes: dict[str, Any]) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.steptime", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m bench.steptime_accuracy", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--quick", action="store_true", help="mlp-deep, 2 ranks, DDP and FULL_SHARD")
     p.add_argument("--out-dir", default="out/bench")
     p.add_argument("--compute-worker", metavar="MODEL", help=argparse.SUPPRESS)

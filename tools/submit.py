@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ddpkit.tools.spec import BUILTIN_JOB, NAME_RE, JobSpec, SpecError, default_job_file
+from ddpkit.tools.jobspec import BUILTIN_JOB, NAME_RE, JobSpec, SpecError, default_job_file
 from ddpkit.train.errors import CliParser
 
 ACTIONS = ("render", "submit", "status", "logs", "cancel", "list")
@@ -129,14 +129,26 @@ def _split_entry_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 # Make variables, read from the environment by `--make` (the Makefile exports them): values
 # reach the launcher as data, never as recipe shell text (issue 13 item 7).
-MAKE_VARS = ("CONFIG", "NODES", "GPUS", "NPROC", "IMAGE", "PARTITION", "NAMESPACE", "WAIT",
-             "ARGS", "JOB")  # fmt: skip
+# The engines add their own (Backend.make_vars: PARTITION, NAMESPACE).
+MAKE_VARS = ("CONFIG", "NODES", "GPUS", "NPROC", "IMAGE", "WAIT", "ARGS", "JOB")
+
+
+def _make_sets() -> dict[str, str]:
+    """Make variable -> the job file key it sets: the built-in engines' (Backend.make_vars),
+    then IMAGE."""
+    from ddpkit.tools.backends.registry import BACKENDS, builtin_class
+
+    sets = {}
+    for name in BACKENDS:
+        sets |= {var: f"{name}.{key}" for var, key in builtin_class(name).make_vars.items()}
+    return sets | {"IMAGE": "image"}
 
 
 def make_argv(argv: list[str], env: dict[str, str]) -> list[str]:
     """`ACTION BACKEND --make [flags]` -> the launcher argv the Make variables stand for."""
     action, backend, rest = argv[0], argv[1], [a for a in argv[2:] if a != "--make"]
-    get = {k: env.get(k, "") for k in MAKE_VARS}
+    sets = _make_sets()
+    get = {k: env.get(k, "") for k in (*MAKE_VARS, *sets)}
     out = [action, backend]
     if get["JOB"] and action in ("status", "logs", "cancel"):
         out.append(get["JOB"])
@@ -147,8 +159,7 @@ def make_argv(argv: list[str], env: dict[str, str]) -> list[str]:
     gpus = get["NPROC"] if backend == "local" and get["NPROC"] else get["GPUS"]
     if gpus:
         out += ["--gpus", gpus]
-    for var, key in (("PARTITION", "slurm.partition"), ("NAMESPACE", "k8s.namespace"),
-                     ("IMAGE", "image")):  # fmt: skip
+    for var, key in sets.items():
         if get[var]:
             out += ["--set", f"{key}={get[var]}"]
     if get["WAIT"] and action == "submit":
@@ -175,7 +186,7 @@ def run(argv: list[str], shown: str | None = None) -> int:
     # before submitit or the kubernetes client is imported (backends import them on use).
     first, _ = build_parser().parse_known_intermixed_args(argv)
     from ddpkit.tools.backends import check_entry_point, load_backend, plugin_sections
-    from ddpkit.tools.spec import load_spec
+    from ddpkit.tools.jobspec import load_spec
 
     checked: set[tuple[str | None, str | None, str]] = set()
     backend = load_backend(first.backend)  # light: engines' clients are imported on use
