@@ -5,7 +5,7 @@
     ddpkit render|submit|status|logs|cancel|list BACKEND [...]    BACKEND: local slurm k8s docker
     ddpkit build [--config FILE] [--base-image IMG]               the project's image (docker/k8s)
     ddpkit train [train flags]                                    the built-in trainer, this process
-    ddpkit doctor|memory|commbench|ckpt|plot [...]                the tools
+    ddpkit doctor|memory|commbench|ckpt|plot|chaos [...]          the tools
 
 The job file defaults to ./ddpkit.toml (what `ddpkit init` writes), else the kit's
 built-in default job. Its directory is the workspace: every relative path in it is
@@ -31,6 +31,10 @@ TOOLS = {
     "commbench": ("ddpkit.tools.commbench", "measure collectives (run under torchrun)"),
     "ckpt": ("ddpkit.tools.ckpt", "inspect or export a checkpoint"),
     "plot": ("ddpkit.tools.plot", "PNG charts of runs' metrics.jsonl"),
+    "chaos": (
+        "ddpkit.tools.chaos",
+        "a fault drill: inject failures into a job, report its goodput",
+    ),
 }
 LAUNCH_ACTIONS = {
     "render": "print what submit would send to a backend (local, slurm, k8s, docker)",

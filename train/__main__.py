@@ -122,4 +122,10 @@ def _user_error_seen() -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except Exception as e:  # the launcher retries a crash, never the code's own exception
+        from ddpkit.train.failclass import note_cause
+
+        note_cause(e)
+        raise

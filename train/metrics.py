@@ -228,6 +228,14 @@ class Reporter:
         acc = f" accuracy {rec['eval_accuracy']:.4f}" if "eval_accuracy" in rec else ""
         self.info(f"eval at step {rec['step']}: loss {rec['eval_loss']:.4f}{acc}")
 
+    def log_goodput(self, step: int, rep: Any) -> None:
+        """The run's goodput so far (a train.goodput.Report): one record in metrics.jsonl."""
+        if not self.enabled or rep is None:
+            return
+        d = rep.to_dict()
+        keys = ("goodput", "wall_s", "productive_s", "lost_s", "ckpt_blocking_s", "attempts")
+        self._write({"step": step, **{k: d[k] for k in keys}, "failures": len(rep.failures)})
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()

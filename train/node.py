@@ -49,12 +49,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from ddpkit.train import failclass, goodput
 from ddpkit.train.contract import (
     CKPT_DIR_ENV,
     DEFAULT_SHUTDOWN_TIMEOUT_S,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_REQUEUE,
     LAUNCH_ID_ENV,
     PREEMPT_SIGNALS,
     RUN_DIR_ENV,
@@ -73,6 +75,7 @@ from ddpkit.train.outcome import (
     PREFIX,
     Failure,
     WorkerEnd,
+    culprit,
     last_attempt_exits_0,
     outcome,
     signame,
@@ -266,6 +269,7 @@ def run_entry(argv: list[str]) -> int:
         raise
     except BaseException as e:
         ours = {os.path.abspath(__file__), runpy.__file__, "<frozen runpy>"}
+        failclass.note_cause(e)  # the user's code raised: the launcher does not retry it
         tb = e.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename in ours:
             tb = tb.tb_next
@@ -327,6 +331,7 @@ def workers_die_with_launcher() -> bool:
                 )
             except (KeyError, ValueError):
                 return
+            goodput.launcher_attempt(who[1], int(env.get("LOCAL_RANK", 0)))
             watcher = threading.Thread(target=_watch_end, args=(self.pid, *who), daemon=True)
             watcher.start()
             _WATCHERS.append(watcher)
@@ -389,7 +394,8 @@ def _watch_end(pid: int, rank: int, attempt: int, error_file: str) -> None:
     if error_file:
         with contextlib.suppress(OSError, ValueError):
             returned = float(Path(error_file + RETURNED_SUFFIX).read_text())
-    ENDS[pid] = WorkerEnd(rank, code, time.time(), attempt, returned)
+    ENDS[pid] = end = WorkerEnd(rank, code, time.time(), attempt, returned)
+    goodput.launcher_end(rank, code, end.when, attempt, error_file)
 
 
 # run_entry notes when a user's script or module returned (beside the worker's torchrun
@@ -493,6 +499,9 @@ def main(argv: list[str] | None = None) -> int:
     workers_die_with_launcher()
     note_first_stop()
     one_stop_signal()
+    failclass.stop_retrying_code_failures(
+        lambda fs: culprit({int(r): Failure.of(f, ENDS.get(f.pid)) for r, f in fs.items()})
+    )
 
     failures: dict[int, Failure] = {}
     stopped_by: int | None = None
@@ -559,8 +568,14 @@ def main(argv: list[str] | None = None) -> int:
     # must not turn it into a death by signal while the interpreter shuts down.
     for name in PREEMPT_SIGNALS:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
-    if line:
-        print(line, file=sys.stderr, flush=True)
+    if line and failclass.STOPPED and code == EXIT_FAILED:
+        err = failclass.STOPPED[0][1] or "an exception"
+        line += f"; its own code raised {err}: not retried (a restart would fail the same way)"
+    # The goodput first: the outcome line stays the launch's last word.
+    said = goodput.launcher_exit(run_dir, code == EXIT_REQUEUE, int(args.node_rank))
+    for text in (said, line):
+        if text:
+            print(text, file=sys.stderr, flush=True)
     return code
 
 

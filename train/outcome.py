@@ -64,6 +64,8 @@ class Failure:
     stuck: bool = False  # its step never finished after a stop signal (the trainer's watchdog)
     blame: str = ""  # the ranks whose own code called a collective the others did not
     exact: bool = False  # `when` is the moment it ended (WorkerEnd), not torchrun's poll
+    cause: str = ""  # "code": its own code raised (train/failclass.py); "infra"; "" unknown
+    error: str = ""  # the exception, in one line, when the worker noted it
 
     @classmethod
     def of(cls, f: Any, end: WorkerEnd | None = None) -> Failure:
@@ -81,6 +83,8 @@ class Failure:
             facts.get("stuck") is True,
             str(facts.get("blame") or ""),
             exact=end is not None,
+            cause=str(facts.get("cause") or ""),
+            error=str(facts.get("error") or ""),
         )
 
 

@@ -123,7 +123,7 @@ def test_render_has_the_gpu_flags_and_the_volumes():
     image_at = argv.index("ddpkit:latest")
     rest = argv[image_at + 1 :]  # the node launcher's flags, then the entry point
     assert rest[: rest.index("--")] == [
-        "--run-dir", "runs/default", "--shutdown-timeout", "30", "--max-restarts=0"]  # fmt: skip
+        "--run-dir", "runs/default", "--shutdown-timeout", "30", "--max-restarts=3"]  # fmt: skip
     assert rest[rest.index("--") + 1 :] == ["-m", "ddpkit.train", *_spec(gpus=8).train_argv()]
 
 

@@ -71,7 +71,7 @@ def test_launch_script_waits_for_a_tcp_listener_not_just_dns(tmp_path):
     assert "rendezvous endpoint 127.0.0.1:" in err and "--rdzv-conf" not in got
     # the node launcher's flags (it adds the contract's torchrun flags itself)
     assert got[: got.index("--")] == [
-        "--run-dir", "runs/emu", "--shutdown-timeout", "30", "--max-restarts=0"]  # fmt: skip
+        "--run-dir", "runs/emu", "--shutdown-timeout", "30", "--max-restarts=3"]  # fmt: skip
 
 
 def test_launch_script_rank0_does_not_wait_and_others_give_up_with_a_message(tmp_path):

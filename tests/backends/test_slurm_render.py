@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 from ddpkit.slurm import backend as slurm
 from ddpkit.tools.jobspec import JobSpec, SpecError, load_spec
+from ddpkit.train import goodput
 
 from tests.conftest import FakeBin
 
@@ -195,7 +197,7 @@ def test_node_script_runs_the_node_launcher_with_the_rendezvous(tmp_path: Path) 
     assert rc == 0
     assert argv[:2] == ["-m", "ddpkit.train.node"]
     assert argv[argv.index("--") + 1 :] == ["-m", "ddpkit.train", *spec.train_argv()]
-    for flag in ("--nnodes=2", "--nproc-per-node=3", "--rdzv-backend=c10d", "--max-restarts=0"):
+    for flag in ("--nnodes=2", "--nproc-per-node=3", "--rdzv-backend=c10d", "--max-restarts=3"):
         assert flag in argv
     assert argv[argv.index("--shutdown-timeout") + 1] == "30"
     assert env["PET_RDZV_ENDPOINT"] == "10.1.2.3:20042"
@@ -266,8 +268,17 @@ def test_teardown_requeues_only_for_this_attempt(tmp_path: Path) -> None:
     marker = tmp_path / "runs" / "default" / "requeue.json"
     marker.parent.mkdir(parents=True)
     marker.write_text(json.dumps({"launch_id": "ddpkit-42-0-earlier", "time": 1}))
-    rc, _ = run_teardown(tmp_path, 1)
-    assert rc == 1 and not (tmp_path / "scontrol.json").exists()
+    # a crash this attempt's records blame on the user's code: never requeued
+    run_dir = marker.parent
+    goodput.record(run_dir, "end", launch="ddpkit-42-0", rank=1, code=1, cause="code")
+    rc, err = run_teardown(tmp_path, 1)
+    assert rc == 1 and "rank 1 failed in its own code: not requeued" in err, err
+    assert json.loads((tmp_path / "scontrol.json").read_text())["argv"][0] == "show"
+    shutil.rmtree(run_dir / goodput.GOODPUT_DIR)  # a lost node or a killed worker: requeued
+    rc, err = run_teardown(tmp_path, 137)
+    assert rc == 137 and "step exit 137 (a lost node" in err and "requeue 1 of 3" in err, err
+    assert "this attempt saved" not in err  # the stale marker fakes no save
+    assert json.loads((tmp_path / "scontrol.json").read_text())["argv"] == ["requeue", "42"]
     rc, err = run_teardown(tmp_path, 75)
     assert rc == 75 and "requeue 1 of 3" in err
     assert json.loads((tmp_path / "scontrol.json").read_text())["argv"] == ["requeue", "42"]

@@ -67,7 +67,7 @@ from ddpkit.tools.jobspec import JobSpec, SpecError
 from ddpkit.tools.templating import check_passable
 from ddpkit.train import dataclass_fields
 from ddpkit.train.contract import METRICS_FILE
-from ddpkit.train.jsonshape import ShapeError, load, loads
+from ddpkit.train.jsonshape import Opt, ShapeError, load, loads
 
 STATE_DIR = ".ddpkit"  # in the workspace: job records (jobs/), rendered files, build contexts
 
@@ -194,6 +194,8 @@ class Backend(abc.ABC):
     def status(self, job: str | None, opts: argparse.Namespace) -> int:
         st = self.poll(self.job_or_last(job))
         print(st.line())
+        for line in run_dir_lines(self.name, st.job):
+            print(line)
         return 1 if st.state in (JobState.FAILED, JobState.UNKNOWN) else 0
 
     @abc.abstractmethod
@@ -235,6 +237,20 @@ class Backend(abc.ABC):
                     return 0
                 return st.exit_code or 1
             time.sleep(poll_s)
+
+
+def run_dir_lines(backend: str, job: str) -> list[str]:
+    """The goodput lines of a job whose run dir is on this machine (its job record names
+    it: local, SLURM on a shared filesystem); none elsewhere."""
+    from ddpkit.train.goodput import status_lines
+
+    try:
+        record = last_job(backend, {"run_dir": Opt((str, None))})
+    except SpecError:
+        return []
+    if str(record["job"]) != str(job) or not record.get("run_dir"):
+        return []
+    return status_lines(record["run_dir"])
 
 
 def progress(run_dir: str | Path | None) -> str:

@@ -119,8 +119,10 @@ class JobSpec:
     nccl_ib_disable: bool = False  # NCCL_IB_DISABLE=1 (TCP sockets only)
     # c10d rendezvous port on the head node
     rdzv_port: int = field(default=29500, metadata=checks(port()))
-    # torchrun --max-restarts (whole-group restarts on a failure)
-    max_restarts: int = field(default=0, metadata=checks(at_least(0)))
+    # torchrun --max-restarts: in-place restarts of the whole group after a worker or node
+    # failure, each resuming from the newest complete checkpoint. A failure of the user's own
+    # code (an exception, bad input, a diverged loss) is never retried (train/failclass.py).
+    max_restarts: int = field(default=3, metadata=checks(at_least(0)))
     # "torchft": replica groups that keep training while one dies and rejoins from a live
     # peer (train/ft.py, docs/fault-tolerance.md); "none": a failure restarts the whole job
     fault_tolerance: Literal["none", "torchft"] = "none"

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from ddpkit.train import goodput
 from ddpkit.train.ckpt.compat import (
     MOVED_PARTS,
     check_compatible,
@@ -157,6 +158,7 @@ class Checkpointer:
         self._finisher: tuple[threading.Thread, Path] | None = None  # rank 0: marker thread
         self._finisher_error: BaseException | None = None
         self._pruner: threading.Thread | None = None  # rank 0: deletes what keep-K drops
+        self._blocked_s: float | None = None  # an async save's blocking part (goodput)
 
     # --- save ----------------------------------------------------------------------------
 
@@ -216,13 +218,16 @@ class Checkpointer:
             self._staging = getattr(resp, "staging_completion", None)
             self._pending = (fut, path, info, t0, writer)
         else:
+            self._blocked_s = None  # the whole save blocks
             try:
                 dcp.save(state, storage_writer=writer, process_group=self.pg)
                 self._finish(path, info, t0, writer.file_sums)
             except _errors() as e:
                 self._raise_if_no_space(e, path, _tensor_bytes(state))
                 raise
-        return time.perf_counter() - t0
+            return time.perf_counter() - t0
+        self._blocked_s = time.perf_counter() - t0
+        return self._blocked_s
 
     def _raise_if_no_space(self, e: BaseException, path: Path, local: int | None) -> None:
         """A full disk: the partial step dir goes (it only takes space), DiskFull says where,
@@ -347,6 +352,8 @@ class Checkpointer:
             shutil.rmtree(path, ignore_errors=True)
             where = self.remote.where(path.name)
         self.log(f"checkpoint saved: {where} ({info['save_s']:.2f} s)")
+        blocked = info["save_s"] if self._blocked_s is None else self._blocked_s
+        goodput.note("save", step=step_of(path), blocking_s=round(blocked, 3))
         # Deleting the checkpoints keep-K drops (~0.2 s per 160 MB measured here) need not
         # block the loop: a thread does it, joined by the next save or close(); not a
         # daemon, so an exit without close() still finishes it (torchtitan purges so too).
@@ -378,6 +385,15 @@ class Checkpointer:
     # --- resume --------------------------------------------------------------------------
 
     def resume(self, resume: str, states: dict[str, Stateful]) -> tuple[Path, dict] | None:
+        """_resume, noted for goodput: training is ready from here (rank 0 notes it)."""
+        t0 = time.perf_counter()
+        got = self._resume(resume, states)
+        if self.rank == 0:
+            step = step_of(got[0]) if got else 0
+            goodput.note("ready", step=step, load_s=round(time.perf_counter() - t0, 3))
+        return got
+
+    def _resume(self, resume: str, states: dict[str, Stateful]) -> tuple[Path, dict] | None:
         """Load the checkpoint to resume from into `states`; returns (path, its marker info),
         or None for a fresh start. `auto`: the newest complete checkpoint that verifies and
         loads, falling back to older ones with a warning naming what was wrong; a PATH that

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+from ddpkit.train import goodput
 from ddpkit.train.ckpt import Checkpointer
 from ddpkit.train.config import EXIT_REQUEUE, TrainConfig
 from ddpkit.train.contract import (
@@ -151,6 +152,8 @@ class RunEnd:
         self.phase = "summary gather"
         per_rank = gather_objects(state_bytes(self.model, self.optimizer))
         digest = param_digest(self.raw_model)
+        good = goodput.note_done(self.run_dir, self.step) if self.world.is_main else None
+        self.reporter.log_goodput(self.step, good)
         if self.world.is_main and (trained or not (self.run_dir / SUMMARY_FILE).exists()):
             summary = {
                 "world_size": self.world.size,
@@ -183,6 +186,7 @@ class RunEnd:
                 "launch_id": os.environ.get(LAUNCH_ID_ENV),  # the launcher's "it finished"
                 "state_bytes_per_rank": per_rank,
                 "param_digest": digest,
+                "goodput": good.to_dict() if good else None,
             }
             (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         if self.world.is_main:

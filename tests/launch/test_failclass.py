@@ -1,0 +1,90 @@
+"""Failure classes (train/failclass.py): a user's script whose own code raises is not retried
+into the job's restart budget (the default, 3), driven from its project by `ddpkit run`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ddpkit.train import failclass
+
+DDPKIT = Path(sys.executable).with_name("ddpkit")
+RAISES = """\
+import os
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print(f"attempt {os.environ['TORCHELASTIC_RESTART_COUNT']} rank {dist.get_rank()}", flush=True)
+if dist.get_rank() == 1:
+    raise KeyError("no column 'label' in data.csv")
+dist.barrier()
+"""
+
+
+@pytest.mark.slow
+def test_a_script_raising_on_every_attempt_fails_once_with_its_line(tmp_path):
+    (tmp_path / "train.py").write_text(RAISES)
+    (tmp_path / "ddpkit.toml").write_text(
+        'name = "bad"\nnproc_per_node = 2\naccelerator = "cpu"\nscript = "train.py"\n'
+    )  # no max_restarts: the default budget applies, and a code failure must not use it
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run(
+        [str(DDPKIT), "run"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out
+    assert "attempt 0 rank 1" in out and "attempt 1" not in out
+    assert (
+        "rank 1 failed (exit code 1)" in out
+        and "its own code raised KeyError: \"no column 'label' in data.csv\": not retried" in out
+    ), out
+
+
+@pytest.mark.parametrize(
+    ("error", "cause"),
+    [
+        (KeyError("label"), failclass.CODE),
+        (ValueError("shapes (3,) and (4,) not aligned"), failclass.CODE),
+        (RuntimeError("Connection closed by peer [10.0.0.2]:4242"), failclass.INFRA),
+        (RuntimeError("NCCL communicator was aborted on rank 3"), failclass.INFRA),
+        (TimeoutError("store get"), failclass.INFRA),
+        (RuntimeError("CUDA error: uncorrectable ECC error encountered"), failclass.INFRA),
+    ],
+)
+def test_the_cause_of_an_exception(error, cause):
+    assert failclass.cause_of(error) == cause
+    assert failclass.is_code_failure(1, cause) is (cause == failclass.CODE)
+
+
+def test_bad_input_and_divergence_are_never_retried_and_signals_always_are():
+    assert failclass.is_code_failure(2, "") and failclass.is_code_failure(3, "")
+    assert not failclass.is_code_failure(-9, failclass.CODE)
+    assert not failclass.is_code_failure(1, "")  # unexplained: a restart may cure it
+
+
+def test_a_node_that_failed_twice_is_excluded_from_the_requeue(tmp_path):
+    from ddpkit.train import goodput
+
+    def attempt(launch: str, t: float, lost: str) -> None:  # two nodes; `lost` never reports
+        for node in ("c1", "c2"):
+            goodput.record(tmp_path, "attempt", time=t, launch=launch, node=node)
+        other = "c2" if lost == "c1" else "c1"
+        goodput.record(tmp_path, "end", time=t + 5, launch=launch, node=other, rank=0, code=143)
+
+    attempt("job-0", 0, "c2")
+    again, bad, line = failclass.requeue_verdict(str(tmp_path), "job-0", 137, 0, 3)
+    assert again and bad == [] and "requeue 1 of 3" in line
+    attempt("job-1", 10, "c1")
+    attempt("job-2", 20, "c2")  # c2's second failure
+    again, bad, line = failclass.requeue_verdict(str(tmp_path), "job-2", 137, 2, 3)
+    assert again and bad == ["c2"] and "excluding c2 (failed 2 times" in line
+    again, _, line = failclass.requeue_verdict(str(tmp_path), "job-2", 137, 3, 3)
+    assert not again and "requeue limit (3) is reached" in line
+    assert not failclass.requeue_verdict(str(tmp_path), "job-2", 143, 0, 3)[0]  # a scancel
+    from ddpkit.train import goodput as gp
+
+    lines = gp.status_lines(tmp_path)
+    assert any("excluded from the next attempt (SLURM): c2 (failed 2 times" in x for x in lines)
+    assert gp.report(tmp_path).to_dict()["failing_nodes"] == ["c2"]

@@ -1,0 +1,74 @@
+"""`ddpkit chaos`: a fault drill against a real job run from a user's project (torchrun
+processes, real SIGKILL and SIGSTOP), and its report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ddpkit.tools.chaos import ChaosError, Injection
+
+DDPKIT = Path(sys.executable).with_name("ddpkit")
+JOB = """\
+name = "drill"
+nproc_per_node = 2
+accelerator = "cpu"
+[train]
+model = "mlp"
+steps = 3000
+batch_size = 16
+log_interval = 10
+ckpt_interval = 100
+eval = false
+stop_check_s = 0
+timeout_s = 10          # a rank stopped for this long is a hang
+shutdown_timeout_s = 3  # then the stopped rank gets its SIGKILL this soon
+"""
+
+
+@pytest.mark.slow
+def test_a_drill_kills_and_stops_ranks_and_the_job_recovers_from_both(tmp_path):
+    (tmp_path / "ddpkit.toml").write_text(JOB)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run(
+        [str(DDPKIT), "chaos", "--inject", "kill-rank@step=200:rank=1",
+         "--inject", "stop-rank@step=600:rank=0"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=500,
+    )  # fmt: skip
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    assert (
+        "chaos: kill-rank: SIGKILL to rank 1" in out
+        and "chaos: stop-rank: SIGSTOP to rank 0" in out
+    )
+    rep = json.loads((tmp_path / "runs/drill/goodput.json").read_text())
+    kinds = [(f["kind"], f["rank"], f["recovered"]) for f in rep["failures"]]
+    assert kinds == [("killed", 1, True), ("hang", 0, True)], out[-3000:]
+    hang = rep["failures"][1]
+    assert hang["detect_s"] >= 10  # the peers waited out the collective timeout
+    summary = json.loads((tmp_path / "runs/drill/summary.json").read_text())
+    assert summary["steps"] == 3000 and summary["resumed_from"]
+    assert "kind   attempt      rank" in out and "     killed" in out
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["crash@step=3", "kill-rank", "kill-rank@when=3", "kill-rank@step=x", "stop-rank@step=3:pid=4"],
+)
+def test_a_bad_injection_is_one_line(text):
+    import random
+
+    with pytest.raises(ChaosError, match="--inject"):
+        Injection.parse(text, random.Random(0))
+
+
+def test_random_times_follow_the_seed():
+    import random
+
+    a = Injection.parse("preempt@random=10-20", random.Random(7))
+    b = Injection.parse("preempt@random=10-20", random.Random(7))
+    assert a == b and a.when == "time" and 10 <= a.at <= 20

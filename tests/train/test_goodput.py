@@ -1,0 +1,125 @@
+"""Goodput accounting (train/goodput.py): the report's arithmetic from records, and a real
+torchrun job through the node launcher whose worker is SIGKILLed mid-run."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from ddpkit.train import goodput
+
+from tests.trainrun import PY, ROOT, clean_env, train
+
+
+def _at(run_dir: Path, kind: str, t: float, launch: str, attempt: int = 0, **f) -> None:
+    assert goodput.record(run_dir, kind, time=t, launch=launch, attempt=attempt, **f)
+
+
+def test_report_splits_wall_time_by_failure_and_survives_a_requeue(tmp_path):
+    # attempt 0 (launch a): ready at 12 after a 2 s load; saves at 20 (1 s blocking) and 30;
+    # rank 3 SIGKILLed at 34, the group down at 35. Attempt 1 (launch a, in place): ready at
+    # 41 after a 1.5 s load; stopped by a preemption at 50. Launch b (the requeue): ready
+    # at 70, done at 80.
+    _at(tmp_path, "attempt", 10, "a")
+    _at(tmp_path, "ready", 12, "a", step=0, load_s=2)
+    _at(tmp_path, "save", 20, "a", step=10, blocking_s=1)
+    _at(tmp_path, "save", 30, "a", step=20, blocking_s=0)
+    _at(tmp_path, "end", 34, "a", rank=3, code=-signal.SIGKILL)
+    _at(tmp_path, "end", 35, "a", rank=2, code=-signal.SIGTERM)
+    _at(tmp_path, "attempt", 37, "a", attempt=1)
+    _at(tmp_path, "ready", 41, "a", attempt=1, step=20, load_s=1.5)
+    _at(tmp_path, "stop", 50, "a", attempt=1)
+    _at(tmp_path, "attempt", 60, "b")
+    _at(tmp_path, "ready", 70, "b", step=29, load_s=1)
+    _at(tmp_path, "done", 80, "b", step=40)
+    (tmp_path / goodput.GOODPUT_DIR / ".torn.json.tmp").write_text("{")  # a write cut short
+    rep = goodput.report(tmp_path)
+    assert rep is not None and rep.finished and rep.attempts == 3
+    assert rep.wall_s == pytest.approx(70)
+    assert rep.productive_s == pytest.approx((30 - 12 - 1) + (50 - 41) + (80 - 70))
+    assert rep.ckpt_blocking_s == pytest.approx(1)
+    kill, preempt = rep.failures
+    assert (kill.kind, kill.rank, kill.attempt, kill.recovered) == ("killed", 3, 0, True)
+    assert kill.detect_s == pytest.approx(1)  # 34 -> 35
+    assert kill.recompute_s == pytest.approx(4)  # the last save (30) -> the kill (34)
+    assert kill.load_s == pytest.approx(1.5)
+    assert kill.restart_s == pytest.approx(41 - 35 - 1.5)
+    assert preempt.kind == "preempted" and preempt.recompute_s == 0
+    assert preempt.restart_s == pytest.approx(70 - 50 - 1)  # the queue wait is lost time
+    assert rep.line() == f"goodput {rep.goodput:.0%}: 2 failures, {rep.lost_s:.0f} s lost"
+    assert "killed" in rep.table() and "preempted" in rep.table()
+
+
+def test_a_hang_blames_the_rank_waited_for_and_a_silent_node_is_lost(tmp_path):
+    _at(tmp_path, "attempt", 0, "a", node="n1")
+    _at(tmp_path, "attempt", 0, "a", node="n2")
+    _at(tmp_path, "ready", 1, "a")
+    _at(tmp_path, "end", 9, "a", rank=0, code=1, missing=[2], node="n1")
+    _at(tmp_path, "attempt", 12, "a", attempt=1, node="n1")
+    _at(tmp_path, "attempt", 12, "a", attempt=1, node="n2")
+    _at(tmp_path, "ready", 13, "a", attempt=1)
+    _at(tmp_path, "end", 20, "a", attempt=1, rank=1, code=1, node="n1")  # n2 never spoke
+    hang, lost = goodput.report(tmp_path, now=25).failures
+    assert (hang.kind, hang.rank) == ("hang", 2)
+    assert (lost.kind, lost.node, lost.recovered) == ("node lost", "n2", False)
+
+
+def test_a_script_that_notes_nothing_gets_failures_and_no_figure(tmp_path):
+    _at(tmp_path, "attempt", 0, "a")
+    _at(tmp_path, "end", 5, "a", rank=0, code=1)
+    rep = goodput.report(tmp_path, now=6)
+    assert rep.goodput is None and [f.kind for f in rep.failures] == ["crashed"]
+    assert rep.line().startswith("goodput unknown (1 failure")
+
+
+ARGS = (
+    "--progress", "plain", "--stop-check-s", "0", "--steps", "12", "--batch-size", "16",
+    "--log-interval", "3", "--ckpt-interval", "3", "--synthetic-samples", "1024", "--no-eval",
+)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_killed_worker_restarts_in_place_and_the_report_lists_it(tmp_path):
+    reference = train(tmp_path / "ref", *ARGS[2:], nproc=2)
+    run_dir = tmp_path / "run"
+    p = subprocess.run(
+        [
+            PY,
+            "-m",
+            "ddpkit.train.node",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "2",
+            "--",
+            "-m",
+            "ddpkit.train",
+            "--run-dir",
+            str(run_dir),
+            *ARGS,
+        ],
+        cwd=ROOT,
+        env=clean_env(DDPKIT_FAULT="kill@8:1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip  (rank 1 SIGKILLs itself before step 8)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from"].endswith("step-6")  # the newest complete checkpoint
+    assert summary["param_digest"] == reference.summary["param_digest"]
+    rep = summary["goodput"]
+    assert rep["attempts"] == 2 and rep["finished"]
+    (kill,) = rep["failures"]
+    assert (kill["kind"], kill["rank"], kill["recovered"]) == ("killed", 1, True)
+    assert kill["load_s"] > 0 and kill["recompute_s"] > 0  # resumed at step 6, killed at 8
+    assert 0 < rep["productive_s"] < rep["wall_s"]
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["goodput"] == pytest.approx(rep["goodput"]) and last["failures"] == 1
+    after = json.loads((run_dir / goodput.REPORT_FILE).read_text())  # the launcher's, at exit
+    assert after["failures"][0]["kind"] == "killed"
+    assert f"ddpkit: goodput {after['goodput']:.0%}: 1 failure, " in p.stderr

@@ -1,0 +1,286 @@
+"""Fault drills: run a job, inject real failures while it trains, report the goodput.
+
+    ddpkit chaos [--config FILE] [--set KEY=VALUE ...] [--backend local|slurm]
+                 --inject KIND@WHEN[:TARGET] [--inject ...] [--seed N]
+    ddpkit chaos --attach RUN_DIR --inject ...     (a job running already, on this machine)
+
+KIND      kill-rank  SIGKILL one worker (an OOM kill, a crashed process)
+          kill-node  SIGKILL every process of one node: its workers and their launcher
+          stop-rank  SIGSTOP one worker (a hang: its peers wait in a collective)
+          preempt    the preemption signal to every launcher (SLURM's --signal, a pod delete)
+WHEN      step=N (the run's logged step reaches N), time=S (seconds after the job started,
+          or after the previous injection's recovery), random=A-B (a time drawn with --seed)
+TARGET    rank=R (kill-rank/stop-rank; default 1), node=N (kill-node; the node rank, default 1)
+
+Injections fire in order, each once the previous one's failure was recovered (a new
+attempt started). Every injection is a record in the run's goodput log (its true start, so
+the report can say how long detection took). At the end the goodput table is printed.
+
+The processes are found in this machine's /proc by the run dir their launcher gave them
+(DDPKIT_RUN_DIR): the local backend, the local SLURM cluster, a container run here. On a
+real cluster, run the drill's injections on the node itself, inside the allocation (`srun
+--overlap --jobid JOB -w NODE ddpkit chaos --attach RUN_DIR ...`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddpkit.train import goodput
+from ddpkit.train.contract import METRICS_FILE, RUN_DIR_ENV
+from ddpkit.train.errors import CliParser, UserError
+
+KINDS = ("kill-rank", "kill-node", "stop-rank", "preempt")
+ATTACH_WAIT_S = 600  # --attach to a queued job: how long its workers may take to start
+
+
+class ChaosError(UserError):
+    """A bad drill (one line, exit 2)."""
+
+
+@dataclass
+class Injection:
+    kind: str
+    when: str  # "step" | "time"
+    at: float  # the step, or seconds
+    target: int
+
+    @classmethod
+    def parse(cls, text: str, rng: random.Random) -> Injection:
+        kind, _, rest = text.partition("@")
+        if kind not in KINDS:
+            raise ChaosError(f"--inject {text!r}: the kind must be one of {', '.join(KINDS)}")
+        when, _, target = rest.partition(":")
+        key, _, value = when.partition("=")
+        try:
+            if key == "random":
+                lo, hi = (float(x) for x in value.split("-"))
+                at, key = rng.uniform(lo, hi), "time"
+            elif key in ("step", "time"):
+                at = float(value)
+            else:
+                raise ValueError
+            tkey, _, tval = target.partition("=")
+            who = int(tval) if target else 1
+            if target and tkey not in ("rank", "node"):
+                raise ValueError
+        except ValueError:
+            raise ChaosError(
+                f"--inject {text!r}: write KIND@step=N, KIND@time=S or KIND@random=A-B, "
+                "then optionally :rank=R or :node=N (e.g. kill-rank@step=40:rank=1)"
+            ) from None
+        return cls(kind, key, at, who)
+
+
+@dataclass
+class Proc:
+    pid: int
+    ppid: int
+    rank: int
+    node_rank: int
+    attempt: int
+
+
+def workers(run_dir: Path) -> list[Proc]:
+    """The live workers of the run on this machine: torchrun set RANK and GROUP_RANK for
+    them, and the node launcher DDPKIT_RUN_DIR (their /proc environ, as exec'd)."""
+    want = str(run_dir.resolve())
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "environ").read_bytes()
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        env = dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+        if "RANK" not in env or "GROUP_RANK" not in env or RUN_DIR_ENV not in env:
+            continue
+        rd = env[RUN_DIR_ENV]
+        cwd = os.readlink(entry / "cwd") if (entry / "cwd").exists() else "/"
+        if str((Path(cwd) / rd).resolve()) != want:
+            continue
+        state = stat.rsplit(")", 1)[1].split()
+        if state[0] in ("Z", "X"):
+            continue
+        out.append(
+            Proc(
+                int(entry.name),
+                int(state[1]),
+                int(env["RANK"]),
+                int(env["GROUP_RANK"]),
+                int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            )
+        )
+    return out
+
+
+def logged_step(run_dir: Path) -> int:
+    """The last step the run logged (metrics.jsonl's last line; its last 4 KB read)."""
+    try:
+        with (run_dir / METRICS_FILE).open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            step = json.loads(f.read().decode(errors="replace").strip().splitlines()[-1])["step"]
+    except (OSError, ValueError, IndexError, KeyError, TypeError):
+        return 0  # none yet, or a line cut short
+    return step if isinstance(step, int) else 0
+
+
+def inject(run_dir: Path, inj: Injection) -> str:
+    """Send the failure now; returns what was done. Nothing to hit: ChaosError."""
+    procs = workers(run_dir)
+    if inj.kind == "preempt":
+        launchers = sorted({p.ppid for p in procs})
+        if not launchers:
+            raise ChaosError(f"no workers of {run_dir} on this machine to preempt")
+        goodput.record(run_dir, "inject", what="preempted")
+        for pid in launchers:
+            os.kill(pid, _preempt_signal())
+        return f"preemption signal to launcher(s) {launchers}"
+    if inj.kind == "kill-node":
+        mine = [p for p in procs if p.node_rank == inj.target]
+        if not mine:
+            raise ChaosError(f"no workers of node rank {inj.target} of {run_dir} on this machine")
+        parents = sorted({p.ppid for p in mine})
+        goodput.record(run_dir, "inject", what="node lost", node=_node_of(mine[0].pid))
+        for pid in [*parents, *(p.pid for p in mine)]:  # the launcher first: no restart
+            _kill(pid, signal.SIGKILL)
+        return f"SIGKILL to node rank {inj.target}: launcher(s) {parents} and their workers"
+    hit = [p for p in procs if p.rank == inj.target]
+    if not hit:
+        raise ChaosError(f"no worker of rank {inj.target} of {run_dir} on this machine")
+    p = hit[0]
+    what = "killed" if inj.kind == "kill-rank" else "hang"
+    goodput.record(run_dir, "inject", what=what, rank=p.rank, node=_node_of(p.pid))
+    _kill(p.pid, signal.SIGKILL if inj.kind == "kill-rank" else signal.SIGSTOP)
+    return f"{'SIGKILL' if what == 'killed' else 'SIGSTOP'} to rank {p.rank} (pid {p.pid})"
+
+
+def _kill(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def _node_of(pid: int) -> str | None:
+    """The node name the worker's records carry (goodput.node_name, read from its env)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    except OSError:
+        return None
+    env = dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
+    return env.get("SLURMD_NODENAME") or env.get("NODE_NAME") or os.uname().nodename
+
+
+def _preempt_signal() -> int:
+    """The signal that asks this job for a requeue (the node's DDPKIT_REQUEUE_SIGNALS)."""
+    from ddpkit.train.contract import requeue_signals
+
+    return getattr(signal, requeue_signals()[0])
+
+
+def attempts(run_dir: Path) -> int:
+    return sum(1 for r in goodput.read(run_dir) if r["kind"] == "attempt")
+
+
+def drill(
+    run_dir: Path,
+    plan: list[Injection],
+    alive: Callable[[], bool],
+    say: Callable[[str], None] = print,
+) -> None:
+    """Fire `plan` in order against the run while `alive()` says the job runs."""
+    t0 = time.monotonic()
+    for inj in plan:
+        while alive():
+            if inj.when == "step" and logged_step(run_dir) >= inj.at:
+                break
+            if inj.when == "time" and time.monotonic() - t0 >= inj.at:
+                break
+            time.sleep(0.2)
+        else:
+            say(f"chaos: the job ended before {inj.kind} could fire")
+            return
+        while alive() and not workers(run_dir):
+            time.sleep(0.2)  # between attempts: wait for the workers to come back
+        if not alive():
+            say(f"chaos: the job ended before {inj.kind} could fire")
+            return
+        before = attempts(run_dir)
+        say(f"chaos: {inj.kind}: {inject(run_dir, inj)}")
+        while alive() and attempts(run_dir) <= before:
+            time.sleep(0.2)  # recovered once a new attempt started (or the job ended)
+        t0 = time.monotonic()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    class _Parser(CliParser):
+        error_class = ChaosError
+
+    p = _Parser(prog="ddpkit chaos", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", help="the job file (default: ./ddpkit.toml, else the kit's)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--backend", default="local", choices=("local", "slurm"))
+    p.add_argument("--attach", metavar="RUN_DIR", help="drill a job that runs already")
+    p.add_argument("--inject", action="append", default=[], required=True, metavar="KIND@WHEN")
+    p.add_argument("--seed", type=int, default=0, help="for random=A-B times")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    rng = random.Random(args.seed)
+    plan = [Injection.parse(text, rng) for text in args.inject]
+    if args.attach:
+        run_dir = Path(args.attach)
+        deadline = time.monotonic() + ATTACH_WAIT_S
+        while not workers(run_dir) and time.monotonic() < deadline:
+            time.sleep(0.5)  # a queued job: wait for its workers to start
+        drill(run_dir, plan, alive=lambda: bool(workers(run_dir)))
+        return _report(run_dir, 0)
+    from ddpkit.tools.jobspec import load_spec
+    from ddpkit.tools.jobspec.load import default_job_file
+
+    spec = load_spec(args.config or default_job_file(), args.set)
+    run_dir = Path(str(spec.workspace)) / spec.run_dir  # an absolute run_dir stays as it is
+    cmd = [sys.executable, "-m", "ddpkit.cli", "submit", args.backend, "--wait"]
+    if args.config:
+        cmd += ["--config", args.config]
+    for s in args.set:
+        cmd += ["--set", s]
+    job = subprocess.Popen(cmd)  # the job's own output goes to this terminal
+    try:
+        drill(run_dir, plan, alive=lambda: job.poll() is None)
+        rc = job.wait()
+    finally:
+        if job.poll() is None:
+            job.send_signal(signal.SIGINT)
+            job.wait()
+    return _report(run_dir, rc)
+
+
+def _report(run_dir: Path, rc: int) -> int:
+    rep = goodput.write_report(run_dir)
+    if rep is None:
+        print(f"chaos: no goodput records in {run_dir}", file=sys.stderr)
+        return rc or 1
+    print(rep.table())
+    print(json.dumps({"goodput": rep.goodput, "failures": len(rep.failures)}))
+    return rc
+
+
+if __name__ == "__main__":
+    from ddpkit.train.errors import run_cli
+
+    sys.exit(run_cli(main))

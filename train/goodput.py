@@ -1,0 +1,409 @@
+"""Goodput: how much of a run's wall time was training that was kept, and where the rest went.
+
+Every party to a run appends small records to <run dir>/goodput/ (one JSON file each, written
+to a temporary name and renamed into place, so a reader never sees half a record and a
+restart, a requeue or another node never overwrites one):
+
+    attempt  the node launcher, when a torchrun attempt starts its workers (per node)
+    end      the node launcher, when one of its workers ends with a nonzero status
+    ready    the trainer's rank 0 (or a user's script), once resumed: `load_s` the load took
+    save     the same, after a checkpoint save: `blocking_s` the training waited for it
+    stop     the node launcher, when the attempt saved on a stop signal (a requeue)
+    done     the trainer's rank 0, when the run finished its last step
+    inject   `ddpkit chaos`, when it injected a failure (its true start, for detection times)
+
+`report(run_dir)` reads them all, whoever wrote them and on whichever attempt, and splits the
+wall time: productive (from `ready` to the last save an attempt kept, less the time saves
+blocked), checkpoint time that blocked training, start-up, and per failure: detection (the
+failure to the moment its group was down), restart (down to the next attempt's `ready`, a
+requeue's time in the queue included, less its load), checkpoint load, and the work
+recomputed (the last kept save to the failure). A user's script that notes no `ready`/`save`
+gets the failures and the wall time, and no goodput figure.
+
+torch-free, and never fails a run: a record that cannot be written is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddpkit.train.contract import LAUNCH_ID_ENV, RUN_DIR_ENV
+
+GOODPUT_DIR = "goodput"  # <run dir>/goodput/<time>-<node>-<uid>-<kind>.json
+REPORT_FILE = "goodput.json"  # the last report, written by the launcher of node 0 at its exit
+NODE_FAILURES_TO_EXCLUDE = 2  # a node that failed this often is left out of the next attempt
+KINDS = ("attempt", "end", "ready", "save", "stop", "done", "inject")
+
+
+def node_name() -> str:
+    """The node a record comes from: SLURM's node name (several slurmds may share a host
+    here), the pod's node on Kubernetes (NODE_NAME from the downward API), else the host."""
+    return os.environ.get("SLURMD_NODENAME") or os.environ.get("NODE_NAME") or socket.gethostname()
+
+
+def attempt_number() -> int:
+    """torchrun's restart count of this worker (0 outside torchrun)."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    except ValueError:
+        return 0
+
+
+def record(run_dir: str | Path | None, kind: str, **fields: Any) -> Path | None:
+    """Append one record of `kind` to <run_dir>/goodput/ (atomically); None when it cannot."""
+    if run_dir is None or kind not in KINDS:
+        return None
+    now = float(fields.pop("time", None) or time.time())
+    body = {
+        "kind": kind,
+        "time": now,
+        "launch": os.environ.get(LAUNCH_ID_ENV),
+        "attempt": attempt_number(),
+        "node": node_name(),
+        **fields,
+    }
+    folder = Path(run_dir) / GOODPUT_DIR
+    name = f"{int(now * 1e6):017d}-{body['node']}-{uuid.uuid4().hex[:8]}-{kind}.json"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{name}.tmp"
+        tmp.write_text(json.dumps(body) + "\n")
+        os.replace(tmp, folder / name)
+    except (OSError, TypeError, ValueError):
+        return None  # accounting must never end a run (a full disk says so elsewhere)
+    return folder / name
+
+
+def note(kind: str, **fields: Any) -> Path | None:
+    """A record from a worker: into the launch's run dir (DDPKIT_RUN_DIR). The public API for
+    a user's script: note("ready", step=s, load_s=t) once resumed, note("save", step=s,
+    blocking_s=t) after each checkpoint; call it on one rank only."""
+    return record(os.environ.get(RUN_DIR_ENV), kind, **fields)
+
+
+def read(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every well-formed record of the run, oldest first (torn or foreign files skipped)."""
+    folder = Path(run_dir) / GOODPUT_DIR
+    out = []
+    with contextlib.suppress(OSError):
+        for p in folder.iterdir():
+            if p.name.startswith(".") or p.suffix != ".json":
+                continue
+            try:
+                body = json.loads(p.read_text())
+            except (OSError, ValueError):
+                continue
+            if (
+                isinstance(body, dict)
+                and body.get("kind") in KINDS
+                and isinstance(body.get("time"), (int, float))
+            ):
+                out.append(body)
+    return sorted(out, key=lambda r: r["time"])
+
+
+@dataclass
+class Loss:
+    """One failure (or preemption) and what it cost, in seconds."""
+
+    kind: str  # killed | crashed | hang | node lost | preempted | <injected kind>
+    attempt: int  # the attempt it ended (0 = the first launch; counts across requeues)
+    at: float  # when it happened (epoch seconds; the injection's time for a drill)
+    rank: int | None = None
+    node: str | None = None
+    detect_s: float = 0.0
+    restart_s: float = 0.0
+    load_s: float = 0.0
+    recompute_s: float = 0.0
+    recovered: bool = False  # a later attempt got going again
+
+    @property
+    def lost_s(self) -> float:
+        return self.detect_s + self.restart_s + self.load_s + self.recompute_s
+
+
+@dataclass
+class Report:
+    wall_s: float
+    productive_s: float | None  # None: nothing noted `ready` (a script that records no steps)
+    ckpt_blocking_s: float
+    startup_s: float
+    attempts: int
+    failures: list[Loss] = field(default_factory=list)
+    finished: bool = False
+
+    @property
+    def goodput(self) -> float | None:
+        if self.productive_s is None or self.wall_s <= 0:
+            return None
+        return min(1.0, self.productive_s / self.wall_s)
+
+    @property
+    def lost_s(self) -> float:
+        return sum(f.lost_s for f in self.failures)
+
+    def failing_nodes(self, times: int = NODE_FAILURES_TO_EXCLUDE) -> list[str]:
+        """The nodes with at least `times` failures (a preemption is no node's fault): on
+        SLURM the requeue excludes them from the next attempt."""
+        counts: dict[str, int] = {}
+        for f in self.failures:
+            if f.node and f.kind != "preempted":
+                counts[f.node] = counts.get(f.node, 0) + 1
+        return sorted(n for n, c in counts.items() if c >= times)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["goodput"] = self.goodput
+        out["lost_s"] = round(self.lost_s, 3)
+        out["failing_nodes"] = self.failing_nodes()
+        for f, d in zip(self.failures, out["failures"], strict=True):
+            d["lost_s"] = round(f.lost_s, 3)
+        return out
+
+    def line(self) -> str:
+        """The run's goodput in one sentence."""
+        n = len(self.failures)
+        what = f"{n} failure{'s' if n != 1 else ''}, {self.lost_s:.0f} s lost"
+        if self.goodput is None:
+            return (
+                f"goodput unknown ({what}, {self.wall_s:.0f} s wall): the entry point notes no "
+                "steps (ddpkit.train.goodput.note)"
+            )
+        return f"goodput {self.goodput:.0%}: {what}"
+
+    def table(self) -> str:
+        """The drill's report: the totals, then one row per failure."""
+        rows = [
+            self.line(),
+            f"  wall {self.wall_s:.1f} s, productive {self.productive_s or 0:.1f} s, "
+            f"start-up {self.startup_s:.1f} s, checkpoints blocking {self.ckpt_blocking_s:.1f} s, "
+            f"attempts {self.attempts}",
+        ]
+        if self.failures:
+            head = ("kind", "attempt", "rank", "node", "detect", "restart", "load", "redo", "lost")
+            rows.append("  " + "".join(f"{h:>10}" for h in head))
+            for f in self.failures:
+                cells = (
+                    f.kind,
+                    f.attempt,
+                    "-" if f.rank is None else f.rank,
+                    f.node or "-",
+                    *(f"{v:.1f}s" for v in (f.detect_s, f.restart_s, f.load_s, f.recompute_s)),
+                    f"{f.lost_s:.1f}s",
+                )
+                rows.append("  " + "".join(f"{str(c)[:9]:>10}" for c in cells))
+        return "\n".join(rows)
+
+
+def _kind_of(code: int, facts: dict[str, Any]) -> str:
+    if facts.get("missing") or facts.get("stuck"):
+        return "hang"
+    if code in (2, 3) or facts.get("cause") == "code":
+        return "code error"
+    if code == -signal.SIGKILL:
+        return "killed"
+    if code < 0:
+        return (
+            f"signal {signal.Signals(-code).name}" if -code in signal.valid_signals() else "signal"
+        )
+    return "crashed"
+
+
+def _culprit(ends: list[dict[str, Any]], nodes: set[str]) -> tuple[str, int | None, str | None]:
+    """(kind, rank, node) of an attempt's failure from its workers' ends (exact times)."""
+    silent = sorted(nodes - {e.get("node") for e in ends})
+    if not ends:
+        return "lost", None, silent[0] if silent else None
+    first = min(ends, key=lambda e: e["time"])  # the launcher timed every end as it happened
+    if first.get("missing"):  # it gave up waiting: the rank it waited for is the cause
+        hung = int(first["missing"][0])
+        return "hang", hung, next((e.get("node") for e in ends if e.get("rank") == hung), None)
+    if silent:  # a node whose launcher reported nothing died with its workers
+        return "node lost", None, silent[0]
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for e in ends:
+        by_node.setdefault(str(e.get("node")), []).append(e)
+    mates = by_node[str(first.get("node"))]
+    if len(by_node) > 1 and all(e.get("code") == -signal.SIGKILL for e in mates):
+        return "node lost", None, first.get("node")
+    return _kind_of(int(first.get("code", 1)), first), first.get("rank"), first.get("node")
+
+
+def report(run_dir: str | Path, now: float | None = None) -> Report | None:
+    """The goodput of the run in `run_dir` from its records; None when there are none."""
+    recs = read(run_dir)
+    if not recs:
+        return None
+    groups: dict[tuple[Any, int], list[dict[str, Any]]] = {}
+    for r in recs:
+        if r["kind"] != "inject":  # the drill's own records belong to no attempt
+            groups.setdefault((r.get("launch"), int(r.get("attempt") or 0)), []).append(r)
+    order = sorted(groups.values(), key=lambda g: g[0]["time"])
+    injects = [r for r in recs if r["kind"] == "inject"]
+    productive: float | None = None
+    blocking = startup = 0.0
+    losses: list[Loss] = []
+    finished = False
+    for i, g in enumerate(order):
+        starts = [r["time"] for r in g if r["kind"] == "attempt"] or [g[0]["time"]]
+        start = min(starts)
+        ready = next((r for r in g if r["kind"] == "ready"), None)
+        saves = [r for r in g if r["kind"] == "save"]
+        done = next((r for r in g if r["kind"] == "done"), None)
+        stop = next((r for r in g if r["kind"] == "stop"), None)
+        ends = [r for r in g if r["kind"] == "end"]
+        blocked = sum(float(s.get("blocking_s") or 0) for s in saves)
+        blocking += blocked
+        if ready is not None:
+            productive = productive or 0.0
+            load = float(ready.get("load_s") or 0)
+            if i == 0 or not losses:
+                startup += max(0.0, ready["time"] - start - load)
+        if done is not None:
+            finished = True
+        if ready is not None:
+            kept_end = (done or stop or (saves[-1] if saves else ready))["time"]
+            kept = [s for s in saves if s["time"] <= kept_end]
+            blocked_kept = sum(float(s.get("blocking_s") or 0) for s in kept)
+            productive = (productive or 0.0) + max(0.0, kept_end - ready["time"] - blocked_kept)
+        else:
+            kept_end = start
+        if done is not None:
+            continue
+        nxt = order[i + 1] if i + 1 < len(order) else None
+        if stop is None and not ends and nxt is None:
+            continue  # still running (or its node vanished without a word: nothing to say)
+        window_end = nxt[0]["time"] if nxt else float("inf")
+        inj = next((r for r in injects if start <= r["time"] < window_end), None)
+        if stop is not None:
+            kind, rank, node = "preempted", None, stop.get("node")
+            at = stop["time"]
+            down = at
+        else:
+            nodes = {str(r.get("node")) for r in g if r["kind"] == "attempt"}
+            kind, rank, node = _culprit(ends, nodes)
+            if inj is not None:
+                kind = str(inj.get("what") or kind)
+                rank = inj.get("rank", rank)
+                node = inj.get("node", node)
+            first_end = min((e["time"] for e in ends), default=kept_end)
+            at = inj["time"] if inj is not None else first_end
+            down = max((e["time"] for e in ends), default=at)
+        loss = Loss(kind, i, at, rank, node)
+        loss.detect_s = max(0.0, down - at)
+        loss.recompute_s = max(0.0, at - kept_end) if ready is not None else 0.0
+        if nxt is not None:
+            n_ready = next((r for r in nxt if r["kind"] == "ready"), None)
+            loss.recovered = True
+            if n_ready is not None:
+                loss.load_s = float(n_ready.get("load_s") or 0)
+                loss.restart_s = max(0.0, n_ready["time"] - down - loss.load_s)
+            else:
+                loss.restart_s = max(0.0, nxt[0]["time"] - down)
+        losses.append(loss)
+    last = max(r["time"] for r in recs) if finished or now is None else now
+    return Report(
+        wall_s=max(0.0, last - recs[0]["time"]),
+        productive_s=productive,
+        ckpt_blocking_s=blocking,
+        startup_s=startup,
+        attempts=len(order),
+        failures=losses,
+        finished=finished,
+    )
+
+
+def write_report(run_dir: str | Path) -> Report | None:
+    """Compute the report and write it to <run_dir>/goodput.json (atomically)."""
+    rep = report(run_dir)
+    if rep is None:
+        return None
+    path = Path(run_dir) / REPORT_FILE
+    with contextlib.suppress(OSError):
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(rep.to_dict(), indent=2) + "\n")
+        os.replace(tmp, path)
+    return rep
+
+
+# --- the node launcher's side (train/node.py) -------------------------------------------------
+
+
+def launcher_attempt(attempt: int, local_rank: int) -> None:
+    """A torchrun attempt starts its workers on this node (noted once, by local rank 0)."""
+    if local_rank == 0:
+        record(os.environ.get(RUN_DIR_ENV), "attempt", attempt=attempt)
+
+
+def launcher_end(rank: int, code: int | None, when: float, attempt: int, error_file: str) -> None:
+    """A worker of this node ended; nonzero ends are noted with what its error file says
+    (the kit's diagnosis of a failed collective: the ranks it waited for, or stuck)."""
+    if code in (0, None):
+        return
+    facts: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        data = json.loads(Path(error_file).read_text()).get("ddpkit") or {}
+        facts = {k: data[k] for k in ("missing", "stuck", "phase", "cause") if k in data}
+    record(
+        os.environ.get(RUN_DIR_ENV),
+        "end",
+        time=when,
+        rank=rank,
+        code=code,
+        attempt=attempt,
+        **facts,
+    )
+
+
+def launcher_exit(run_dir: str | Path, requeue: bool, node_rank: int) -> str | None:
+    """At the launcher's exit: note the stop of a requeue; node 0 writes the report and
+    returns its one line (None elsewhere, or without records)."""
+    if requeue:
+        record(run_dir, "stop")
+    if node_rank != 0:
+        return None
+    rep = write_report(run_dir)
+    return None if rep is None else f"ddpkit: {rep.line()}"
+
+
+def note_done(run_dir: str | Path, step: int) -> Report | None:
+    """The trainer's rank 0 at the end of its last step: note it, and the report so far."""
+    record(run_dir, "done", step=step)
+    return report(run_dir)
+
+
+def status_lines(run_dir: str | Path) -> list[str]:
+    """What `ddpkit status` adds for a run whose run dir is on this machine: the goodput so
+    far and one line per failure (kind, rank, node, attempt, seconds lost)."""
+    rep = report(run_dir, now=time.time())
+    if rep is None:
+        return []
+    out = [f"  {rep.line()} (wall {rep.wall_s:.0f} s, {rep.attempts} attempt(s))"]
+    for f in rep.failures:
+        who = " ".join(
+            x
+            for x in (
+                f"rank {f.rank}" if f.rank is not None else "",
+                f"on {f.node}" if f.node else "",
+            )
+            if x
+        )
+        state = "recovered" if f.recovered else "not recovered (yet)"
+        out.append(
+            f"  failure: {f.kind} {who} in attempt {f.attempt}, {f.lost_s:.0f} s lost, {state}"
+        )
+    if bad := rep.failing_nodes():
+        out.append(
+            f"  excluded from the next attempt (SLURM): {', '.join(bad)} "
+            f"(failed {NODE_FAILURES_TO_EXCLUDE} times or more)"
+        )
+    return out
