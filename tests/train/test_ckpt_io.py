@@ -207,3 +207,14 @@ def test_torch_saves_own_crc_is_off_only_while_checkpoints_write() -> None:
     assert not ser.get_crc32_options()  # the other is still writing
     second.__exit__(None, None, None)
     assert ser.get_crc32_options()
+
+
+def test_a_checkpoints_step_is_read_from_a_local_dir_and_from_a_store_url(tmp_path):
+    """Resume notes the step it is ready from for goodput: a store's checkpoint comes back as
+    its URL (a str), a local one as a Path (CI caught the str case)."""
+    from ddpkit.train.ckpt.layout import step_of
+
+    assert step_of(tmp_path / "step-00000012") == 12
+    assert step_of("s3://bucket/run/step-00000012") == 12
+    assert step_of("s3://bucket/run/step-00000012/") == 12
+    assert step_of("s3://bucket/run/latest") is None

@@ -88,8 +88,9 @@ def list_checkpoints(ckpt_dir: Path) -> tuple[list[Path], list[Path]]:
     return complete, partial
 
 
-def step_of(p: Path) -> int | None:
-    m = _STEP_DIR.match(p.name)
+def step_of(p: Path | str) -> int | None:
+    """The step of a checkpoint dir, local (a Path) or in a store (its URL, a str)."""
+    m = _STEP_DIR.match(p.name if isinstance(p, Path) else str(p).rstrip("/").rsplit("/", 1)[-1])
     return int(m.group(1)) if m else None
 
 
