@@ -366,13 +366,18 @@ def launcher_end(rank: int, code: int | None, when: float, attempt: int, error_f
 
 def launcher_exit(run_dir: str | Path, requeue: bool, node_rank: int) -> str | None:
     """At the launcher's exit: note the stop of a requeue; node 0 writes the report and
-    returns its one line (None elsewhere, or without records)."""
+    returns its one line when a failure was recovered or a requeue follows: after restarts
+    the line says what they cost. None elsewhere, without records, and for a launch of one
+    attempt: its end is said by the trainer's done line, or by the one error line a failure
+    or bad input gets (which must stay the only line: no goodput beside it)."""
     if requeue:
         record(run_dir, "stop")
     if node_rank != 0:
         return None
     rep = write_report(run_dir)
-    return None if rep is None else f"ddpkit: {rep.line()}"
+    if rep is None or (rep.attempts < 2 and not requeue):
+        return None
+    return f"ddpkit: {rep.line()}"
 
 
 def note_done(run_dir: str | Path, step: int) -> Report | None:

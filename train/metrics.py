@@ -229,12 +229,18 @@ class Reporter:
         self.info(f"eval at step {rec['step']}: loss {rec['eval_loss']:.4f}{acc}")
 
     def log_goodput(self, step: int, rep: Any) -> None:
-        """The run's goodput so far (a train.goodput.Report): one record in metrics.jsonl."""
+        """The run's goodput so far (a train.goodput.Report), to the logging backends
+        (TensorBoard, W&B, MLflow) as scalars. Not to metrics.jsonl: its lines are the steps'
+        and evaluations' records, which readers take the last line of; the report itself is in
+        summary.json["goodput"] and <run dir>/goodput.json."""
         if not self.enabled or rep is None:
             return
         d = rep.to_dict()
         keys = ("goodput", "wall_s", "productive_s", "lost_s", "ckpt_blocking_s", "attempts")
-        self._write({"step": step, **{k: d[k] for k in keys}, "failures": len(rep.failures)})
+        values = {f"goodput/{k}": float(d[k]) for k in keys if d.get(k) is not None}
+        values["goodput/failures"] = float(len(rep.failures))
+        for b in self.backends:
+            b.log(values, step)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -119,7 +119,7 @@ def test_a_killed_worker_restarts_in_place_and_the_report_lists_it(tmp_path):
     assert kill["load_s"] > 0 and kill["recompute_s"] > 0  # resumed at step 6, killed at 8
     assert 0 < rep["productive_s"] < rep["wall_s"]
     last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
-    assert last["goodput"] == pytest.approx(rep["goodput"]) and last["failures"] == 1
+    assert "loss" in last and "goodput" not in last  # metrics.jsonl stays the steps' records
     after = json.loads((run_dir / goodput.REPORT_FILE).read_text())  # the launcher's, at exit
     assert after["failures"][0]["kind"] == "killed"
     assert f"ddpkit: goodput {after['goodput']:.0%}: 1 failure, " in p.stderr

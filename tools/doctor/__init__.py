@@ -1,5 +1,5 @@
 """The doctor: can this node (or, under torchrun/srun, every node) run a distributed job.
-One command, `ddpkit doctor` (`python -m ddpkit.tools.doctor`, under torchrun on every rank).
+One command, `ddpkit doctor` (under torchrun on every rank: `torchrun ... -m ddpkit.tools.doctor`).
 
 Each module imports only those listed before it:
 

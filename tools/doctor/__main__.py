@@ -1,4 +1,5 @@
-"""`python -m ddpkit.tools.doctor` (also under torchrun): the same as `ddpkit doctor`."""
+"""The doctor as a module (`torchrun ... -m ddpkit.tools.doctor` on every rank): the same as
+`ddpkit doctor`."""
 
 import sys
 

@@ -1,6 +1,6 @@
 """The planner: what a job needs per GPU (memory) and how long its step takes (step time), for
 each data-parallel strategy, before it waits in a queue. One command, `ddpkit memory`
-(`python -m ddpkit.tools.planner`); `--dry-run` and `--step-time` are modes of it.
+(also `-m ddpkit.tools.planner` as a module); `--dry-run` and `--step-time` are modes of it.
 
 One concern per module, each importing only those listed before it:
 

@@ -1,4 +1,4 @@
-"""`python -m ddpkit.tools.planner`: the same as `ddpkit memory`."""
+"""The planner as a module (`-m ddpkit.tools.planner`): the same as `ddpkit memory`."""
 
 import sys
 
