@@ -111,7 +111,15 @@ def grace_period_s(spec: JobSpec) -> int:
 
 
 def max_restarts(spec: JobSpec) -> int:
-    if spec.k8s.elastic.min is not None and spec.max_restarts == 0:
+    """torchrun's in-place budget in the pods. An elastic job restarts its group on every
+    membership change (its own default). A fixed-size job left at the default gets 0: the
+    operator restarts a failed pod (restartPolicy OnFailure) and the job resumes from the
+    checkpoint; with in-place restarts as well, a deleted worker pod's job ended Succeeded
+    without resuming from its SIGTERM save (tests/backends/test_k8s_real.py, seen twice)."""
+    elastic = spec.k8s.elastic.min is not None
+    if spec.max_restarts is None:
+        return ELASTIC_DEFAULT_RESTARTS if elastic else 0
+    if elastic and spec.max_restarts == 0:
         return ELASTIC_DEFAULT_RESTARTS
     return spec.max_restarts
 

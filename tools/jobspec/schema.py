@@ -80,6 +80,9 @@ NAME_CHECK = matches(
 )
 
 
+DEFAULT_MAX_RESTARTS = 3  # in-place restarts when the job file sets none
+
+
 @dataclass
 class JobSpec:
     # job name: lowercase letters, digits, '-'
@@ -122,7 +125,9 @@ class JobSpec:
     # torchrun --max-restarts: in-place restarts of the whole group after a worker or node
     # failure, each resuming from the newest complete checkpoint. A failure of the user's own
     # code (an exception, bad input, a diverged loss) is never retried (train/failclass.py).
-    max_restarts: int = field(default=3, metadata=checks(at_least(0)))
+    # Unset: DEFAULT_MAX_RESTARTS (3), except a Kubernetes job without k8s.elastic, whose
+    # failed pods the operator restarts (0 there: k8s/render.py says why).
+    max_restarts: int | None = field(default=None, metadata=checks(at_least(0)))
     # "torchft": replica groups that keep training while one dies and rejoins from a live
     # peer (train/ft.py, docs/fault-tolerance.md); "none": a failure restarts the whole job
     fault_tolerance: Literal["none", "torchft"] = "none"
@@ -242,9 +247,14 @@ class JobSpec:
             "--run-dir", self.run_dir,
             "--shutdown-timeout", str(self.shutdown_budget_s),
             *rendezvous,
-            f"--max-restarts={self.max_restarts}",
+            f"--max-restarts={self.restart_budget}",
             "--", *self.entry_argv(),
         ]  # fmt: skip
+
+    @property
+    def restart_budget(self) -> int:
+        """max_restarts, or the default when the job file leaves it unset."""
+        return DEFAULT_MAX_RESTARTS if self.max_restarts is None else self.max_restarts
 
     def debug_env(self) -> dict[str, str]:
         return debug_env(self.debug)
