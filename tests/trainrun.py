@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -40,6 +41,20 @@ def clean_env(**extra: str) -> dict[str, str]:
     env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
     env.update(extra)
     return env
+
+
+def memory_here(capsys, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """`ddpkit memory ARGS` in this process, from `cwd` (the repository root by default),
+    output captured as run_module captures it. A subprocess imports torch again (~4 s of CPU
+    per call on these cores, most of a planner test's time); the planner's own process (exit
+    status, one-line errors through the installed command) keeps its tests that run it so."""
+    from ddpkit.tools.planner.cli import main
+
+    capsys.readouterr()
+    with contextlib.chdir(cwd):
+        rc = main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["ddpkit", "memory", *args], rc, out, err)
 
 
 def run_module(

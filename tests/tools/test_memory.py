@@ -14,7 +14,7 @@ import pytest
 from ddpkit.tools.planner.memory import make_plan, parse_count
 from ddpkit.tools.planner.model import shard_rows
 
-from tests.trainrun import run_module
+from tests.trainrun import memory_here, run_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -201,31 +201,46 @@ def _user_project(tmp_path: Path) -> Path:
     return proj
 
 
-def test_memory_plans_the_users_own_model_from_the_workspace(tmp_path, one_line_error):
+def test_memory_plans_the_users_own_model_from_the_workspace(
+    tmp_path, one_line_error, capsys, monkeypatch
+):
     """`ddpkit memory --model models:build_model` from the directory holding models/ imports
     it (no PYTHONPATH); the input shape comes from a flag or the job's dataset; a model the
-    planner cannot run on the input it has is one line, exit 2."""
+    planner cannot run on the input it has is one line, exit 2. The installed command runs
+    from the project twice (the import, and the one-line refusal as a process); the other
+    cases run the planner's main() in this process, from the same directories."""
     ddpkit = str(Path(sys.executable).with_name("ddpkit"))
     proj = _user_project(tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    monkeypatch.delitem(sys.modules, "models", raising=False)  # the user's, imported below
 
-    def memory(*args: str, cwd: Path = proj) -> subprocess.CompletedProcess[str]:
+    def memory(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [ddpkit, "memory", "--gpus", "8", "--json", *args],
-            cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+            cwd=proj, env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
+
+    def here(*args: str, cwd: Path = proj) -> subprocess.CompletedProcess[str]:
+        return memory_here(capsys, "--gpus", "8", "--json", *args, cwd=cwd)
 
     params = 3 * 32 * 32 * 10 + 10
     flagged = memory("--model", "models:build_model", "--input-shape", "3,32,32")
     assert flagged.returncode == 0, flagged.stderr
     assert json.loads(flagged.stdout)["num_params"] == params
-    for how in ([], ["--dry-run"], ["--step-time"]):  # MNIST's 1x28x28 by default
-        line = one_line_error(memory("--model", "models:build_model", *how))
-        assert "models:build_model" in line and "--input-shape" in line and "1x28x28" in line
-    # the job's dataset shapes the input, and the job file's directory is the workspace
-    (proj / "job.toml").write_text('[train]\nmodel = "models:build_model"\ndataset = "cifar10"\n')
-    job = memory("--config", str(proj / "job.toml"), "--dry-run", cwd=tmp_path)
-    assert job.returncode == 0, job.stderr
-    assert json.loads(job.stdout)["params"] == params
-    bad = one_line_error(memory("--model", "models:build_model", "--input-shape", "3,x"))
-    assert "--input-shape" in bad
+    line = one_line_error(memory("--model", "models:build_model"))  # MNIST's 1x28x28 by default
+    assert "models:build_model" in line and "--input-shape" in line and "1x28x28" in line
+    try:
+        for how in (["--dry-run"], ["--step-time"]):
+            line = one_line_error(here("--model", "models:build_model", *how))
+            assert "models:build_model" in line and "--input-shape" in line and "1x28x28" in line
+        # the job's dataset shapes the input, and the job file's directory is the workspace
+        job_file = proj / "job.toml"
+        job_file.write_text('[train]\nmodel = "models:build_model"\ndataset = "cifar10"\n')
+        job = here("--config", str(job_file), "--dry-run", cwd=tmp_path)
+        assert job.returncode == 0, job.stderr
+        assert json.loads(job.stdout)["params"] == params
+        bad = one_line_error(here("--model", "models:build_model", "--input-shape", "3,x"))
+        assert "--input-shape" in bad
+    finally:
+        for name in [m for m in sys.modules if m == "models" or m.startswith("models.")]:
+            del sys.modules[name]

@@ -3,7 +3,6 @@ process group, its measured state per rank against the ZeRO table, and what it r
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import subprocess
@@ -19,7 +18,7 @@ from ddpkit.tools.planner.memory import make_plan
 from ddpkit.tools.planner.model import describe_model, load_cfg
 from torch import nn
 
-from tests.trainrun import ROOT, run_module
+from tests.trainrun import memory_here, run_module
 
 
 def gpt_cfg(path: str = "configs/gpt.toml"):
@@ -129,30 +128,16 @@ def test_a_layer_fsdp_cannot_shard_is_refused():
         (["--gpus", "12", "--nodes", "5"], "not a multiple of --nodes 5"),
     ],
 )
-def test_cli_refuses_what_fails_on_the_cluster(args, needle, one_line_error):
-    proc = run_module("ddpkit.tools.planner", "--config", "configs/gpt.toml", "--dry-run", *args)
+def test_cli_refuses_what_fails_on_the_cluster(args, needle, one_line_error, capsys):
+    proc = memory_here(capsys, "--config", "configs/gpt.toml", "--dry-run", *args)
     assert needle in one_line_error(proc)
-
-
-def plan_here(capsys, *args: str) -> subprocess.CompletedProcess[str]:
-    """`ddpkit memory ARGS` in this process, from the repository root, output captured as
-    run_module captures it. A subprocess would import torch again: ~4 s of CPU per call,
-    most of such a test's time; the CLI's own process (exit status, one-line errors) is
-    run_module's to test, in the tests above and below."""
-    from ddpkit.tools.planner.cli import main
-
-    capsys.readouterr()
-    with contextlib.chdir(ROOT):
-        rc = main(list(args))
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(["ddpkit", "memory", *args], rc, out, err)
 
 
 @pytest.mark.parametrize("how", [["--dry-run"], [], ["--step-time", "--mfu", "0.4"]])
 def test_a_plan_warns_of_less_data_than_a_global_batch_and_plans(how, capsys):
     """The memory of a step does not depend on the dataset's length: a plan at a world the
     example's data cannot fill is made, with one warning line (the real run refuses it)."""
-    proc = plan_here(
+    proc = memory_here(
         capsys, "--config", "configs/gpt.toml", "--gpus", "1024", "--nodes", "128",
         "--strategy", "FULL_SHARD", "--peak-tflops", "989", "--json", *how,
     )  # fmt: skip
@@ -161,28 +146,27 @@ def test_a_plan_warns_of_less_data_than_a_global_batch_and_plans(how, capsys):
     assert len(warnings) == 1 and warnings[0].startswith("warning: "), proc.stderr
     assert "Traceback" not in proc.stderr
     assert json.loads(proc.stdout)  # the plan itself
-    enough = plan_here(
+    enough = memory_here(
         capsys, "--config", "configs/gpt.toml", "--gpus", "8", "--json", *how,
         "--peak-tflops", "989",
     )  # fmt: skip
     assert enough.returncode == 0 and "global batch" not in enough.stderr, enough.stderr
 
 
-def test_cli_refuses_a_scalar_parameter(one_line_error):
+def test_cli_refuses_a_scalar_parameter(one_line_error, capsys):
     model = "tests.tools.test_memory_dryrun:scalar_model"
-    proc = run_module("ddpkit.tools.planner", "--model", model, "--gpus", "8", "--dry-run")
+    proc = memory_here(capsys, "--model", model, "--gpus", "8", "--dry-run")
     assert "FULL_SHARD cannot shard" not in proc.stderr  # its own strategy: DDP (the default)
     assert proc.returncode == 0, proc.stderr
-    proc = run_module(
-        "ddpkit.tools.planner", "--model", model, "--gpus", "8", "--strategy", "FULL_SHARD",
-        "--dry-run",
-    )  # fmt: skip
+    proc = memory_here(
+        capsys, "--model", model, "--gpus", "8", "--strategy", "FULL_SHARD", "--dry-run"
+    )
     assert "FULL_SHARD cannot shard this model on 8 ranks" in one_line_error(proc)
 
 
-def test_cli_json_holds_params_and_measured_state_per_rank():
-    proc = run_module(
-        "ddpkit.tools.planner", "--config", "configs/gpt.toml", "--gpus", "64", "--nodes", "8",
+def test_cli_json_holds_params_and_measured_state_per_rank(capsys):
+    proc = memory_here(
+        capsys, "--config", "configs/gpt.toml", "--gpus", "64", "--nodes", "8",
         "--strategy", "FULL_SHARD", "--strategy", "HYBRID_SHARD", "--dry-run", "--json",
         "--gpu-mem", "80",
     )  # fmt: skip
@@ -201,6 +185,8 @@ def test_cli_json_holds_params_and_measured_state_per_rank():
 
 
 def test_cli_dry_run_needs_a_model(one_line_error):
+    """Through the planner's own process: exit 2, one line, no traceback (the tests above run
+    its main() in this process)."""
     proc = run_module("ddpkit.tools.planner", "--params", "7B", "--gpus", "8", "--dry-run")
     assert "--dry-run builds the model" in one_line_error(proc)
 
@@ -214,10 +200,8 @@ def test_350m_gpt_on_1024_ranks_is_quick():
     assert took < 60, took
 
 
-def test_cli_table_reads_as_a_plan():
-    proc = run_module(
-        "ddpkit.tools.planner", "--config", "configs/gpt.toml", "--gpus", "8", "--dry-run"
-    )
+def test_cli_table_reads_as_a_plan(capsys):
+    proc = memory_here(capsys, "--config", "configs/gpt.toml", "--gpus", "8", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert "state (measured)" in proc.stdout and "ZeRO table" in proc.stdout
     row = next(line for line in proc.stdout.splitlines() if line.startswith("FULL_SHARD"))
