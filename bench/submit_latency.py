@@ -8,9 +8,10 @@ Needs the local SLURM cluster up (`make slurm-up`; it is never started or stoppe
 user's 5-step DDP script (2 gloo ranks on one node) is submitted both ways from a project in a
 temporary directory under the shared filesystem, in pairs whose order alternates:
 
-    plain   sbatch job.sbatch    #SBATCH --nodes=1 --ntasks-per-node=1 --cpus-per-task=8
+    plain   sbatch job.sbatch    #SBATCH --nodes=1 --ntasks-per-node=1 --cpus-per-task=2
                                  srun torchrun --standalone --nproc-per-node 2 train.py
-    kit     ddpkit submit slurm  (ddpkit.toml: script = "train.py", nproc_per_node = 2, cpu)
+    kit     ddpkit submit slurm  (ddpkit.toml: script = "train.py", nproc_per_node = 2,
+                                 cpus_per_proc = 1, accelerator = "cpu")
 
 First step: rank 0 writes the wall-clock time its first optimizer step ended into a file
 (this machine is every node of the local cluster: one clock). Reported: submit to first step
@@ -60,18 +61,21 @@ for step in range(5):
 dist.destroy_process_group()
 """
 
-JOB = 'name = "bench"\nnproc_per_node = 2\naccelerator = "cpu"\nscript = "train.py"\ntime = "00:10:00"\n'
+JOB = (
+    'name = "bench"\nnproc_per_node = 2\ncpus_per_proc = 1\naccelerator = "cpu"\n'
+    'script = "train.py"\ntime = "00:10:00"\n'
+)
 
 SBATCH = """\
 #!/bin/bash
 #SBATCH --job-name={name}
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
-#SBATCH --cpus-per-task=8
+#SBATCH --cpus-per-task=2
 #SBATCH --time=10
 #SBATCH --output={proj}/slurm-%x-%j.out
 #SBATCH --chdir={proj}
-srun --cpus-per-task=8 {torchrun} --standalone --nproc-per-node 2 train.py --mark "$1"
+srun --cpus-per-task=2 {torchrun} --standalone --nproc-per-node 2 train.py --mark "$1"
 """
 
 
