@@ -44,6 +44,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
 _group = {"kept": False, "gone": False}  # this process's group across fit() calls
 
 
