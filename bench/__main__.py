@@ -5,6 +5,9 @@
     python -m bench --only ckpt      # checkpoint save sync/async/raw disk, resume vs fresh
     python -m bench --only s3        # checkpoints in a real S3 server vs its raw put/get
     python -m bench --only launch    # ddpkit run vs torchrun --standalone of a user's script
+    python -m bench --only submit    # ddpkit submit slurm vs sbatch + srun torchrun, submit to
+                                     # first step (the local SLURM cluster; "all" skips it when
+                                     # no cluster answers)
     python -m bench --only hf        # a tiny Hugging Face model: the kit vs a plain FSDP2 loop
     python -m bench --only steptime  # the step-time model vs real steps at 1/2/4 ranks (~30 min;
                                      # not part of "all": = python -m bench.steptime_accuracy)
@@ -69,7 +72,9 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: list[str] | None = None) -> int:
     p = _Parser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--only", choices=("all", "step", "ckpt", "s3", "launch", "hf", "steptime"), default="all"
+        "--only",
+        choices=("all", "step", "ckpt", "s3", "launch", "submit", "hf", "steptime"),
+        default="all",
     )
     p.add_argument("--reps", type=int, default=3, help="step-time repetitions per variant")
     p.add_argument("--quick", action="store_true", help="tiny sizes, one repetition")
@@ -104,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
 
             _log("launch: ddpkit run vs torchrun --standalone, paired")
             lines += launch_overhead.run(1 if args.quick else 10, out, env)
+        if args.only in ("all", "submit"):
+            lines += run_submit(args.only == "all", args.quick, out, env)
         if args.only in ("all", "hf"):
             lines += run_hf(args.quick, work, out, env)
     except BenchError as e:
@@ -137,6 +144,23 @@ def run_s3(quick: bool, out: Path) -> list[str]:
         "== " + line if i == 0 else line
         for i, line in enumerate(objstore.report(json.loads(path.read_text())))
     ]
+
+
+def run_submit(optional: bool, quick: bool, out: Path, env: dict) -> list[str]:
+    """Submit to first step on the local SLURM cluster; in "all", a line instead of an error
+    when no cluster answers (it is started by `make slurm-up`, never here)."""
+    from bench import submit_latency
+
+    if optional and quick:  # the smoke run stays off the cluster (other lanes' tests use it)
+        return ["submit: skipped with --quick in all (python -m bench --only submit runs it)"]
+    try:
+        submit_latency.cluster_up()
+    except BenchError as e:
+        if not optional:
+            raise
+        return [f"submit: skipped ({e})"]
+    _log("submit: ddpkit submit slurm vs sbatch + srun torchrun, to first step, paired")
+    return submit_latency.run(1 if quick else 3, out, env)
 
 
 def hf_case(quick: bool, work: Path) -> loop_overhead.Interleaved:

@@ -22,13 +22,31 @@ in one line and returns 1 instead of hanging.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddpkit.train import builtins, user  # noqa: F401  (fill the registry before anything reads it)
-from ddpkit.train.config import TrainConfig
 from ddpkit.train.errors import UserError
 
+if TYPE_CHECKING:
+    from ddpkit.train.config import TrainConfig
+
 __all__ = ["TrainConfig", "UserError", "fit"]
+
+
+def __getattr__(name: str) -> Any:
+    """TrainConfig on first use: every process that imports a submodule runs this file (each
+    worker of a user's script runs ddpkit.train.node), and most never read the config
+    (its import, tomllib included, was a third of this package's)."""
+    if name == "TrainConfig":
+        from ddpkit.train.config import TrainConfig
+
+        return TrainConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 _group = {"kept": False, "gone": False}  # this process's group across fit() calls
 

@@ -148,3 +148,24 @@ def test_ddpkit_status_with_a_damaged_record_is_one_line(tmp_path, one_line_erro
         f"error: {path} is not a job record this kit wrote (run_dir: an integer (3), not a "
         "string); pass a job id (ddpkit status local JOB), or delete it and submit again"
     )
+
+
+def test_a_passed_node_env_check_is_remembered_until_the_import_path_changes(tmp_path, monkeypatch):
+    """check_node_env imports torch in a fresh Python (seconds on every submit): a pass is
+    kept in .ddpkit/checked/, and a torch that shadows the real one in the workspace (first
+    on the nodes' import path) is found again, not served from the cache."""
+    from ddpkit.tools.backends import check_node_env
+    from ddpkit.tools.jobspec import load_spec
+
+    (tmp_path / "train.py").write_text("print('hello')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    spec = load_spec(None, ["script=train.py", "module=none"])
+    check_node_env(spec, sys.executable, "python")
+    (mark,) = (tmp_path / ".ddpkit" / "checked").iterdir()
+    check_node_env(spec, sys.executable, "python")  # served from the mark
+    assert list((tmp_path / ".ddpkit" / "checked").iterdir()) == [mark]
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('a stray torch')\n")
+    with pytest.raises(SpecError, match="torch 'torch' does not import with .*a stray torch"):
+        check_node_env(spec, sys.executable, "python")

@@ -11,6 +11,8 @@ its jobs only, and the launcher renders and submits through it, Make variables a
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -115,3 +117,33 @@ def test_print_spec_make_and_init_know_it(toy: Path, capsys) -> None:
     text = init.render("demo", 1, {"script": "train.py"})
     assert text.endswith('\n[toy]\n# queue = "fast"\n')
     assert "\n[slurm]\n" in text  # the kit engines' lines, from their packages too
+
+
+# --- what a job load imports of the engines (issue 34: launch overhead) ----------------------
+
+
+def test_the_options_hint_names_each_kit_engines_own_options() -> None:
+    """registry.OPTIONS only spares the imports: each entry is the Backend's own Options."""
+    assert set(registry.OPTIONS) == set(registry.BACKENDS)
+    for name, path in registry.OPTIONS.items():
+        hinted = None if path is None else registry._imported(path)
+        assert registry.builtin_class(name).Options is hinted, name
+
+
+def test_a_local_render_loads_no_other_engine_and_no_torch(tmp_path: Path) -> None:
+    """`ddpkit run`'s CLI process types every engine's table from its options module alone:
+    no engine's backend, render or client, and no torch (about 2 CPU-seconds a launch)."""
+    (tmp_path / "train.py").write_text("print('hello')\n")
+    probe = (
+        "import sys\n"
+        "from ddpkit.tools import submit\n"
+        "assert submit.run(['render', 'local', 'train.py', '--set', 'slurm.partition=p']) == 0\n"
+        "heavy = [m for m in sys.modules if m == 'torch' or m.startswith(('ddpkit.slurm.',"
+        " 'ddpkit.k8s.', 'ddpkit.docker.')) and not m.endswith('.options')]\n"
+        "print('LOADED', heavy)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines()[-1] == "LOADED []", r.stdout[-2000:]

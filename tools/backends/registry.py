@@ -21,6 +21,18 @@ BACKENDS = {
 }
 ENTRY_POINT_GROUP = "ddpkit.backends"  # plugins: name = "module:Class"
 
+# Where the built-in engines' Options live (None: no table), read by builtin_options so that
+# every job load (each `ddpkit run`) types [slurm], [k8s], [docker] without importing the
+# engines' backends (their renders, cluster probes, templates: ~85 ms a call). A speed hint,
+# never the definition: each Backend.Options is the class named here (a test holds them
+# equal), and an engine missing here has its backend imported for its Options, as before.
+OPTIONS = {
+    "local": None,
+    "slurm": "ddpkit.slurm.options:SlurmOptions",
+    "k8s": "ddpkit.k8s.options:K8sOptions",
+    "docker": "ddpkit.docker.options:DockerOptions",
+}
+
 
 def registered() -> dict[str, str]:
     """Every backend by name -> "module:Class": the built-in ones, then the plugins other
@@ -35,12 +47,23 @@ def registered() -> dict[str, str]:
 def builtin_class(name: str) -> Any:
     """The Backend class of built-in engine `name`, imported now (the kit's own: an import
     error here is a bug of the kit, so it is not dressed as a user's mistake)."""
-    module_name, _, cls_name = BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module_name), cls_name)
+    return _imported(BACKENDS[name])
+
+
+def _imported(path: str) -> Any:
+    module_name, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
 
 
 def builtin_options() -> dict[str, type]:
     """The built-in engines' Options by name, in BACKENDS' order: the tables every job
-    file may hold, typed whichever engine acts on the job."""
-    classes = {name: builtin_class(name) for name in BACKENDS}
-    return {name: cls.Options for name, cls in classes.items() if cls.Options is not None}
+    file may hold, typed whichever engine acts on the job. Only the options modules are
+    imported for the engines listed in OPTIONS."""
+    found: dict[str, type | None] = {}
+    for name in BACKENDS:
+        if name in OPTIONS:
+            path = OPTIONS[name]
+            found[name] = None if path is None else _imported(path)
+        else:
+            found[name] = builtin_class(name).Options
+    return {name: cls for name, cls in found.items() if cls is not None}

@@ -3,40 +3,78 @@
 One concern per module, imported downward only:
 - files.py: the CRC-32s of a step dir's files and the disk's error messages (torch-free);
 - layout.py: step dirs, markers, what a complete checkpoint is, verify (torch-free at import);
+- store.py: checkpoints in an object store (s3://), torch-free;
 - io.py: DCP storage that hashes while writing and verifies while reading;
 - parts.py: the named stateful parts a checkpoint holds (model, optimizer, RNG, values);
 - compat.py: whether a checkpoint fits this run, and what a failed load says;
 - manager.py: Checkpointer, the save/resume/prune protocol over all of them.
 
 The names below are the package's interface (the trainer, `ddpkit ckpt`, the benchmarks).
+Each is imported from its module on first use (PEP 562): the torch-free tools that read a
+submodule (the renders' `ckpt.store`, `ddpkit ckpt`) must not pay for torch, which manager.py
+imports (about 1-2 CPU-seconds on every `ddpkit run`, render or status otherwise).
 """
 
-from ddpkit.train.ckpt.layout import (
-    ABANDONED_DIR,
-    is_complete,
-    list_checkpoints,
-    read_marker,
-    step_of,
-    verify,
-)
-from ddpkit.train.ckpt.manager import (
-    CheckpointDirUnwritable,
-    Checkpointer,
-    DiskFull,
-    UnusableCheckpoint,
-    check_resume_path,
-    first_problem,
-)
-from ddpkit.train.ckpt.parts import (
-    ModelState,
-    OptimizerState,
-    RngState,
-    Stateful,
-    Values,
-    rng_state,
-    set_rng_state,
-)
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ddpkit.train.ckpt.layout import (
+        ABANDONED_DIR,
+        is_complete,
+        list_checkpoints,
+        read_marker,
+        step_of,
+        verify,
+    )
+    from ddpkit.train.ckpt.manager import (
+        CheckpointDirUnwritable,
+        Checkpointer,
+        DiskFull,
+        UnusableCheckpoint,
+        check_resume_path,
+        first_problem,
+    )
+    from ddpkit.train.ckpt.parts import (
+        ModelState,
+        OptimizerState,
+        RngState,
+        Stateful,
+        Values,
+        rng_state,
+        set_rng_state,
+    )
+
+_HOME = {
+    "layout": (
+        "ABANDONED_DIR",
+        "is_complete",
+        "list_checkpoints",
+        "read_marker",
+        "step_of",
+        "verify",
+    ),
+    "manager": (
+        "CheckpointDirUnwritable",
+        "Checkpointer",
+        "DiskFull",
+        "UnusableCheckpoint",
+        "check_resume_path",
+        "first_problem",
+    ),
+    "parts": (
+        "ModelState",
+        "OptimizerState",
+        "RngState",
+        "Stateful",
+        "Values",
+        "rng_state",
+        "set_rng_state",
+    ),
+}
+_MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 __all__ = [
     "ABANDONED_DIR",
     "CheckpointDirUnwritable",
@@ -58,3 +96,16 @@ __all__ = [
     "step_of",
     "verify",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # the next lookup is a plain one
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
