@@ -6,6 +6,8 @@
     python -m bench --only s3        # checkpoints in a real S3 server vs its raw put/get
     python -m bench --only launch    # ddpkit run vs torchrun --standalone of a user's script
     python -m bench --only hf        # a tiny Hugging Face model: the kit vs a plain FSDP2 loop
+    python -m bench --only goodput   # goodput under a fixed failure schedule (kill, stop, node);
+                                     # with --quick the short schedule (all --quick skips it)
     python -m bench --only steptime  # the step-time model vs real steps at 1/2/4 ranks (~30 min;
                                      # not part of "all": = python -m bench.steptime_accuracy)
     python -m bench --quick          # tiny sizes, one repetition: checks the scripts run
@@ -69,7 +71,9 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: list[str] | None = None) -> int:
     p = _Parser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--only", choices=("all", "step", "ckpt", "s3", "launch", "hf", "steptime"), default="all"
+        "--only",
+        choices=("all", "step", "ckpt", "s3", "launch", "hf", "goodput", "steptime"),
+        default="all",
     )
     p.add_argument("--reps", type=int, default=3, help="step-time repetitions per variant")
     p.add_argument("--quick", action="store_true", help="tiny sizes, one repetition")
@@ -106,6 +110,13 @@ def main(argv: list[str] | None = None) -> int:
             lines += launch_overhead.run(1 if args.quick else 10, out, env)
         if args.only in ("all", "hf"):
             lines += run_hf(args.quick, work, out, env)
+        # --quick's "all" checks the scripts run within the smoke test's budget: the drill
+        # takes minutes of failures, so only `--only goodput --quick` runs its short schedule.
+        if args.only == "goodput" or (args.only == "all" and not args.quick):
+            from bench import goodput
+
+            _log("goodput: a local job meets a killed rank, a stopped rank and a lost node")
+            lines += goodput.run(args.quick, work, out, env)
     except BenchError as e:
         print(f"error: a benchmark launch failed: {e}", file=sys.stderr)
         return 1
