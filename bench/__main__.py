@@ -9,6 +9,8 @@
                                      # first step (the local SLURM cluster; "all" skips it when
                                      # no cluster answers)
     python -m bench --only hf        # a tiny Hugging Face model: the kit vs a plain FSDP2 loop
+    python -m bench --only goodput   # goodput under a fixed failure schedule (kill, stop, node);
+                                     # with --quick the short schedule (all --quick skips it)
     python -m bench --only steptime  # the step-time model vs real steps at 1/2/4 ranks (~30 min;
                                      # not part of "all": = python -m bench.steptime_accuracy)
     python -m bench --quick          # tiny sizes, one repetition: checks the scripts run
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     p = _Parser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--only",
-        choices=("all", "step", "ckpt", "s3", "launch", "submit", "hf", "steptime"),
+        choices=("all", "step", "ckpt", "s3", "launch", "submit", "hf", "goodput", "steptime"),
         default="all",
     )
     p.add_argument("--reps", type=int, default=3, help="step-time repetitions per variant")
@@ -113,6 +115,13 @@ def main(argv: list[str] | None = None) -> int:
             lines += run_submit(args.only == "all", args.quick, out, env)
         if args.only in ("all", "hf"):
             lines += run_hf(args.quick, work, out, env)
+        # --quick's "all" checks the scripts run within the smoke test's budget: the drill
+        # takes minutes of failures, so only `--only goodput --quick` runs its short schedule.
+        if args.only == "goodput" or (args.only == "all" and not args.quick):
+            from bench import goodput
+
+            _log("goodput: a local job meets a killed rank, a stopped rank and a lost node")
+            lines += goodput.run(args.quick, work, out, env)
     except BenchError as e:
         print(f"error: a benchmark launch failed: {e}", file=sys.stderr)
         return 1

@@ -27,6 +27,7 @@ from ddpkit.k8s.render import (
     FILE_EXT,
     LAUNCH_SCRIPT,
     command,
+    grace_period_s,
     manifests,
     render,
     volumes,
@@ -57,6 +58,9 @@ class K8sBackend(Backend):
             parser.add_argument(
                 "-f", "--follow", action="store_true", help="logs: stream every pod to the end"
             )
+
+    def stop_window(self, spec: JobSpec) -> tuple[int, str]:
+        return grace_period_s(spec), "the pods' terminationGracePeriodSeconds"
 
     def render(self, spec: JobSpec) -> str:
         return render(spec)

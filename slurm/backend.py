@@ -98,6 +98,10 @@ class SlurmBackend(Backend):
         super().validate(spec)  # the [slurm] table's field checks (SlurmOptions)
         validate(spec)
 
+    def stop_window(self, spec: JobSpec) -> tuple[int, str]:
+        lead = grace_s(spec)
+        return lead, f"SLURM --signal={spec.slurm.signal}@{lead} lead time, slurm.grace_s"
+
     def render(self, spec: JobSpec) -> str:
         return render(spec)
 

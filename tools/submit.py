@@ -250,8 +250,11 @@ def run(argv: list[str], shown: str | None = None) -> int:
 
 
 def _act(backend: Any, opts: argparse.Namespace, spec: JobSpec | None, members: list) -> int:
+    planned: dict[str, int] = {}
     if opts.plan and opts.action in ("render", "submit"):
-        check_plan(members or [spec])
+        planned = check_plan(members or [spec])
+    if (opts.action == "submit" or opts.plan and opts.action == "render") and spec is not None:
+        say_save_budget(backend, members or [spec], planned, opts.plan)
     if opts.action == "render":
         rc = 0
         for member in members or [spec]:
@@ -272,16 +275,36 @@ def _act(backend: Any, opts: argparse.Namespace, spec: JobSpec | None, members: 
     return getattr(backend, opts.action)(opts.job, opts)
 
 
-def check_plan(specs: list[JobSpec]) -> None:
-    """`--plan`: the planner's dry run of each job (ddpkit.tools.planner.dryrun.plan_for_spec)
-    before anything is rendered or queued; its refusal is one line (SpecError)."""
-    from ddpkit.tools.planner.dryrun import plan_for_spec
+def check_plan(specs: list[JobSpec]) -> dict[str, int]:
+    """`--plan`: the planner's dry run of each job (ddpkit.tools.planner.dryrun.plan_spec)
+    before anything is rendered or queued; its refusal is one line (SpecError). Returns each
+    planned job's checkpoint size in bytes, by job name (for the save budget)."""
+    from ddpkit.tools.planner.dryrun import plan_spec
 
+    sizes = {}
     for spec in specs:
-        refusal = plan_for_spec(spec)
+        refusal, run = plan_spec(spec)
         if refusal:
             raise SpecError(f"--plan: job {spec.name!r} at {spec.world_size} ranks: {refusal}")
         print(f"--plan: job {spec.name!r} plans at {spec.world_size} ranks", file=sys.stderr)
+        if run is not None:
+            sizes[spec.name] = run.ckpt_bytes
+    return sizes
+
+
+def say_save_budget(
+    backend: Any, specs: list[JobSpec], planned: dict[str, int], plan: bool
+) -> None:
+    """The save budget's two lines (tools/savebudget.py) for each job: with --plan on every
+    backend, else on submit to a backend whose scheduler stops jobs within a window."""
+    from ddpkit.tools.savebudget import budget_lines
+
+    for spec in specs:
+        window = backend.stop_window(spec)
+        if window is None and not plan:
+            continue
+        for line in budget_lines(spec, window, planned.get(spec.name)):
+            print(line, file=sys.stderr)
 
 
 def run_here(argv: list[str]) -> int:

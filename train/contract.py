@@ -88,6 +88,10 @@ def shutdown_budget_s(seconds: float) -> int:
 # ddpkit.train.preempt) writes <run dir>/requeue.json carrying that id; the launcher counts a marker
 # only when the id is its own, so a marker left by an earlier attempt never fakes a save.
 LAUNCH_ID_ENV = "DDPKIT_LAUNCH_ID"
+# The rendezvous round the workers' group formed in, the same on every node (the node launcher
+# sets it): torchrun's TORCHELASTIC_RESTART_COUNT is per node, and a node restarted for the
+# other's failure (a membership change) keeps its count, so it cannot key the round's store.
+RDZV_ROUND_ENV = "DDPKIT_RDZV_ROUND"
 RUN_DIR_ENV = "DDPKIT_RUN_DIR"
 # The job's checkpoint dir (ckpt_dir, else <run dir>/checkpoints) for every entry point: where
 # a user's script saves so that its checkpoints outlive the node (the PVC or volume on k8s/docker).

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from ddpkit.train.config import TrainConfig
+from ddpkit.train.contract import RDZV_ROUND_ENV
 from ddpkit.train.preflight import check_world, world_from_env
 
 
@@ -76,7 +77,10 @@ def _attempt_store(size: int, timeout: datetime.timedelta) -> dist.Store | None:
         is_master=False,
         timeout=timeout,
     )
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    # The round is the same on every node; the restart count is not after a membership
+    # change (a node restarted for another's failure keeps its count): the two nodes then
+    # waited on different keys until the timeout (seen on SLURM after a stopped rank).
+    attempt = os.environ.get(RDZV_ROUND_ENV) or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"ddpkit/attempt_{attempt}", store)
 
 

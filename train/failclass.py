@@ -125,7 +125,7 @@ def requeue_verdict(
         return False, [], f"rank {code.get('rank')} failed in its own code: not requeued"
     if restarts >= limit:
         return False, [], f"step exit {rc}; the requeue limit ({limit}) is reached: not requeued"
-    rep = goodput.report(run_dir)
+    rep = goodput.report(run_dir, ended=True)  # this attempt's failure counts too
     bad = rep.failing_nodes() if rep else []
     why = f"step exit {rc} (a lost node, or workers past the in-place restart budget)"
     line = f"{why}; requeue {restarts + 1} of {limit}"

@@ -6,13 +6,15 @@ restart, a requeue or another node never overwrites one):
 
     attempt  the node launcher, when a torchrun attempt starts its workers (per node)
     end      the node launcher, when one of its workers ends with a nonzero status
-    ready    the trainer's rank 0 (or a user's script), once resumed: `load_s` the load took
+    ready    the trainer's rank 0 (or a user's script), once resumed: `load_s` the load took;
+             `fresh` on the first start of a run that starts over (`--resume never`)
     save     the same, after a checkpoint save: `blocking_s` the training waited for it
     stop     the node launcher, when the attempt saved on a stop signal (a requeue)
     done     the trainer's rank 0, when the run finished its last step
     inject   `ddpkit chaos`, when it injected a failure (its true start, for detection times)
 
-`report(run_dir)` reads them all, whoever wrote them and on whichever attempt, and splits the
+`report(run_dir)` reads them all, whoever wrote them and on whichever attempt (from the last
+fresh start on: a run dir reused with `--resume never` is a new run), and splits the
 wall time: productive (from `ready` to the last save an attempt kept, less the time saves
 blocked), checkpoint time that blocked training, start-up, and per failure: detection (the
 failure to the moment its group was down), restart (down to the next attempt's `ready`, a
@@ -58,6 +60,13 @@ def attempt_number() -> int:
         return 0
 
 
+def first_start() -> bool:
+    """This is the first attempt of the job: no in-place restart (torchrun's count) and no
+    requeue (SLURM's count) before it. A run that starts over starts over here only."""
+    counts = (os.environ.get(v, "0") for v in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"))
+    return all(c.strip() in ("", "0") for c in counts)
+
+
 def record(run_dir: str | Path | None, kind: str, **fields: Any) -> Path | None:
     """Append one record of `kind` to <run_dir>/goodput/ (atomically); None when it cannot."""
     if run_dir is None or kind not in KINDS:
@@ -91,7 +100,25 @@ def note(kind: str, **fields: Any) -> Path | None:
 
 
 def read(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Every well-formed record of the run, oldest first (torn or foreign files skipped)."""
+    """Every well-formed record of the run, oldest first (torn or foreign files skipped),
+    from its last fresh start on (current_run)."""
+    return current_run(read_all(run_dir))
+
+
+def current_run(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records from the start of the attempt whose `ready` is the last fresh one: an
+    earlier run in the same run dir (one that `--resume never` started over) is not this
+    run's. That attempt began at its first record (its launcher's `attempt`)."""
+    fresh = [r for r in recs if r["kind"] == "ready" and r.get("fresh")]
+    if not fresh:
+        return recs
+    key = (fresh[-1].get("launch"), int(fresh[-1].get("attempt") or 0))
+    start = min(r["time"] for r in recs if (r.get("launch"), int(r.get("attempt") or 0)) == key)
+    return [r for r in recs if r["time"] >= start]
+
+
+def read_all(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every well-formed record in the run dir, of every run it held, oldest first."""
     folder = Path(run_dir) / GOODPUT_DIR
     out = []
     with contextlib.suppress(OSError):
@@ -222,7 +249,7 @@ def _culprit(ends: list[dict[str, Any]], nodes: set[str]) -> tuple[str, int | No
     """(kind, rank, node) of an attempt's failure from its workers' ends (exact times)."""
     silent = sorted(nodes - {e.get("node") for e in ends})
     if not ends:
-        return "lost", None, silent[0] if silent else None
+        return "node lost", None, silent[0] if silent else None  # nobody lived to say
     first = min(ends, key=lambda e: e["time"])  # the launcher timed every end as it happened
     if first.get("missing"):  # it gave up waiting: the rank it waited for is the cause
         hung = int(first["missing"][0])
@@ -238,8 +265,11 @@ def _culprit(ends: list[dict[str, Any]], nodes: set[str]) -> tuple[str, int | No
     return _kind_of(int(first.get("code", 1)), first), first.get("rank"), first.get("node")
 
 
-def report(run_dir: str | Path, now: float | None = None) -> Report | None:
-    """The goodput of the run in `run_dir` from its records; None when there are none."""
+def report(run_dir: str | Path, now: float | None = None, ended: bool = False) -> Report | None:
+    """The goodput of the run in `run_dir` from its records; None when there are none.
+    ended: the job step is over (the batch shell asks before a requeue), so an attempt that
+    left no end record did not run on: every one of its nodes died with it (a 1-node job's
+    lost node), and that is a failure too."""
     recs = read(run_dir)
     if not recs:
         return None
@@ -280,7 +310,7 @@ def report(run_dir: str | Path, now: float | None = None) -> Report | None:
         if done is not None:
             continue
         nxt = order[i + 1] if i + 1 < len(order) else None
-        if stop is None and not ends and nxt is None:
+        if stop is None and not ends and nxt is None and not ended:
             continue  # still running (or its node vanished without a word: nothing to say)
         window_end = nxt[0]["time"] if nxt else float("inf")
         inj = next((r for r in injects if start <= r["time"] < window_end), None)

@@ -59,6 +59,7 @@ from ddpkit.train.contract import (
     EXIT_REQUEUE,
     LAUNCH_ID_ENV,
     PREEMPT_SIGNALS,
+    RDZV_ROUND_ENV,
     RUN_DIR_ENV,
     SHUTDOWN_ENV,
     STOP_SIGNALS,
@@ -321,6 +322,8 @@ def workers_die_with_launcher() -> bool:
     class Popen(subprocess.Popen):  # type: ignore[type-arg]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs.setdefault("preexec_fn", in_child)
+            if _RDZV_ROUND and isinstance(kwargs.get("env"), dict):
+                kwargs["env"][RDZV_ROUND_ENV] = str(_RDZV_ROUND[-1])
             super().__init__(*args, **kwargs)
             env = kwargs.get("env") or {}
             try:
@@ -340,7 +343,36 @@ def workers_die_with_launcher() -> bool:
     if getattr(handler, "Popen", None) is not subprocess.Popen:
         return False  # a torch whose handler changed: leave it alone
     handler.Popen = Popen  # type: ignore[misc]
+    _note_rendezvous_rounds()
     return True
+
+
+_RDZV_ROUND: list[int] = []  # the round of this node's last completed rendezvous
+
+
+def _note_rendezvous_rounds() -> None:
+    """Keep the round each rendezvous of this agent completed (c10d's dynamic rendezvous,
+    which --standalone uses too): the workers key their attempt's store by it
+    (contract.RDZV_ROUND_ENV). Another torch, another rendezvous: left alone (the workers
+    then fall back to torchrun's per-node restart count)."""
+    try:
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+        cls = dr.DynamicRendezvousHandler
+        original = cls.next_rendezvous
+    except (ImportError, AttributeError):
+        return
+    if getattr(original, "_ddpkit", False):
+        return
+
+    def next_rendezvous(self: Any) -> Any:
+        info = original(self)
+        with contextlib.suppress(AttributeError, TypeError, ValueError):
+            _RDZV_ROUND.append(int(self._state_holder.state.round))
+        return info
+
+    next_rendezvous._ddpkit = True  # type: ignore[attr-defined]
+    cls.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
 
 
 _PR_SET_PDEATHSIG = 1

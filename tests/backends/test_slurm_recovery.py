@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ddpkit.train import goodput
 
 from tests.backends.test_slurm_e2e import REQUEUE_SETTLE_S, job_file, scontrol, submit
 from tests.slurm_fixtures import slurm_cluster  # noqa: F401  (fixture)
@@ -58,3 +59,127 @@ def test_a_lost_node_requeues_the_job_which_resumes_and_matches(
     assert summary["param_digest"] == reference["param_digest"]
     lost = [f for f in summary["goodput"]["failures"] if f["kind"] == "node lost"]
     assert lost and lost[0]["node"] and lost[0]["recovered"], summary["goodput"]
+
+
+HANG_TIMEOUT_S = 15  # train.timeout_s of the hang job: a collective waits this long
+
+
+def test_a_stopped_rank_is_detected_named_and_restarted_in_place(
+    slurm_cluster: int,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """SIGSTOP of rank 1 (on the second node) mid-run: its peer's collective times out within
+    train.timeout_s, the failure is named by rank and host, and the group restarts in place
+    (no requeue, not the time limit): the job completes in its first allocation."""
+    cfg = job_file(tmp_path, "rec-hang")
+    with cfg.open("a") as f:
+        f.write(f"timeout_s = {HANG_TIMEOUT_S}\nshutdown_timeout_s = 5\n")
+    run = tmp_path / "rec-hang"
+    job = submit(cfg)
+    t0 = time.monotonic()
+    try:
+        drill = subprocess.run(
+            [str(DDPKIT), "chaos", "--attach", str(run), "--inject", "stop-rank@step=120:rank=1"],
+            capture_output=True, text=True, timeout=400,
+        )  # fmt: skip
+        assert "chaos: stop-rank: SIGSTOP to rank 1" in drill.stdout, drill.stdout + drill.stderr
+        deadline = time.monotonic() + 300
+        while (info := scontrol(job))["JobState"] not in ("COMPLETED", "FAILED", "CANCELLED"):
+            assert time.monotonic() < deadline, info
+            time.sleep(1)
+    finally:
+        subprocess.run(["scancel", job], check=False)
+    logs = "".join(p.read_text() for p in sorted((run / "slurm").glob(f"{job}_*_log.*")))
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", (info, logs[-3000:])
+    assert time.monotonic() - t0 < 15 * 60 / 2  # far inside the 15 min time limit
+    assert "Ranks [1] never reached it" in logs, logs[-3000:]  # the waiting rank's line
+    summary = json.loads((run / "summary.json").read_text())
+    rep = summary["goodput"]
+    (hang,) = [f for f in rep["failures"] if f["kind"] == "hang"]
+    assert hang["rank"] == 1 and hang["node"] in ("node1", "node2"), hang  # the cluster's
+    assert hang["recovered"] and rep["attempts"] == 2 and rep["finished"], rep
+    # detected within the timeout: the peer's collective gave up after HANG_TIMEOUT_S, waited
+    # up to 5 s for the other ranks' reports (fault.py) and named rank 1; its end record is
+    # its process's exit, up to ~15 s later on 2 shared cores (seen: 26 s and 30 s). The
+    # group being down (detect_s) takes longer: the stopped rank's agent stops it only once
+    # the other node re-forms the rendezvous (seen: 62-72 s).
+    recs = goodput.read(run)
+    inject = next(r["time"] for r in recs if r["kind"] == "inject")
+    named = next(r["time"] for r in recs if r["kind"] == "end" and 1 in (r.get("missing") or []))
+    assert named - inject <= HANG_TIMEOUT_S + 5 + 15, (named - inject, hang)
+    status = subprocess.run(
+        [str(DDPKIT), "status", "slurm", job, "--config", str(cfg)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert f"failure: hang rank 1 on {hang['node']} in attempt 0" in status.stdout, status.stdout
+
+
+def _wait_state(job: str, states: tuple[str, ...], timeout_s: float = 300) -> dict[str, str]:
+    deadline = time.monotonic() + timeout_s
+    while (info := scontrol(job))["JobState"] not in states:
+        assert time.monotonic() < deadline, info
+        time.sleep(1)
+    return info
+
+
+def _release_requeued(job: str, restarts: int, *update: str) -> None:
+    """Wait for the requeue (PENDING with Restarts = `restarts`), then lift its BeginTime hold
+    after REQUEUE_SETTLE_S (see test_slurm_e2e: an immediate start can be revoked), with
+    `update` (scontrol's KEY=VALUE) applied to the pending job first."""
+    deadline = time.monotonic() + 300
+    while not (
+        (info := scontrol(job))["JobState"] == "PENDING" and info["Restarts"] == str(restarts)
+    ):
+        assert time.monotonic() < deadline and info["JobState"] not in ("COMPLETED", "FAILED"), info
+        time.sleep(1)
+    time.sleep(REQUEUE_SETTLE_S)
+    if update:
+        subprocess.run(["scontrol", "update", f"JobId={job}", *update], check=True)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
+
+
+def _kill_node(run: Path, step: int) -> None:
+    drill = subprocess.run(
+        [str(DDPKIT), "chaos", "--attach", str(run), "--inject", f"kill-node@step={step}:node=0"],
+        capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert "chaos: kill-node: SIGKILL to node rank 0" in drill.stdout, drill.stdout + drill.stderr
+
+
+def test_a_node_that_fails_twice_is_excluded_and_the_job_ends_on_the_other(
+    slurm_cluster: int,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A 1-node job whose node loses every process twice: the first loss requeues it, the
+    second requeues it with that node in ExcNodeList, and it finishes on the other node.
+    The test pins the second attempt to the same node (ExcNodeList = the other one; the
+    nodes here are shared, so a sleeping job could not hold the other); the kit's teardown
+    then sets ExcNodeList to the node that failed twice."""
+    cfg = job_file(tmp_path, "rec-badnode")
+    run = tmp_path / "rec-badnode"
+    job = submit(cfg, "--nodes", "1")
+    try:
+        bad = _wait_state(job, ("RUNNING",))["BatchHost"]
+        other = "node2" if bad == "node1" else "node1"
+        _kill_node(run, 120)  # first loss: requeued
+        _release_requeued(job, 1, f"ExcNodeList={other}")
+        assert _wait_state(job, ("RUNNING",))["BatchHost"] == bad
+        _kill_node(run, 200)  # second loss on the same node: requeued without it
+        _release_requeued(job, 2)
+        info = _wait_state(job, ("COMPLETED", "FAILED", "CANCELLED"), 400)
+    finally:
+        subprocess.run(["scancel", job], check=False)
+    logs = "".join(p.read_text() for p in sorted((run / "slurm").glob(f"{job}_*_log.*")))
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "2", (info, logs[-3000:])
+    assert info["ExcNodeList"] == bad and info["BatchHost"] == other, info
+    assert f"requeue 2 of 3, excluding {bad} (failed 2 times or more)" in logs, logs[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    rep = summary["goodput"]
+    assert rep["failing_nodes"] == [bad] and rep["finished"], rep
+    lost = [f["node"] for f in rep["failures"] if f["kind"] == "node lost"]
+    assert lost == [bad, bad], rep["failures"]
+    status = subprocess.run(
+        [str(DDPKIT), "status", "slurm", job, "--config", str(cfg)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert f"excluded from the next attempt (SLURM): {bad}" in status.stdout, status.stdout

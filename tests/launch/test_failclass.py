@@ -88,3 +88,20 @@ def test_a_node_that_failed_twice_is_excluded_from_the_requeue(tmp_path):
     lines = gp.status_lines(tmp_path)
     assert any("excluded from the next attempt (SLURM): c2 (failed 2 times" in x for x in lines)
     assert gp.report(tmp_path).to_dict()["failing_nodes"] == ["c2"]
+
+
+def test_a_one_node_job_whose_node_dies_twice_excludes_it_on_the_second(tmp_path):
+    """Every process of the job's only node SIGKILLed: no end record is left, yet the batch
+    shell's verdict counts this attempt's loss, so the second failure excludes the node."""
+    from ddpkit.train import goodput
+
+    goodput.record(tmp_path, "attempt", time=1, launch="job-0", node="c1")
+    goodput.record(tmp_path, "ready", time=2, launch="job-0", node="c1", step=0, load_s=0)
+    again, bad, line = failclass.requeue_verdict(str(tmp_path), "job-0", 137, 0, 3)
+    assert again and bad == [] and "requeue 1 of 3" in line
+    goodput.record(tmp_path, "attempt", time=10, launch="job-1", node="c1")
+    again, bad, line = failclass.requeue_verdict(str(tmp_path), "job-1", 137, 1, 3)
+    assert again and bad == ["c1"] and "requeue 2 of 3, excluding c1" in line
+    lost = goodput.report(tmp_path, ended=True).failures
+    assert [(f.kind, f.node) for f in lost] == [("node lost", "c1")] * 2
+    assert goodput.report(tmp_path).failures[0].recovered  # without `ended`: the last runs on

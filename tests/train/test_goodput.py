@@ -123,3 +123,66 @@ def test_a_killed_worker_restarts_in_place_and_the_report_lists_it(tmp_path):
     after = json.loads((run_dir / goodput.REPORT_FILE).read_text())  # the launcher's, at exit
     assert after["failures"][0]["kind"] == "killed"
     assert f"ddpkit: goodput {after['goodput']:.0%}: 1 failure, " in p.stderr
+
+
+def test_a_fresh_start_leaves_the_run_dirs_earlier_runs_out(tmp_path):
+    # an earlier run in this run dir: a kill, an in-place restart, done
+    _at(tmp_path, "attempt", 0.5, "old")
+    _at(tmp_path, "ready", 1, "old", step=0, load_s=0, fresh=True)
+    _at(tmp_path, "end", 5, "old", rank=1, code=-signal.SIGKILL)
+    _at(tmp_path, "attempt", 6, "old", attempt=1)
+    _at(tmp_path, "ready", 7, "old", attempt=1, step=3, load_s=1)
+    _at(tmp_path, "done", 9, "old", attempt=1, step=10)
+    # `--resume never` in the same run dir: a new run from its first attempt on; its own
+    # in-place restart keeps the run (a restart is no fresh start: fresh is false there)
+    _at(tmp_path, "attempt", 100, "new")
+    _at(tmp_path, "ready", 102, "new", step=0, load_s=0, fresh=True)
+    _at(tmp_path, "end", 110, "new", rank=0, code=-signal.SIGKILL)
+    _at(tmp_path, "attempt", 111, "new", attempt=1)
+    _at(tmp_path, "ready", 112, "new", attempt=1, step=0, load_s=0, fresh=False)
+    _at(tmp_path, "done", 120, "new", attempt=1, step=10)
+    rep = goodput.report(tmp_path)
+    assert rep.attempts == 2 and rep.wall_s == pytest.approx(20)
+    assert [(f.kind, f.rank) for f in rep.failures] == [("killed", 0)]
+    assert len(goodput.read_all(tmp_path)) == 12 and len(goodput.read(tmp_path)) == 6
+
+
+def test_first_start_counts_restarts_and_requeues(monkeypatch):
+    for var in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
+        monkeypatch.delenv(var, raising=False)
+    assert goodput.first_start()
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert goodput.first_start()
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # a requeue: the same run goes on
+    assert not goodput.first_start()
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")  # an in-place restart
+    assert not goodput.first_start()
+
+
+@pytest.mark.slow
+def test_a_run_dir_reused_with_resume_never_reports_only_the_new_run(tmp_path):
+    """A run with a killed worker, then `--resume never` in the same run dir: the second
+    run's summary, goodput.json and launcher line hold none of the first run's failure."""
+    run_dir = tmp_path / "run"
+
+    def launch(*extra: str, fault: str | None = None) -> subprocess.CompletedProcess:
+        env = clean_env(**({"DDPKIT_FAULT": fault} if fault else {}))
+        cmd = [PY, "-m", "ddpkit.train.node", "--standalone", "--nproc-per-node", "2",
+               "--max-restarts", "2", "--", "-m", "ddpkit.train", "--run-dir", str(run_dir),
+               *ARGS, *extra]  # fmt: skip
+        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        return p
+
+    launch(fault="kill@8:1")
+    first = json.loads((run_dir / goodput.REPORT_FILE).read_text())
+    assert [f["kind"] for f in first["failures"]] == ["killed"] and first["attempts"] == 2
+    p = launch("--resume", "never")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert not summary["resumed_from"]
+    rep = summary["goodput"]
+    assert rep["failures"] == [] and rep["attempts"] == 1 and rep["finished"]
+    assert rep["wall_s"] < first["wall_s"] + 60
+    assert "ddpkit: goodput" not in p.stderr  # one attempt: no goodput line (68b59f4)

@@ -168,6 +168,12 @@ class Backend(abc.ABC):
                 f'{self.name} yet; use `ddpkit run` (local), or fault_tolerance = "none"'
             )
 
+    def stop_window(self, spec: JobSpec) -> tuple[int, str] | None:
+        """(seconds the scheduler leaves between its stop signal and the kill, what sets
+        them): a save on a stop must fit (tools/savebudget.py). None: no scheduler stops
+        the job (its window is the shutdown budget)."""
+        return None
+
     @abc.abstractmethod
     def render(self, spec: JobSpec) -> str:
         """What submit sends, as text. Pure: reads nothing but the spec."""

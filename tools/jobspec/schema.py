@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -73,6 +74,12 @@ def _env_names(value: dict[str, str], key: str) -> str | None:
     return None
 
 
+def _positive(value: float, key: str) -> str | None:
+    if not math.isfinite(value) or value <= 0:
+        return f"{key} must be a number > 0, got {value}"
+    return None
+
+
 NAME_CHECK = matches(
     NAME_RE.pattern[1:-1],
     "{key} {value!r} is not safe: use 1-52 lowercase letters, digits and '-', starting and "
@@ -128,6 +135,12 @@ class JobSpec:
     # Unset: DEFAULT_MAX_RESTARTS (3), except a Kubernetes job without k8s.elastic, whose
     # failed pods the operator restarts (0 there: k8s/render.py says why).
     max_restarts: int | None = field(default=None, metadata=checks(at_least(0)))
+    # The save budget `submit` and `--plan` print (tools/savebudget.py): the job's expected
+    # mean time between failures in hours (unset: 8192 h / ranks, from a 1,024-GPU job's
+    # ~8 h in published failure studies), for the Young/Daly checkpoint interval; and the
+    # checkpoint storage's write speed in GB/s (unset: the last save's, else 1 GB/s).
+    mtbf_h: float | None = field(default=None, metadata=checks(_positive))
+    ckpt_write_gbps: float | None = field(default=None, metadata=checks(_positive))
     # "torchft": replica groups that keep training while one dies and rejoins from a live
     # peer (train/ft.py, docs/fault-tolerance.md); "none": a failure restarts the whole job
     fault_tolerance: Literal["none", "torchft"] = "none"

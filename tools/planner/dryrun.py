@@ -45,6 +45,9 @@ class DryRun:
     params: int  # the model's parameter count
     largest: RankState  # rank 0: the largest shard of every parameter (measured)
     smallest: RankState  # the last shard index (from the same dim-0 split)
+    # The whole checkpoint, every rank's files together: the unsharded parameters at their
+    # dtype and the optimizer's state (what DCP writes once, replicas deduplicated).
+    ckpt_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         def one(r: RankState) -> dict[str, int]:
@@ -170,6 +173,7 @@ def dry_run(cfg: Any, gpus: int, nodes: int, strategy: str) -> DryRun:
     with fake_world(gpus):
         model = build_model(cfg)
         params = sum(p.numel() for p in model.parameters())
+        ckpt = checkpoint_bytes(model, cfg.optimizer)
         if strategy != "DDP":
             with stays_on_meta(model):
                 try:
@@ -181,7 +185,16 @@ def dry_run(cfg: Any, gpus: int, nodes: int, strategy: str) -> DryRun:
                         f"{type(e).__name__}: {first}"
                     ) from None
         largest, smallest, mesh = measure(model, cfg.optimizer)
-    return DryRun(strategy, gpus, nodes, mesh, params, largest, smallest)
+    return DryRun(strategy, gpus, nodes, mesh, params, largest, smallest, ckpt)
+
+
+def checkpoint_bytes(model: Any, optimizer: str) -> int:
+    """The unsharded model's checkpoint: parameters at their dtype, the optimizer's fp32
+    state per parameter, and Adam's 4-byte step per tensor."""
+    step = FP32 if optimizer in ("adam", "adamw") else 0
+    return sum(
+        p.numel() * (p.element_size() + OPTIM_BYTES[optimizer]) + step for p in model.parameters()
+    )
 
 
 def measure(model: Any, optimizer: str) -> tuple[RankState, RankState, dict[str, int]]:
@@ -235,7 +248,14 @@ def zero_state_bytes(strategy: str, params: int, world: int, shard: int, optimiz
 
 
 def plan_for_spec(spec: Any) -> str | None:
-    """The dry run of a launcher JobSpec before it is queued (`submit --plan`): None when the
+    """plan_spec's refusal alone."""
+    return plan_spec(spec)[0]
+
+
+def plan_spec(spec: Any) -> tuple[str | None, DryRun | None]:
+    """(refusal, the dry run) of a launcher JobSpec; the dry run is None where none ran.
+
+    The dry run of a launcher JobSpec before it is queued (`submit --plan`): None when the
     job passes (or cannot be planned here), else the one-line refusal the cluster would give
     after the queue wait (a mesh that does not divide, a batch larger than the data, a layer
     FSDP cannot shard).
@@ -246,7 +266,7 @@ def plan_for_spec(spec: Any) -> str | None:
     from ddpkit.train.config import ConfigError, parse_config
 
     if not spec.default_entry:
-        return None
+        return None, None
     try:
         cfg, _ = parse_config(
             spec.train_argv(),
@@ -255,10 +275,10 @@ def plan_for_spec(spec: Any) -> str | None:
             local_paths=False,
         )
         strategy = "DDP" if cfg.parallel == "ddp" else (cfg.sharding or "FULL_SHARD")
-        dry_run(cfg, spec.world_size, spec.nodes, strategy)
+        run = dry_run(cfg, spec.world_size, spec.nodes, strategy)
         short = data_shortfall(cfg, spec.world_size)  # the real run would refuse it
         if short:
-            return short
+            return short, run
     except (ConfigError, UserError) as e:
-        return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return None
+        return (str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__), None
+    return None, run

@@ -390,7 +390,9 @@ class Checkpointer:
         got = self._resume(resume, states)
         if self.rank == 0:
             step = step_of(got[0]) if got else 0
-            goodput.note("ready", step=step, load_s=round(time.perf_counter() - t0, 3))
+            # --resume never on the job's first start: a new run, even in a reused run dir
+            fresh = resume == "never" and goodput.first_start()
+            goodput.note("ready", step=step, load_s=round(time.perf_counter() - t0, 3), fresh=fresh)
         return got
 
     def _resume(self, resume: str, states: dict[str, Stateful]) -> tuple[Path, dict] | None:
