@@ -27,7 +27,7 @@ from typing import Any
 
 from ddpkit.train.ckpt.files import METADATA
 from ddpkit.train.contract import CKPT_MARKER as MARKER
-from ddpkit.train.contract import CKPT_STEP_PREFIX
+from ddpkit.train.contract import CKPT_STEP_PREFIX, is_remote
 from ddpkit.train.errors import ConfigError
 
 STAGE_ENV = "DDPKIT_CKPT_STAGE"  # where a remote checkpoint dir is staged (default: tmp)
@@ -44,10 +44,12 @@ CREDENTIAL_ENV = (
 )
 
 
-def is_remote(ckpt_dir: str | os.PathLike[str]) -> bool:
-    """An fsspec URL other than file:// (a local path never holds '://')."""
-    s = str(ckpt_dir)
-    return "://" in s and not s.startswith("file://")
+def split_step(url: str) -> tuple[Remote, str] | None:
+    """(the store dir, the step name) of a step URL (`s3://b/run/step-40`), else None."""
+    parent, _, name = url.rstrip("/").rpartition("/")
+    if step_number(name) is None or not is_remote(parent):
+        return None
+    return Remote(parent), name
 
 
 def local_dir(ckpt_dir: str | os.PathLike[str]) -> Path:
