@@ -502,7 +502,10 @@ class Checkpointer:
     def _load_remote(self, states: dict[str, Stateful], remote: Remote, name: str) -> dict | str:
         """Fetch a store's step into the staging dir and load it: its marker info, or why it
         is unusable (agreed by every rank); the copy is deleted either way."""
-        copy = self.dir / f".fetched-{socket.gethostname()}" / name
+        # One copy per node: torchrun's node rank too, since nodes may share a host name and
+        # a temp dir (the local SLURM cluster's do).
+        node = f"{socket.gethostname()}-{os.environ.get('GROUP_RANK', '0')}"
+        copy = self.dir / f".fetched-{node}" / name
         try:
             self._agree(self._fetch(remote, name, copy))
             return self.load(copy, states)
