@@ -79,8 +79,9 @@ def test_the_image_context_holds_the_dockerfile_entrypoint_configs_and_the_wheel
 
 def test_the_image_installs_the_s3_extra_for_a_store_ckpt_dir(tmp_path):
     """ckpt_dir = "s3://..." needs fsspec + s3fs on the nodes: the context stages the kit's
-    own `s3` extra (pyproject.toml, one home) and the Dockerfile installs it, then fails the
-    build unless fsspec serves s3://."""
+    own `s3` extra (pyproject.toml, one home) and its wheels for this Python when pip can get
+    them, and the Dockerfile installs them, then fails the build unless fsspec serves s3://
+    (the staged wheels installed with --network none in the test image: checked by hand)."""
     import tomllib
 
     docker.stage_kit_context(tmp_path / "ctx")
@@ -90,7 +91,10 @@ def test_the_image_installs_the_s3_extra_for_a_store_ckpt_dir(tmp_path):
     assert staged == want and any(r.startswith("s3fs") for r in staged)
     text = DOCKERFILE.read_text()
     assert "COPY docker/node-requirements.txt /tmp/node-requirements.txt" in text
-    assert "pip install --no-cache-dir -r /tmp/node-requirements.txt" in text
+    assert "COPY node-wheels/ /tmp/node-wheels/" in text  # offline first, then the index
+    assert "--no-index --find-links /tmp/node-wheels" in text
+    wheels = {p.name.split("-")[0] for p in (tmp_path / "ctx" / "node-wheels").glob("*.whl")}
+    assert not wheels or {"s3fs", "fsspec", "aiobotocore"} <= wheels  # best effort: offline
     assert """fsspec.filesystem("s3")""" in text
     # before the kit's wheel: a new kit revision reuses the installed extras' layer
     assert text.index("node-requirements") < text.index("COPY wheels/")
