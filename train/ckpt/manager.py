@@ -205,7 +205,7 @@ class Checkpointer:
                     path.unlink()
                 path.mkdir(parents=True)
                 if self.remote is not None:  # an interrupted upload of the same step
-                    self.remote.remove(path.name)
+                    self.remote.clear(path.name)
             except OSError as e:
                 problem = unwritable_message(e, path) or (
                     no_space_message(path) if is_no_space(e) else None
