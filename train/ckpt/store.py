@@ -2,12 +2,12 @@
 (`s3://bucket/prefix`; s3fs serves S3 and S3-compatible servers). The one place that knows
 the difference; the manager asks it, the rest of the package sees local step dirs only.
 
-A remote checkpoint dir is mirrored, not written in place. A save goes to a local staging
-dir (`local_dir`: node-local, one per URL) through the usual hashing writer; each rank
-uploads the files it wrote as soon as DCP has written them (in DCP's background thread for
-an async save, so training does not wait for the upload), rank 0 uploads `.metadata` next and
-the marker last, once every rank's upload returned: an upload cut short leaves no marker, and
-a step prefix without one is never loaded. A load downloads a step's files into the staging
+A save streams each rank's data files into the store as DCP writes them (StreamingUpload:
+multipart parts go up while the next bytes are serialized and hashed; in DCP's background
+thread for an async save, so training does not wait for the upload); only `.metadata` goes
+through the local staging dir (`local_dir`: node-local, one per URL). Rank 0 uploads
+`.metadata` next and the marker last, once every rank's upload returned: an upload cut short
+leaves no marker, and a step prefix without one is never loaded. A load downloads a step's files into the staging
 dir (one download per host) and loads that copy, verifying every file against the marker's
 CRC-32s as a local load does: a damaged object fails its checksum and the next older
 checkpoint is tried. Keep-K deletes a dropped step's marker first, then its objects.
