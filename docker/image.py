@@ -124,10 +124,43 @@ def kit_wheel(dest: Path) -> Path:
     return wheel
 
 
+# The extras the nodes need beside torch: s3 (fsspec + s3fs) for ckpt_dir = "s3://...".
+NODE_EXTRAS = ("s3",)
+NODE_REQUIREMENTS = "docker/node-requirements.txt"  # staged; the Dockerfile installs it
+NODE_WHEELS = "node-wheels"  # staged wheels of NODE_REQUIREMENTS (best effort)
+
+
+def node_requirements() -> list[str]:
+    """The requirements of NODE_EXTRAS, from the one place they are declared: pyproject.toml
+    in a checkout, the installed distribution's metadata otherwise."""
+    if (KIT_DIR / "pyproject.toml").is_file():
+        extras = tomllib.loads((KIT_DIR / "pyproject.toml").read_text())["project"]
+        return [r for e in NODE_EXTRAS for r in extras["optional-dependencies"][e]]
+    import importlib.metadata
+    import re
+
+    out = []
+    for req in importlib.metadata.requires("ddpkit") or []:
+        spec, _, marker = req.partition(";")
+        got = re.search(r"extra\s*==\s*[\"']([^\"']+)", marker)
+        if got and got.group(1) in NODE_EXTRAS:
+            out.append(spec.strip())
+    return out
+
+
 def stage_kit_context(ctx: Path) -> None:
     """The ddpkit image's build context: its Dockerfile and entrypoint, the example job
-    files, and the ddpkit wheel (nothing else of the checkout or the workspace)."""
+    files, the node requirements and the ddpkit wheel (nothing else of the checkout or the
+    workspace)."""
     (ctx / "docker").mkdir(parents=True)
+    reqs = node_requirements()
+    (ctx / NODE_REQUIREMENTS).write_text("\n".join(reqs) + "\n")
+    # Their wheels for this machine's Python, when its pip can get them: a build with no
+    # index inside (a proxy, a CA bundle only the host has) installs these; an image whose
+    # Python differs falls back to the index.
+    (ctx / NODE_WHEELS).mkdir()
+    pip = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d"]
+    subprocess.run([*pip, str(ctx / NODE_WHEELS), *reqs], capture_output=True, timeout=600)
     for name in ("Dockerfile", "entrypoint.sh"):
         shutil.copyfile(KIT_DIR / "docker" / name, ctx / "docker" / name)
     # Executable whatever mode the installed copy kept (a wheel's data files need not).

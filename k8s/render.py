@@ -34,7 +34,9 @@ LAUNCH_SCRIPT = KIT_DIR / "k8s" / "launch.sh"
 
 
 def ckpt_path(spec: JobSpec) -> str:
-    """Where checkpoints land inside the container (absolute)."""
+    """Where checkpoints land inside the container (absolute); a store's URL as it is."""
+    if is_remote(spec.checkpoint_dir):
+        return spec.checkpoint_dir
     return posixpath.normpath(posixpath.join(WORKDIR, spec.checkpoint_dir))
 
 
@@ -164,7 +166,7 @@ def volumes(spec: JobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         vols.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}})
         run, ckpt = run_path(spec), ckpt_path(spec)
         mounts.append({"name": "checkpoints", "mountPath": run, "subPath": claim_sub_path(run)})
-        if not PurePosixPath(ckpt).is_relative_to(run):
+        if not is_remote(spec.checkpoint_dir) and not PurePosixPath(ckpt).is_relative_to(run):
             sub = claim_sub_path(ckpt)
             mounts.append({"name": "checkpoints", "mountPath": ckpt, "subPath": sub})
     return vols, mounts

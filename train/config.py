@@ -23,6 +23,7 @@ from ddpkit.train.contract import (
     EXIT_REQUEUE,
     default_ckpt_dir,
     default_run_dir,
+    is_remote,
 )
 from ddpkit.train.errors import CliParser, ConfigError
 from ddpkit.train.preflight import check_packages, check_world, world_from_env
@@ -400,7 +401,8 @@ def validate(cfg: TrainConfig, local_paths: bool = True) -> None:
             f"--data-dir {cfg.data_dir} does not exist and --no-download is set: put the "
             f"{cfg.dataset} files there, or allow the download"
         )
-    if local_paths and cfg.resume not in ("auto", "never") and not Path(cfg.resume).exists():
+    resume = cfg.resume not in ("auto", "never") and not is_remote(cfg.resume)  # a store's: later
+    if local_paths and resume and not Path(cfg.resume).exists():
         raise ConfigError(
             f"--resume {cfg.resume}: no such checkpoint directory; pass a step-N directory "
             "under the checkpoint dir, or auto / never"

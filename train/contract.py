@@ -112,6 +112,21 @@ def default_ckpt_dir(run_dir: str) -> str:
     return str(Path(run_dir) / CKPT_SUBDIR)
 
 
+def is_remote(ckpt_dir: str | os.PathLike[str]) -> bool:
+    """A checkpoint dir in an object store: an fsspec URL other than file:// (a local path
+    never holds '://'; train/ckpt/store.py serves it)."""
+    s = str(ckpt_dir)
+    return "://" in s and not s.startswith("file://")
+
+
+def ckpt_join(ckpt_dir: str | os.PathLike[str], *parts: str) -> str:
+    """A path below a checkpoint dir as the user named it: a URL keeps its `scheme://`
+    (pathlib would fold it to `s3:/`), a local dir joins as a path."""
+    if is_remote(ckpt_dir):
+        return "/".join([str(ckpt_dir).rstrip("/"), *parts])
+    return str(Path(ckpt_dir, *parts))
+
+
 def write_requeue_marker(run_dir: str | Path, **info: Any) -> Path:
     """Atomically write <run_dir>/requeue.json with this launch's id and `info`."""
     path = Path(run_dir) / REQUEUE_MARKER

@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from ddpkit.train.contract import CKPT_DIR_ENV, EXIT_BAD_INPUT, STOP_SIGNALS
+from ddpkit.train.contract import CKPT_DIR_ENV, EXIT_BAD_INPUT, STOP_SIGNALS, ckpt_join
 from ddpkit.train.ft_env import ReplicaGroup
 
 STATUS_FILE = "replica_groups.json"
@@ -45,7 +45,7 @@ FORWARDED = tuple(getattr(signal, name) for name in (*STOP_SIGNALS, "SIGHUP"))
 
 
 def group_dir(base: str, group: int) -> str:
-    return str(Path(base) / f"group-{group}")
+    return ckpt_join(base, f"group-{group}")  # a store's URL stays one (not s3:/)
 
 
 def group_argv(node_argv: list[str], group: int, run_dir: str, ckpt_dir: str | None) -> list[str]:

@@ -77,6 +77,29 @@ def test_the_image_context_holds_the_dockerfile_entrypoint_configs_and_the_wheel
     assert tops == {"ddpkit", next(t for t in tops if t.endswith(".dist-info"))}
 
 
+def test_the_image_installs_the_s3_extra_for_a_store_ckpt_dir(tmp_path):
+    """ckpt_dir = "s3://..." needs fsspec + s3fs on the nodes: the context stages the kit's
+    own `s3` extra (pyproject.toml, one home) and its wheels for this Python when pip can get
+    them, and the Dockerfile installs them, then fails the build unless fsspec serves s3://
+    (the staged wheels installed with --network none in the test image: checked by hand)."""
+    import tomllib
+
+    docker.stage_kit_context(tmp_path / "ctx")
+    extra = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    want = extra["optional-dependencies"]["s3"]
+    staged = (tmp_path / "ctx" / "docker" / "node-requirements.txt").read_text().split()
+    assert staged == want and any(r.startswith("s3fs") for r in staged)
+    text = DOCKERFILE.read_text()
+    assert "COPY docker/node-requirements.txt /tmp/node-requirements.txt" in text
+    assert "COPY node-wheels/ /tmp/node-wheels/" in text  # offline first, then the index
+    assert "--no-index --find-links /tmp/node-wheels" in text
+    wheels = {p.name.split("-")[0] for p in (tmp_path / "ctx" / "node-wheels").glob("*.whl")}
+    assert not wheels or {"s3fs", "fsspec", "aiobotocore"} <= wheels  # best effort: offline
+    assert """fsspec.filesystem("s3")""" in text
+    # before the kit's wheel: a new kit revision reuses the installed extras' layer
+    assert text.index("node-requirements") < text.index("COPY wheels/")
+
+
 def _kit_files() -> dict[str, int]:
     skip = {".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache"}
     return {

@@ -173,3 +173,35 @@ def test_wrong_credentials_or_a_missing_bucket_is_one_line_before_training(
     assert line.startswith(f"error: --ckpt-dir {url}: {want}"), line
     assert s3_server.secret not in run.out and wrong not in run.out
     assert not rd.exists()  # nothing written: refused before the run dir
+
+
+def test_a_store_url_keeps_its_scheme_in_the_requeue_marker_and_the_divergence_line(
+    s3_server,  # noqa: F811
+    tmp_path,
+):
+    """Where a URL went through pathlib it read `s3:/bucket/...`: the requeue marker named no
+    checkpoint, the divergence line said none was saved, and --resume URL was a local path."""
+    url = s3_server.bucket("scheme") + "/run"
+    env = _env(s3_server, tmp_path)
+    rd = tmp_path / "run"
+    common = (*ARGS, "--steps", "12", "--ckpt-dir", url)
+    stopped = train(rd, *common, check=False, env={**env, "DDPKIT_FAULT": "signal@5:0:SIGTERM"})
+    assert stopped.rc == 75, stopped.out[-2000:]
+    marker = json.loads((rd / "requeue.json").read_text())
+    assert marker["checkpoint"] == f"{url}/step-{marker['step']}"
+    assert ".complete" in _steps(s3_server, url)[f"step-{marker['step']}"]
+    diverged = train(rd, *common, check=False, env={**env, "DDPKIT_FAULT": "nan@8:0"})
+    assert diverged.rc == 3, diverged.out[-2000:]
+    done = [s for s, names in _steps(s3_server, url).items() if ".complete" in names]
+    last = f"{url}/{max(done, key=lambda s: int(s[5:]))}"  # the newest before step 8
+    [line] = [ln for ln in diverged.out.splitlines() if ln.startswith("error:")]
+    assert f"the last finite checkpoint is {last}:" in line
+    assert line.endswith(f"--resume {last}"), line
+    resumed = train(tmp_path / "again", *ARGS, "--steps", "9", "--resume", last, env=env)
+    assert resumed.summary["resumed_from"] == last
+    assert resumed.summary["steps"] == 9
+    missing = train(tmp_path / "gone", *ARGS, "--steps", "9", "--resume", f"{url}/step-99",
+                    env=env, check=False)  # fmt: skip
+    assert missing.rc == 2
+    [line] = missing.out.strip().splitlines()
+    assert line.startswith(f"error: --resume {url}/step-99: not a complete ddpkit checkpoint")

@@ -12,6 +12,7 @@ import re
 from pathlib import PurePosixPath
 
 from ddpkit.tools.jobspec import JobSpec, SpecError
+from ddpkit.train.contract import is_remote
 
 CONTAINER_WORKDIR = "/workspace"  # the image's WORKDIR (docker/Dockerfile)
 SIZE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?([kmgtKMGT]i?[bB]?)?$")  # /dev/shm sizes: 16Gi, 16g
@@ -29,6 +30,8 @@ def check_ckpt_dir(spec: JobSpec) -> None:
     with the container), the data volume is read-only, and a volume on the work dir or the
     kit's dir (or above them) would hide what the image put there."""
     ckpt = spec.checkpoint_dir
+    if is_remote(ckpt):  # an object store: nothing mounted there
+        return
     absolute = posixpath.normpath(posixpath.join(CONTAINER_WORKDIR, ckpt))
     mounts = ("/dev/shm", KIT_DIR_IN_IMAGE, f"{CONTAINER_WORKDIR}/data", CONTAINER_WORKDIR)
     for mounted in mounts:

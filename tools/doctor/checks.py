@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddpkit.train.contract import is_remote
+
 MiB, GiB = 2**20, 2**30
 LEVELS = ("ok", "info", "warn", "fail")
 
@@ -195,6 +197,10 @@ def disk_finding(path: Path, free: int, writable: bool, need: int | None) -> Fin
 
 
 def check_disk(path: str, need: int | None) -> Finding:
+    if is_remote(path):  # a store's saves are staged on this machine's disk first
+        from ddpkit.train.ckpt.store import local_dir
+
+        path = str(local_dir(path))
     p = Path(path).absolute()
     existing = p
     while not existing.exists() and existing != existing.parent:

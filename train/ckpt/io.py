@@ -324,17 +324,41 @@ class VerifyingReader(FileSystemReader):
         return fut
 
 
+class _UploadingFileSystem(_HashingFileSystem):
+    """Data files stream into the store as they are written (hashed on the way); only
+    `.metadata` (written to a tmp name and renamed by DCP) goes through the staging dir."""
+
+    def __init__(self, remote: Any) -> None:
+        super().__init__(writeback=False)
+        self.remote = remote
+
+    @contextmanager
+    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+        p = Path(path)
+        if "w" not in mode or not p.name.endswith(".distcp"):
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        raw = self.remote.open_upload(p.parent.name, p.name)
+        stream = _HashingStream(raw, writeback=False)
+        try:
+            yield stream
+        except BaseException:
+            getattr(raw, "abort", raw.close)()
+            raise
+        raw.close()  # completes the upload: the object exists from here on
+        self.sums[p.name] = {"bytes": stream.nbytes, ALGORITHM: f"{stream.crc:08x}"}
+
+
 class UploadingWriter(HashingWriter):
-    """HashingWriter of a remote checkpoint's local staging copy (ddpkit.train.ckpt.store):
-    each rank uploads the files it wrote before DCP gathers its results, so the coordinator's
-    finish, and the marker after it, come only after every rank's upload returned; the
-    coordinator uploads `.metadata` once written. Uploaded files leave the staging dir."""
+    """HashingWriter of a checkpoint in a store (ddpkit.train.ckpt.store): each rank's data
+    files stream into the store as DCP writes them, all up before DCP gathers its results,
+    so the coordinator's finish, and the marker after it, come only after every rank's
+    upload returned; the coordinator uploads `.metadata` once written (the one file staged)."""
 
     def __init__(self, path: str | Path, remote: Any, **kwargs: Any):
-        # The staged copy is read once by the upload and deleted: the store makes it durable,
-        # so it is neither fsynced nor written back early (the upload reads it from memory).
         super().__init__(path, sync_files=False, **kwargs)
-        self.fs = _HashingFileSystem(writeback=False)
+        self.fs = _UploadingFileSystem(remote)
         self.remote = remote
 
     def _upload(self, names: list[str]) -> None:
@@ -347,8 +371,7 @@ class UploadingWriter(HashingWriter):
         from ddpkit.train.ckpt.store import step_number
         from ddpkit.train.fault import kill_in_upload
 
-        fut = super().write_data(plan, planner)  # done: HashingWriter waits for DCP's writes
-        self._upload(sorted(self.fs.sums))
+        fut = super().write_data(plan, planner)  # done: every data file is in the store
         kill_in_upload(step_number(Path(self.path).name) or -1, dist.get_rank())
         return fut
 

@@ -56,7 +56,7 @@ from ddpkit.train.ckpt.layout import (
     why_incomplete,
 )
 from ddpkit.train.ckpt.parts import RngState, Stateful
-from ddpkit.train.ckpt.store import Remote, is_remote, local_dir, step_number
+from ddpkit.train.ckpt.store import Remote, is_remote, local_dir, split_step, step_number
 from ddpkit.train.contract import CKPT_MARKER as MARKER
 from ddpkit.train.contract import CKPT_STEP_PREFIX
 from ddpkit.train.errors import ConfigError
@@ -79,7 +79,9 @@ def check_resume_path(resume: str) -> None:
         return
     msg = None
     path = Path(resume)
-    if (why := why_incomplete(path)) is not None:
+    if is_remote(resume):  # a step in a store: its marker here, its files once fetched
+        msg = _remote_step_problem(resume) if dist.get_rank() == 0 else None
+    elif (why := why_incomplete(path)) is not None:
         msg = _not_complete(resume, why)
     elif problem := verify(path, dist.get_rank(), dist.get_world_size()):
         msg = (
@@ -88,6 +90,21 @@ def check_resume_path(resume: str) -> None:
         )
     if (msg := first_problem(msg)) is not None:
         raise ConfigError(msg)
+
+
+def _remote_step_problem(resume: str) -> str | None:
+    """Why --resume URL names no complete checkpoint in a store (None when it does)."""
+    if (got := split_step(resume)) is None:
+        return (
+            f"--resume {resume}: not a step URL; pass a store's step-N "
+            "(e.g. s3://bucket/run/checkpoints/step-40), or --resume auto"
+        )
+    remote, name = got
+    try:
+        _, why = remote.marker(name)
+    except Exception as e:
+        return f"--resume {resume}: {remote.problem(e)}"
+    return None if why is None else _not_complete(resume, why)
 
 
 def _not_complete(resume: str, why: str) -> str:
@@ -188,7 +205,7 @@ class Checkpointer:
                     path.unlink()
                 path.mkdir(parents=True)
                 if self.remote is not None:  # an interrupted upload of the same step
-                    self.remote.remove(path.name)
+                    self.remote.clear(path.name)
             except OSError as e:
                 problem = unwritable_message(e, path) or (
                     no_space_message(path) if is_no_space(e) else None
@@ -405,6 +422,10 @@ class Checkpointer:
             return None
         if self.remote is not None and resume == "auto":
             return self._resume_remote(states)
+        if is_remote(resume):  # one step of a store (checked by check_resume_path)
+            got = split_step(resume)
+            assert got is not None
+            return self._resume_remote(states, *got)
         if resume != "auto":
             path = Path(resume)
             if (why := why_incomplete(path)) is not None:
@@ -439,54 +460,75 @@ class Checkpointer:
             )
         return None
 
-    def _resume_remote(self, states: dict[str, Stateful]) -> tuple[str, dict] | None:
+    def _resume_remote(
+        self, states: dict[str, Stateful], remote: Remote | None = None, step: str | None = None
+    ) -> tuple[str, dict] | None:
         """--resume auto from a store: the newest complete step that downloads, verifies and
-        loads (older ones after it with a warning), as a local resume."""
-        assert self.remote is not None
-        complete, partial = self.remote.scan() if self.rank == 0 else ([], {})
+        loads (older ones after it with a warning), as a local resume; --resume URL (`remote`
+        and its `step`): that step or one line."""
+        remote = remote or self.remote
+        assert remote is not None
+        if step is not None:
+            got = self._load_remote(states, remote, step)
+            if isinstance(got, str):
+                raise ConfigError(
+                    f"--resume {remote.where(step)}: unusable checkpoint ({got}); pass another "
+                    "step-N URL, or --resume auto to take the newest one that loads"
+                )
+            return remote.where(step), got
+        complete, partial = remote.scan() if self.rank == 0 else ([], {})
         box = [(complete, partial)]
         dist.broadcast_object_list(box, src=0, group=self.pg)
         complete, partial = box[0]
         newest = step_number(complete[-1]) if complete else -1
         for name, why in partial.items():
             if (step_number(name) or 0) > (newest or -1):
-                self.log(
-                    f"warning: skipping incomplete checkpoint {self.remote.where(name)} ({why})"
-                )
+                self.log(f"warning: skipping incomplete checkpoint {remote.where(name)} ({why})")
         for name in complete[::-1]:
-            where = self.remote.where(name)
-            copy = self.dir / f".fetched-{socket.gethostname()}" / name
-            try:
-                self._agree(self._fetch(name, copy))
-                info = self.load(copy, states)
-            except UnusableCheckpoint as e:
-                self.log(f"warning: skipping checkpoint {where}: {e}; trying the next older one")
+            got = self._load_remote(states, remote, name)
+            if isinstance(got, str):
+                self.log(
+                    f"warning: skipping checkpoint {remote.where(name)}: {got}; trying the "
+                    "next older one"
+                )
                 continue
-            finally:
-                dist.barrier(group=self.pg)
-                if _local_rank(self.rank) == 0:
-                    shutil.rmtree(copy.parent, ignore_errors=True)
-            return where, info
+            return remote.where(name), got
         if complete:
             raise ConfigError(
-                f"no usable checkpoint in {self.remote.url}: all {len(complete)} complete ones "
+                f"no usable checkpoint in {remote.url}: all {len(complete)} complete ones "
                 "fail verification or loading (warnings above); delete them, or start over "
                 "with --resume never or another --ckpt-dir"
             )
         return None
 
-    def _fetch(self, name: str, copy: Path) -> str | None:
+    def _load_remote(self, states: dict[str, Stateful], remote: Remote, name: str) -> dict | str:
+        """Fetch a store's step into the staging dir and load it: its marker info, or why it
+        is unusable (agreed by every rank); the copy is deleted either way."""
+        # One copy per node: torchrun's node rank too, since nodes may share a host name and
+        # a temp dir (the local SLURM cluster's do).
+        node = f"{socket.gethostname()}-{os.environ.get('GROUP_RANK', '0')}"
+        copy = self.dir / f".fetched-{node}" / name
+        try:
+            self._agree(self._fetch(remote, name, copy))
+            return self.load(copy, states)
+        except UnusableCheckpoint as e:
+            return str(e)
+        finally:
+            dist.barrier(group=self.pg)
+            if _local_rank(self.rank) == 0:
+                shutil.rmtree(copy.parent, ignore_errors=True)
+
+    def _fetch(self, remote: Remote, name: str, copy: Path) -> str | None:
         """Download a step into `copy`, once per host (its local rank 0); the problem, if
         any (the caller agrees on it: also the barrier before the other ranks read)."""
-        assert self.remote is not None
         if _local_rank(self.rank) != 0:
             return None
         shutil.rmtree(copy, ignore_errors=True)
-        info, why = self.remote.marker(name)
+        info, why = remote.marker(name)
         if info is None:
             return why
         try:
-            self.remote.download(name, copy, sorted((info.get("files") or {}).keys()))
+            remote.download(name, copy, sorted((info.get("files") or {}).keys()))
         except Exception as e:
             return f"download failed ({describe(e)})"
         return None
@@ -513,11 +555,22 @@ class Checkpointer:
         )
         dist.barrier(group=self.pg)  # every rank sees the new timeline before its first save
 
+    def newest(self) -> str | None:
+        """The newest complete checkpoint as the user names it (a step dir, or a store's
+        step URL), None when there is none."""
+        if self.remote is not None:
+            complete = self.remote.scan()[0]
+            return self.remote.where(complete[-1]) if complete else None
+        complete = list_checkpoints(self.dir)[0]
+        return str(complete[-1]) if complete else None
+
     def holds(self, path: str | Path) -> bool:
         """Whether a checkpoint resumed from is one of this dir's (else the run's first save
         writes its step here anew)."""
         if self.remote is not None:
             return str(path).startswith(f"{self.remote.url}/")
+        if is_remote(path):  # a store's step resumed into a local dir
+            return False
         return Path(path).parent.resolve() == self.dir.resolve()
 
     def _agree(self, problem: str | None) -> None:

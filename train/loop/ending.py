@@ -21,11 +21,13 @@ from ddpkit.train import goodput
 from ddpkit.train.ckpt import Checkpointer
 from ddpkit.train.config import EXIT_REQUEUE, TrainConfig
 from ddpkit.train.contract import (
+    CKPT_STEP_PREFIX,
     EXIT_DIVERGED,
     EXIT_INTERRUPTED,
     LAUNCH_ID_ENV,
     SUMMARY_FILE,
     asks_requeue,
+    ckpt_join,
     requeue_signals,
     write_requeue_marker,
 )
@@ -109,27 +111,24 @@ class RunEnd:
                 signal=name,
                 step=self.step,
                 save_s=round(took, 3),
-                checkpoint=str(Path(self.cfg.ckpt_dir) / f"step-{self.step}"),
+                checkpoint=ckpt_join(self.cfg.ckpt_dir, f"{CKPT_STEP_PREFIX}{self.step}"),
             )
         self.reporter.close()
         return EXIT_REQUEUE
 
     def diverged(self, e: Diverged) -> int:
         """Stop on a non-finite state: nothing saved from it; name the checkpoint to use."""
-        from ddpkit.train.ckpt import list_checkpoints
-
         self.stop.drain()
         self.ckpt.close()  # a save in flight was started from a checked, finite state
         if self.world.is_main:
             import sys
 
-            complete, _ = list_checkpoints(Path(self.cfg.ckpt_dir))
+            newest = self.ckpt.newest()
             skipped = f" after skipping {e.skipped} (--max-bad-steps)" if e.skipped else ""
             fix = "lower --lr, or add --clip-grad or --max-bad-steps N"
             where = (
-                f"the last finite checkpoint is {complete[-1]}: {fix} and rerun with "
-                f"--resume {complete[-1]}"
-                if complete
+                f"the last finite checkpoint is {newest}: {fix} and rerun with --resume {newest}"
+                if newest
                 else f"no checkpoint was saved before it: {fix} and start over"
             )
             print(
