@@ -162,14 +162,21 @@ class RunLock:
             "wait for it to end or cancel it, or use another --ckpt-dir / --run-dir"
         )
 
-    def refuse_if_live(self) -> None:
+    def refuse_if_live(self, grace_s: float = LOCK_HEARTBEAT_S) -> None:
         """Before any worker starts (the node launcher): a lock a live job on this host
         holds is refused now, with acquire's line. Else the refusal came from rank 0 after
         every rank's start-up (torch, the model, the data, the process group): tens of
-        seconds of a loaded node's CPU taken from the job that holds the dir. Reads only."""
-        verdict, who = self._verdict()
-        if verdict == "live":
-            raise ConfigError(self.in_use(who))
+        seconds of a loaded node's CPU taken from the job that holds the dir. An owner about
+        to leave (a requeued job's old workers still exiting) gets grace_s, idle, to do so.
+        Reads only."""
+        deadline = time.time() + grace_s
+        while True:
+            verdict, who = self._verdict()
+            if verdict != "live":
+                return
+            if time.time() >= deadline:
+                raise ConfigError(self.in_use(who))
+            time.sleep(0.5)
 
     def _beat(self) -> None:
         while not self._stop.wait(LOCK_HEARTBEAT_S):
