@@ -325,6 +325,8 @@ def check_numbers(cfg: TrainConfig) -> None:
             )
     for name in ("run_dir", "ckpt_dir", "data_dir"):
         v = getattr(cfg, name)
+        if v is not None and not isinstance(v, str):  # argparse drops a value that is exactly "--"
+            raise ConfigError(f"{_flag(name)} '--' cannot reach the trainer as a value; use ./--")
         if v is not None and not str(v).strip():
             raise ConfigError(
                 f"{_flag(name)} is empty; pass a name or path (it would write into the "

@@ -38,6 +38,12 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def flag_args(flag_name: str, value: str) -> list[str]:
+    """`flag VALUE` as argv words that hand VALUE back byte for byte: argparse takes a value
+    that starts with '-' (`-data`, `--`) for a flag of its own, so that one is `flag=VALUE`."""
+    return [f"{flag_name}={value}"] if value.startswith("-") else [flag_name, value]
+
+
 def no_flag(name: str) -> str:
     """A boolean field's off switch: `compile` -> `--no-compile`."""
     return "--no-" + name.replace("_", "-")

@@ -127,24 +127,7 @@ def diagnose_collective_failure(
     (`if rank == 0: dist.barrier()` in a forward) names the ranks that took another path.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    store = _store()
-    reported: list[int] = []
-    sites: dict[int, str] = {}
-    if store is not None:
-        try:
-            key = f"ddpkit/failed/{step}"
-            store.set(f"{key}/{rank}", json.dumps({"phase": phase, "site": user_call_site(err)}))
-            deadline = time.time() + min(5.0, timeout_s)
-            while time.time() < deadline:
-                reported = [r for r in range(world) if store.check([f"{key}/{r}"])]
-                if len(reported) == world:
-                    break
-                time.sleep(0.2)
-            for r in reported:
-                with contextlib.suppress(ValueError, AttributeError):
-                    sites[r] = str(json.loads(store.get(f"{key}/{r}")).get("site") or "")
-        except Exception:
-            reported = []
+    reported, sites = _exchange(f"ddpkit/failed/{step}", phase, err, min(5.0, timeout_s))
     missing = [r for r in range(world) if r not in reported] if reported else []
     blame = _other_path(sites, phase, when or f"at step {step}")
     first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
@@ -165,6 +148,64 @@ def diagnose_collective_failure(
     )
     tell_launcher(msg, phase=f"{phase} {when or f'at step {step}'}", missing=missing, blame=blame)
     return msg
+
+
+def _exchange(
+    key: str, phase: str, err: BaseException, grace_s: float
+) -> tuple[list[int], dict[int, str]]:
+    """(ranks that reported this failure within grace_s, {rank: its user_call_site}): each
+    rank that sees it records itself under `key` in the rendezvous store; ([], {}) without one."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = _store()
+    reported: list[int] = []
+    sites: dict[int, str] = {}
+    if store is None:
+        return reported, sites
+    try:
+        store.set(f"{key}/{rank}", json.dumps({"phase": phase, "site": user_call_site(err)}))
+        deadline = time.time() + grace_s
+        while time.time() < deadline:
+            reported = [r for r in range(world) if store.check([f"{key}/{r}"])]
+            if len(reported) == world:
+                break
+            time.sleep(0.2)
+        for r in reported:
+            with contextlib.suppress(ValueError, AttributeError):
+                sites[r] = str(json.loads(store.get(f"{key}/{r}")).get("site") or "")
+    except Exception:
+        return [], {}
+    return reported, sites
+
+
+def diagnose_script_failure(err: BaseException) -> None:
+    """A user's script or module whose collective failed (run_entry): the trainer's exchange,
+    so the launcher names the rank that never reached the collective (hung in its own code,
+    gone) or the ranks whose code called different ones (`if rank == 0: dist.barrier()`),
+    not the first rank to notice. Only the error file is written: the script's traceback,
+    as Python prints it, says the rest."""
+    frames = traceback.extract_tb(err.__traceback__)
+    calls = [f.name for f in frames if f.filename.endswith(_C10D)]
+    if not calls or not dist.is_initialized():
+        return  # not a collective's failure: the rank's own exception
+    rank, world = dist.get_rank(), dist.get_world_size()
+    site = user_call_site(err)
+    phase = site or f"{calls[-1]}()"
+    key = f"ddpkit/failed/script-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    reported, sites = _exchange(key, phase, err, 5.0)
+    missing = [r for r in range(world) if r not in reported] if reported else []
+    odd = {r: s for r, s in sites.items() if s}
+    blame = ""
+    if len(set(odd.values())) > 1 and len(odd) == len(sites):  # every rank, not one place
+        where = "; ".join(f"rank {r} called {s}" for r, s in sorted(odd.items()))
+        blame = f"the ranks called different collectives: {where}; every rank must call the same collectives in the same order"
+    elif odd and len(set(sites.values())) > 1:
+        blame = _other_path(sites, "collective", "")
+    first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+    error = f"{type(err).__name__}: {first}"
+    tell_launcher(
+        f"collective {phase} failed on rank {rank} of {world}: {first}",
+        phase=phase, missing=missing, blame=blame, error=error,
+    )  # fmt: skip
 
 
 _KIT_DIR = os.path.dirname(os.path.abspath(__file__))

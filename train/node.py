@@ -16,7 +16,8 @@ ddpkit.train.contract, so no backend retypes it:
     DDPKIT_SHUTDOWN_TIMEOUT_S for the workers (train/preempt.py reads them); a requeue
     marker only counts when it carries this launch's id;
   - for the default entry point, the training flags are checked BEFORE torchrun starts, with
-    the world size this launch will have: a bad flag is one line + exit 2, no process group.
+    the world size this launch will have: a bad flag is one line + exit 2, no process group;
+    so is a checkpoint or run dir that a live job on this host holds (train/loop/runlock.py).
 Exit status (one, whatever torchrun's): a worker's 2 (bad input) -> 2, 3 (diverged) -> 3; a
 requeue marker of this launch -> 75; Ctrl-C (SIGINT) -> 130, never a requeue (the kit's
 trainer saves on the way out); a stop signal that asks for no requeue here (a plain scancel's
@@ -270,6 +271,11 @@ def run_entry(argv: list[str]) -> int:
         raise
     except BaseException as e:
         ours = {os.path.abspath(__file__), runpy.__file__, "<frozen runpy>"}
+        if "torch.distributed" in sys.modules:  # a collective that failed: who stopped?
+            from ddpkit.train.fault import diagnose_script_failure
+
+            with contextlib.suppress(Exception):
+                diagnose_script_failure(e)
         failclass.note_cause(e)  # the user's code raised: the launcher does not retry it
         tb = e.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename in ours:
@@ -286,6 +292,16 @@ def precheck_train(train_argv: list[str], world_size: int, nnodes: int) -> objec
 
     cfg, _ = parse_config(train_argv, world=(world_size, nnodes))
     return cfg
+
+
+def refuse_dirs_in_use(cfg: Any) -> None:
+    """A checkpoint or run dir that a live job on this host holds (its lock, reached by any
+    path: a symlink resolves to the same lock file) is refused before a worker starts."""
+    from ddpkit.train.loop.rundir import lock_dirs
+    from ddpkit.train.loop.runlock import RunLock
+
+    for d in lock_dirs(cfg):
+        RunLock(d).refuse_if_live()
 
 
 def workers_die_with_launcher() -> bool:
@@ -496,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir, timeout_s = own.run_dir, own.shutdown_timeout
     if is_default_entry(entry):
         cfg = precheck_train(entry[2:], world_size, nnodes)
+        refuse_dirs_in_use(cfg)
         run_dir = run_dir or cfg.run_dir
         if timeout_s is None:
             timeout_s = cfg.shutdown_timeout_s

@@ -184,12 +184,11 @@ def outcome(
             f"{PREFIX}: rank {rank} ended by {how} after the run finished (summary.json of "
             "this launch is written); exit 0"
         )
-    if stalled:
-        return EXIT_FAILED, stalled
     where = f" on {socket.gethostname()}"
     left = left or {}
     # Left early: others returned while the culprit still ran its code. A culprit whose own
     # code had returned too (it failed in its exit) waited on nobody: its failure is its own.
+    # Said before a diagnosis of a collective that rank never reached: it is why.
     early = sorted(
         r
         for r, t in left.items()
@@ -197,6 +196,8 @@ def outcome(
         and failure.exact
         and (t < failure.when or (stopped_at is not None and t <= stopped_at))
     )
+    if stalled and not early:
+        return EXIT_FAILED, stalled
     if early:  # a rank that stops calling collectives leaves its peers failing in them
         ranks = f"rank {early[0]}" if len(early) == 1 else f"ranks {', '.join(map(str, early))}"
         return EXIT_FAILED, (

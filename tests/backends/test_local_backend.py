@@ -315,3 +315,45 @@ def test_each_local_job_has_its_own_log_and_logs_shows_the_last(tmp_path: Path) 
     logs = sorted(p for p in local.glob("node-0.*.log"))
     assert len(logs) == 2, logs
     assert sum("token first-run" in p.read_text() for p in logs) == 1
+
+
+# Quotes, $(), backticks, a backslash, a newline, non-ASCII, YAML's line breaks, a byte that
+# is not UTF-8 (an argument read with surrogateescape) and a leading dash (argparse's flag).
+HOSTILE = (
+    "-lead 'q' \"d\" $(touch PWNED) `touch PWNED` back\\slash\\n\nnext é \x85\u2028 \udcff end"
+)
+
+
+@pytest.mark.parametrize("value", [HOSTILE, "-raw\\data\x85$(x)"], ids=["hostile", "dash"])
+def test_a_data_dir_and_an_env_value_reach_the_trainer_byte_for_byte(tmp_path, value) -> None:
+    """The rendered local script, run by bash: the environment value and the trainer's
+    --data-dir arrive as given (the trainer's own parser reads the value back), and nothing
+    in them runs."""
+    from ddpkit.train.config import parse_config
+
+    r = subprocess.run(
+        [PY, "-m", "ddpkit.tools.submit", "render", "local", "--set", f"train.data_dir={value}",
+         "--set", f"env.X={value}", "--set", f"train.run_dir={tmp_path / 'r'}"],
+        cwd=ROOT, env=clean_env(), capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "job.sh").write_bytes(r.stdout)
+    record = tmp_path / "argv"
+    # `exec` as a function: the script's last line hands this its argv instead of the launcher
+    prelude = f'exec() {{ printf \'%s\\0\' "$X" "$@" > {record}; }}; source ./job.sh'
+    subprocess.run(["bash", "-c", prelude], cwd=tmp_path, check=True, timeout=60)
+    x, *argv = [os.fsdecode(w) for w in record.read_bytes().split(b"\0")[:-1]]
+    assert x == value
+    entry = argv[argv.index("--") + 1 :]
+    assert entry[:2] == ["-m", "ddpkit.train"]
+    cfg, _ = parse_config(entry[2:], world=(1, 1), installed=False, local_paths=False)
+    assert cfg.data_dir == value
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_a_data_dir_argparse_cannot_carry_is_refused_in_one_line_at_render() -> None:
+    """argparse drops a value that is exactly `--`: refused, never trained with data_dir=[]."""
+    p = launch("render", "local", "--set", "train.data_dir=--")
+    assert p.returncode == 2 and error_lines(p.stderr) == [
+        "error: --data-dir '--' cannot reach the trainer as a value; use ./--"
+    ], p.stderr

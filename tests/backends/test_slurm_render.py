@@ -360,3 +360,19 @@ def test_render_cli_writes_file_into_the_workspace(tmp_path: Path) -> None:
     path = tmp_path / ".ddpkit" / "rendered" / "slurm" / "render-cli-test.sbatch"
     assert path.read_text() == out.stdout
     assert ".ddpkit/rendered/slurm/render-cli-test.sbatch" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "value", ["-lead 'q' $(touch PWNED) `x` back\\slash\nnext é \x85\u2028 \udcff", "-raw"]
+)
+def test_the_kit_trainers_data_dir_and_env_reach_it_byte_for_byte(value, tmp_path) -> None:
+    """Through the rendered node script (what every node runs): the env value and --data-dir
+    as the trainer's own parser reads them back, a leading dash included."""
+    from ddpkit.train.config import parse_config
+
+    spec = load_spec(None, [f"env.X={value}", f"train.data_dir={value}"], 1, 2)
+    rc, rec = run_node_script(spec, tmp_path)
+    assert rc == 0 and rec["env"]["X"] == value and not (tmp_path / "PWNED").exists()
+    entry = rec["argv"][rec["argv"].index("--") + 1 :]
+    cfg, _ = parse_config(entry[2:], world=(2, 1), installed=False, local_paths=False)
+    assert cfg.data_dir == value

@@ -413,6 +413,10 @@ def test_a_rank_that_left_with_exit_0_before_the_failure_is_named():
     # after torchrun's stop (a script that handles its SIGTERM and returns): no clue
     assert "left first" not in outcome(failures, False, left={1: 50.5}, stopped_at=50.3)[1]
 
+    # rank 0's collective diagnosis says rank 1 never reached it: the exit 0 says why
+    waited = {0: Failure(1, 50.0, missing=(1,), phase="all_reduce()", exact=True)}
+    assert "rank 1 left first (exit 0)" in outcome(waited, False, left={1: 49.0})[1]
+
 
 def test_a_rank_that_fails_in_its_exit_after_its_code_returned_is_named_alone():
     """Every rank's code returned; rank 1 then aborted in interpreter teardown: nobody was
@@ -460,6 +464,34 @@ for step in range(20 if dist.get_rank() == 1 else 10000):
 dist.destroy_process_group()
 """
 
+HUNG = """
+import datetime, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=10))
+for step in range(100000):
+    if step == 20 and dist.get_rank() == 1:
+        time.sleep(100000)  # hung in its own code: it never calls the next all_reduce
+    dist.all_reduce(torch.ones(4))
+    time.sleep(0.01)
+"""
+
+BARRIER_ON_RANK_0 = """
+import datetime
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=10))
+for step in range(20):
+    dist.all_reduce(torch.ones(4))
+if dist.get_rank() == 0:
+    dist.barrier()
+for step in range(200):
+    dist.all_reduce(torch.ones(4))
+dist.destroy_process_group()
+"""
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
@@ -467,16 +499,24 @@ dist.destroy_process_group()
     [
         (OOM_KILLED, "ddpkit node: rank 1 failed (signal SIGKILL) on "),
         (LEAVES_EARLY, "ddpkit node: rank 1 left first (exit 0) while the others still ran"),
+        (HUNG, "ddpkit node: rank 1 never reached the collective all_reduce() at job.py:10 "),
+        (
+            BARRIER_ON_RANK_0,
+            "ddpkit node: the ranks called different collectives: rank 0 called barrier() at "
+            "job.py:10 (in <module>); rank 1 called all_reduce() at job.py:12 (in <module>)",
+        ),
     ],
-    ids=["sigkilled", "left-early"],
+    ids=["sigkilled", "left-early", "hung", "barrier-on-rank-0"],
 )
 def test_the_rank_that_stopped_taking_part_is_named_not_the_first_to_notice(
     tmp_path, script, expect
 ):
-    """A user's script at world 2: rank 1 is SIGKILLed, or returns early (exit 0); rank 0
-    then fails in its next collective and torchrun stops the rest. The line names rank 1:
-    the launcher times every worker's end itself instead of trusting torchrun's stamps,
-    which are whole seconds and tied rank 0's SIGTERM with rank 1's SIGKILL."""
+    """A user's script at world 2: rank 1 is SIGKILLed, returns early (exit 0) or hangs in
+    its own code; rank 0 then fails in its next collective and torchrun stops the rest. The
+    line names rank 1: the launcher times every worker's end itself instead of trusting
+    torchrun's stamps (whole seconds: rank 0's SIGTERM tied with rank 1's SIGKILL), and a
+    rank whose collective failed says, through the rendezvous store, which ranks never
+    reached it or called another one (`if rank == 0: dist.barrier()`)."""
     (tmp_path / "job.py").write_text(script)
     p = subprocess.run(
         [*NODE, "--standalone", "--nproc-per-node", "2", "--", "job.py"],
@@ -485,7 +525,7 @@ def test_the_rank_that_stopped_taking_part_is_named_not_the_first_to_notice(
     assert p.returncode == EXIT_FAILED, p.stderr
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith(expect), p.stderr[-3000:]
-    assert "rank 0 failed" not in last, last
+    assert "rank 0 failed (" not in last, last  # the first to notice is not the cause
 
 
 def test_a_python_whose_torch_does_not_import_is_one_line_before_anything_starts(tmp_path):
@@ -506,3 +546,32 @@ def test_a_python_whose_torch_does_not_import_is_one_line_before_anything_starts
     assert len(lines) == 1 and "torch does not import with" in lines[0], lines
     assert "install torch" in lines[0] and "Traceback" not in r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dir_a_live_job_holds_is_refused_before_any_worker_starts(tmp_path, one_line_error):
+    """A second job reaching a running job's checkpoint dir (here through a symlink) is
+    refused by the node launcher in one line, before torchrun starts a worker: no rank's
+    start-up (torch, model, data, process group) takes a loaded node's CPU from the job
+    that holds the dir, and the second run writes nothing."""
+    import json
+
+    held = tmp_path / "held"
+    held.mkdir()
+    owner = subprocess.Popen(["sleep", "300"])
+    try:
+        lock = {"host": socket.gethostname(), "pid": owner.pid, "agent_pid": None,
+                "launch_id": "first", "time": time.time()}  # fmt: skip
+        (held / ".lock").write_text(json.dumps(lock))
+        (tmp_path / "linked").symlink_to(held)
+        p = subprocess.run(
+            [*NODE, "--standalone", "--nproc-per-node", "2", "--", "-m", "ddpkit.train",
+             "--steps", "2", "--ckpt-dir", "linked", "--run-dir", "runs/second"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        line = one_line_error(p)
+        assert line.startswith(f"error: linked is in use by another job (pid {owner.pid} on ")
+        assert not (tmp_path / "runs").exists()  # no worker ran: no goodput attempt, no run dir
+        assert json.loads((held / ".lock").read_text()) == lock
+    finally:
+        owner.kill()
+        owner.wait()

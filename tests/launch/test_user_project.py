@@ -464,7 +464,8 @@ def test_train_name_gives_one_run_dir_whichever_way_the_job_starts(tmp_path, ent
 @pytest.mark.slow
 def test_a_refused_second_submit_changes_no_record(tmp_path):
     """A second local job whose checkpoint dir is the running job's (through a symlink) is
-    refused; `ddpkit status` and `cancel` still find the first, which then ends (saved)."""
+    refused before its workers start; `ddpkit status` and `cancel` still find the first,
+    which then ends (saved)."""
     proj = make_project(tmp_path / "proj")
     long_job = KIT_JOB.replace("steps = 12", "steps = 100000").replace("max_restarts = 1", "")
     (proj / "kit.toml").write_text(long_job)
@@ -483,6 +484,9 @@ def test_a_refused_second_submit_changes_no_record(tmp_path):
         second = ddpkit("run", "--config", "kit.toml", "--set", "name=other",
                         "--set", "ckpt_dir=linked", cwd=proj)  # fmt: skip
         assert second.returncode == 2 and "is in use by another job" in second.stdout
+        # refused by the node launcher before any worker started (no rank's start-up taken
+        # from the first job's CPU): the second run has no goodput attempt
+        assert not (proj / "runs/other/goodput").exists()
         assert (proj / ".ddpkit/jobs/local/last_job.json").read_text() == record
         st = ddpkit("status", "local", cwd=proj)
         assert st.returncode == 0 and f"job {json.loads(record)['job']}: running" in st.stdout

@@ -84,6 +84,28 @@ def test_a_lock_of_another_shape_is_an_owner_less_one(tmp_path, label):
 
 
 @pytest.mark.timeout(30)
+def test_the_launchers_check_refuses_a_live_owner_and_waits_for_one_leaving(tmp_path):
+    """The node launcher's check before any worker starts (RunLock.refuse_if_live): a live
+    owner on this host is refused in acquire's line; one that ends within the grace (a
+    requeued job's old workers still exiting) is not; the check writes nothing."""
+    for lasts, refused in ((300, True), (1, False)):
+        owner = subprocess.Popen(["sleep", str(lasts)])
+        threading.Thread(target=owner.wait, daemon=True).start()  # reaped when it ends
+        body = json.dumps({"host": socket.gethostname(), "pid": owner.pid})
+        (tmp_path / ".lock").write_text(body)
+        try:
+            if refused:
+                with pytest.raises(
+                    ConfigError, match=f"is in use by another job \\(pid {owner.pid}"
+                ):
+                    RunLock(tmp_path).refuse_if_live(grace_s=1.0)
+            else:
+                RunLock(tmp_path).refuse_if_live(grace_s=15.0)
+            assert (tmp_path / ".lock").read_text() == body
+        finally:
+            owner.kill()
+
+
 def test_a_directory_in_place_of_the_lock_is_refused_in_one_line(tmp_path):
     lock = _lock_of(tmp_path, None)
     with pytest.raises(ConfigError, match="is a directory, not a lock file") as e:

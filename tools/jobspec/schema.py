@@ -211,7 +211,7 @@ class JobSpec:
 
     def train_argv(self) -> list[str]:
         """`python -m ddpkit.train` flags: the [train] table, name, ckpt_dir, then train_args."""
-        args = ["--name", self.run_name]
+        args = dataclass_fields.flag_args("--name", self.run_name)
         raw = self.train_args
         epochs_only = flag_value(raw, "--epochs") is not None and flag_value(raw, "--steps") is None
         for key, value in self.train.items():
@@ -222,10 +222,10 @@ class JobSpec:
                 args.append(flag if value else dataclass_fields.no_flag(key))
             elif isinstance(value, dict):  # model_args / dataset_args: the flag takes JSON
                 args += [flag, json.dumps(value, separators=(",", ":"))]
-            elif value is not None:
-                args += [flag, str(value)]
+            elif value is not None:  # e.g. data_dir = "-raw": it reaches the trainer as written
+                args += dataclass_fields.flag_args(flag, str(value))
         if self.ckpt_dir:
-            args += ["--ckpt-dir", self.ckpt_dir]
+            args += dataclass_fields.flag_args("--ckpt-dir", self.ckpt_dir)
         return args + list(self.train_args)
 
     @property
@@ -257,7 +257,7 @@ class JobSpec:
         flags; every backend runs this, so the contract's flags are written once."""
         return [
             python, "-m", "ddpkit.train.node",
-            "--run-dir", self.run_dir,
+            *dataclass_fields.flag_args("--run-dir", self.run_dir),
             "--shutdown-timeout", str(self.shutdown_budget_s),
             *rendezvous,
             f"--max-restarts={self.restart_budget}",

@@ -25,11 +25,18 @@ if TYPE_CHECKING:
     from ddpkit.train.distributed import World
 
 
-def claim_run_dirs(cfg: TrainConfig, world: World) -> list[RunLock]:
-    """The locks this run holds (checkpoint dir first), taken on rank 0; collective."""
-    dirs = [str(local_dir(cfg.ckpt_dir))]  # a store's: its staging dir here
+def lock_dirs(cfg: TrainConfig) -> list[str]:
+    """The dirs a run locks: the checkpoint dir (a store's: its staging dir here), and the
+    run dir when that is another directory."""
+    dirs = [str(local_dir(cfg.ckpt_dir))]
     if Path(cfg.run_dir).resolve() != Path(dirs[0]).resolve():
         dirs.append(cfg.run_dir)
+    return dirs
+
+
+def claim_run_dirs(cfg: TrainConfig, world: World) -> list[RunLock]:
+    """The locks this run holds (checkpoint dir first), taken on rank 0; collective."""
+    dirs = lock_dirs(cfg)
     locks = [RunLock(d) for d in dirs]
     box: list[str | None] = [None]
     if world.is_main:  # another live job on either: one line, exit 2

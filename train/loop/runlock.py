@@ -141,10 +141,7 @@ class RunLock:
                     continue
             break
         if verdict in ("live", "wait"):
-            raise ConfigError(
-                f"{self.path.parent} is in use by another job ({who}, lock {self.path}); "
-                "wait for it to end or cancel it, or use another --ckpt-dir / --run-dir"
-            )
+            raise ConfigError(self.in_use(who))
         if verdict == "dead":
             self.log(f"warning: taking over the stale lock {self.path} of a dead job ({who})")
         tmp = self.path.with_name(f"{LOCK_FILE}.tmp{os.getpid()}")
@@ -158,6 +155,28 @@ class RunLock:
             raise
         self._thread = threading.Thread(target=self._beat, daemon=True, name="ddpkit-lock")
         self._thread.start()
+
+    def in_use(self, who: str) -> str:
+        return (
+            f"{self.path.parent} is in use by another job ({who}, lock {self.path}); "
+            "wait for it to end or cancel it, or use another --ckpt-dir / --run-dir"
+        )
+
+    def refuse_if_live(self, grace_s: float = LOCK_HEARTBEAT_S) -> None:
+        """Before any worker starts (the node launcher): a lock a live job on this host
+        holds is refused now, with acquire's line. Else the refusal came from rank 0 after
+        every rank's start-up (torch, the model, the data, the process group): tens of
+        seconds of a loaded node's CPU taken from the job that holds the dir. An owner about
+        to leave (a requeued job's old workers still exiting) gets grace_s, idle, to do so.
+        Reads only."""
+        deadline = time.time() + grace_s
+        while True:
+            verdict, who = self._verdict()
+            if verdict != "live":
+                return
+            if time.time() >= deadline:
+                raise ConfigError(self.in_use(who))
+            time.sleep(0.5)
 
     def _beat(self) -> None:
         while not self._stop.wait(LOCK_HEARTBEAT_S):
