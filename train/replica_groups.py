@@ -105,7 +105,7 @@ class Supervisor:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60  # (seen over 30 s at a load of 10 on 2 cores)
         while time.monotonic() < deadline:
             if self.lighthouse.poll() is not None:
                 raise SystemExit(
@@ -124,6 +124,10 @@ class Supervisor:
     def start(self, g: int) -> None:
         env = {**os.environ, **ReplicaGroup(g, self.args.groups, self.address).env()}
         env.setdefault("RUST_LOG", "warn")  # torchft's manager logs every quorum at info
+        # torchrun gives each rank one intra-op thread when it starts several, but a group of
+        # one rank would get a thread per core: with the other groups on the same cores, that
+        # oversubscription cost 172 ms a step against 16 ms (bench/torchft_overhead.py).
+        env.setdefault("OMP_NUM_THREADS", "1")
         if self.args.ckpt_dir:
             env[CKPT_DIR_ENV] = group_dir(self.args.ckpt_dir, g)
         argv = group_argv(self.node_argv, g, self.args.run_dir, self.args.ckpt_dir)
