@@ -161,8 +161,8 @@ class Backend(abc.ABC):
         self.check_options(spec)
         if spec.fault_tolerance == "torchft" and not self.runs_torchft:
             raise SpecError(
-                f"fault_tolerance = torchft runs on the local backend so far, not on "
-                f'{self.name} yet; use `ddpkit run` (local), or fault_tolerance = "none"'
+                f"fault_tolerance = torchft does not run on the {self.name} backend yet; use "
+                '`ddpkit run` (local) or the slurm backend, or fault_tolerance = "none"'
             )
 
     @abc.abstractmethod
