@@ -23,9 +23,9 @@ Torch-free: the node launchers import torch; this process only watches them.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -34,15 +34,11 @@ import threading
 import time
 from pathlib import Path
 
+from ddpkit.train import lighthouse
 from ddpkit.train.contract import CKPT_DIR_ENV, EXIT_BAD_INPUT, STOP_SIGNALS
 from ddpkit.train.ft_env import LIGHTHOUSE_ENV, ReplicaGroup
 
 STATUS_FILE = "replica_groups.json"
-# The lighthouse forgets a group this long after its last heartbeat, and waits this long for
-# stragglers before it forms a quorum without them: together, about how long the survivors
-# stall when a group dies (torchft's defaults are 5 s and 60 s).
-HEARTBEAT_TIMEOUT_MS = 2000
-JOIN_TIMEOUT_MS = 2000
 RESTART_DELAY_S = 1.0
 # Once a group has finished the run, the others (in lockstep) end within a step, a save and an
 # evaluation; a group still rejoining then has no live peer to heal from: it is stopped.
@@ -115,30 +111,18 @@ class Supervisor:
         raise SystemExit(f"ddpkit replica groups: the lighthouse at {address} did not answer")
 
     def start_lighthouse(self, port: int = 0) -> str:
-        exe = shutil.which("torchft_lighthouse", path=str(Path(sys.executable).parent))
-        exe = exe or shutil.which("torchft_lighthouse")
-        if exe is None:
+        if importlib.util.find_spec("torchft") is None:
             raise SystemExit(
-                "ddpkit replica groups: torchft_lighthouse not found: pip install 'ddpkit[ft]' "
+                "ddpkit replica groups: torchft is not installed: pip install 'ddpkit[ft]' "
                 "(torchft) into the environment that runs the job"
             )
         port = port or self.args.lighthouse_port or free_port()
         self.lighthouse = subprocess.Popen(
-            [
-                exe,
-                "--min_replicas",
-                "1",
-                "--bind",
-                f"[::]:{port}",
-                "--join_timeout_ms",
-                str(JOIN_TIMEOUT_MS),
-                "--heartbeat_timeout_ms",
-                str(HEARTBEAT_TIMEOUT_MS),
-            ],  # fmt: skip
+            [sys.executable, "-m", "ddpkit.train.lighthouse", *lighthouse.flags(port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 60  # (seen over 30 s at a load of 10 on 2 cores)
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.lighthouse.poll() is not None:
                 raise SystemExit(
