@@ -14,7 +14,8 @@ restarts and the exit statuses so far.
 On a cluster (`--nodes N`, SLURM: one supervisor per node) each node runs its own share of
 the groups (one per node by default) and restarts them in place; the node of rank 0 (read
 from `--node-rank-env`, SLURM_NODEID) also runs the lighthouse, at the address every node
-finds in TORCHFT_LIGHTHOUSE (the node script sets it: the head node, the job's port). Each
+finds in TORCHFT_LIGHTHOUSE (the node script sets it: the head node, the job's port), unless
+`--no-lighthouse` (Kubernetes runs it as its own pod, behind a Service). Each
 node writes its own status file, `replica_groups.node-<rank>.json`.
 
 Torch-free: the node launchers import torch; this process only watches them.
@@ -99,7 +100,7 @@ class Supervisor:
                 f"ddpkit replica groups: --nodes {self.args.nodes} needs {LIGHTHOUSE_ENV}="
                 f"http://HOST:PORT (the node script sets it); got {address!r}"
             )
-        if self.node_rank == 0:
+        if self.node_rank == 0 and not self.args.no_lighthouse:
             self.start_lighthouse(int(port))
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -274,6 +275,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--node-rank-env", default="SLURM_NODEID", help="with --nodes: this node's rank's variable"
+    )
+    p.add_argument(
+        "--no-lighthouse",
+        action="store_true",
+        help="with --nodes: the lighthouse runs elsewhere (Kubernetes: its own pod)",
     )
     return p
 
