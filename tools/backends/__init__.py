@@ -162,7 +162,7 @@ class Backend(abc.ABC):
         if spec.fault_tolerance == "torchft" and not self.runs_torchft:
             raise SpecError(
                 f"fault_tolerance = torchft does not run on the {self.name} backend yet; use "
-                '`ddpkit run` (local), the slurm or k8s backend, or fault_tolerance = "none"'
+                '`ddpkit run` (local), slurm, k8s or docker, or fault_tolerance = "none"'
             )
 
     @abc.abstractmethod
