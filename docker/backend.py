@@ -70,6 +70,7 @@ __all__ = [
 class DockerBackend(Backend):
     name = "docker"
     file_ext = FILE_EXT
+    runs_torchft = True  # as local, inside the container (render.node_args)
     Options = DockerOptions  # the job file's [docker] table
     shares_filesystem = False  # inputs live in the image or its mounts
 

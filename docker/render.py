@@ -145,7 +145,19 @@ def run_argv(spec: JobSpec, engine: str = "docker") -> list[str]:
 
 def node_args(spec: JobSpec) -> list[str]:
     """After the image: the node launcher's flags and the entry point (the entrypoint adds
-    the process count and --standalone, which depend on the container)."""
+    the process count and --standalone, which depend on the container). fault_tolerance =
+    torchft: the replica-group supervisor's whole command, as on the local backend (the
+    lighthouse and the groups inside the container; the entrypoint runs a command as given)."""
+    if spec.fault_tolerance == "torchft":
+        ckpt = spec.ckpt_dir or spec.train.get("ckpt_dir")
+        n = nproc(spec) or spec.nproc_per_node
+        return [
+            "python", "-m", "ddpkit.train.replica_groups",
+            "--groups", str(spec.groups),
+            "--run-dir", spec.run_dir,
+            *(["--ckpt-dir", str(ckpt)] if ckpt else []),
+            "--", *spec.node_argv(["--standalone", f"--nproc-per-node={n}"]),
+        ]  # fmt: skip
     return spec.node_argv([])[3:]  # without `python -m ddpkit.train.node`
 
 

@@ -229,6 +229,16 @@ def submit(spec: JobSpec, docs: list[dict[str, Any]], opts: Any) -> int:
                 if "already exists" not in str(e):
                     raise
                 print(f"persistentvolumeclaim/{name} exists; reusing it", file=sys.stderr)
+        elif doc["kind"] in ("Deployment", "Service"):  # fault_tolerance = torchft's lighthouse
+            name, what = doc["metadata"]["name"], doc["kind"]
+            if what == "Service":
+                create = core.create_namespaced_service
+            else:
+                from kubernetes import client
+
+                create = client.AppsV1Api(core.api_client).create_namespaced_deployment
+            _call(create, f"{what} {name}", api, ns, ns, doc)
+            print(f"created {what.lower()}/{name}", file=sys.stderr)
         else:
             what = f"{kind} {spec.name}"
             _call(
@@ -454,7 +464,7 @@ def list_jobs(opts: Any) -> int:
 
 def cancel(job: str | None, opts: Any) -> int:
     """Delete the job and (foreground) its pods; a PVC with checkpoints stays."""
-    custom, _, _ = _clients()
+    custom, core, _ = _clients()
     name, ns, api = _target(job, opts)
     group, version, plural, kind = _resource(api)
     _call(
@@ -462,4 +472,25 @@ def cancel(job: str | None, opts: Any) -> int:
         group, version, ns, plural, name, propagation_policy="Foreground",
     )  # fmt: skip
     print(f"deleted {kind.lower()}/{name} in namespace {ns} (checkpoint PVCs are kept)")
+    _delete_lighthouse(core, name, ns)
     return 0
+
+
+def _delete_lighthouse(core: Any, job: str, ns: str) -> None:
+    """A fault_tolerance = torchft job's lighthouse (k8s/render.py): its Deployment and
+    Service go with the job; other jobs have none (404, nothing said)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    name = f"{job}-lighthouse"
+    apps = client.AppsV1Api(core.api_client)
+    for what, delete in (
+        ("deployment", apps.delete_namespaced_deployment),
+        ("service", core.delete_namespaced_service),
+    ):
+        try:
+            delete(name, ns)
+            print(f"deleted {what}/{name} in namespace {ns}")
+        except ApiException as e:
+            if e.status != 404:
+                raise SpecError(f"{what} {name}: {e.reason}; delete it with kubectl") from None

@@ -44,6 +44,7 @@ class K8sBackend(Backend):
     Options = K8sOptions  # the job file's [k8s] table
     make_vars = {"NAMESPACE": "namespace"}
     shares_filesystem = False  # inputs live in the image or on the PVC
+    runs_torchft = True  # a replica group per pod, the lighthouse its own pod (render.py)
 
     def validate(self, spec: JobSpec) -> None:
         super().validate(spec)

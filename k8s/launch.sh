@@ -28,6 +28,17 @@ if [[ ${DDPKIT_REQUIRE_MEMLOCK:-} == unlimited && $(ulimit -l) != unlimited ]]; 
     exit 1
 fi
 
+if [[ -n ${TORCHFT_LIGHTHOUSE:-} ]]; then
+    # fault_tolerance = torchft: this pod is one replica group, the one of its node rank: a
+    # standalone torchrun under the replica-group supervisor, which restarts it in place (the
+    # other pods train on). The job-wide PET_* rendezvous is not this group's: torchrun must
+    # not read it. NODE_ARGS are the supervisor's (python -m ddpkit.train.replica_groups).
+    export DDPKIT_NODE_RANK=${PET_NODE_RANK:?not started by a PyTorchJob controller (no PET_NODE_RANK)}
+    for name in "${!PET_@}"; do unset "$name"; done
+    echo "ddpkit: replica group $DDPKIT_NODE_RANK, lighthouse $TORCHFT_LIGHTHOUSE" >&2
+    exec python -m ddpkit.train.replica_groups "$@"
+fi
+
 if [[ -n ${PET_RDZV_ENDPOINT:-} ]]; then
     endpoint=$PET_RDZV_ENDPOINT
 else

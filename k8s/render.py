@@ -16,9 +16,11 @@ from ddpkit.k8s.crds import PYTORCHJOB, TRAINJOB
 from ddpkit.k8s.crds import RUNTIME as TRAINER_RUNTIME
 from ddpkit.k8s.options import validate_k8s
 from ddpkit.tools.backends.containers import CONTAINER_WORKDIR
-from ddpkit.tools.jobspec import JobSpec
+from ddpkit.tools.jobspec import JobSpec, SpecError
 from ddpkit.tools.templating import KIT_DIR, dump_yaml_all
+from ddpkit.train import lighthouse
 from ddpkit.train.ckpt.store import is_remote
+from ddpkit.train.ft_env import LIGHTHOUSE_ENV
 
 FILE_EXT = "yaml"
 PORT_NAME = "pytorchjob-port"
@@ -92,6 +94,8 @@ def env(spec: JobSpec) -> list[dict[str, Any]]:
         # the old rank 0 never rewrites. Found by the operator emulation (a killed replica).
         values["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     values.update(spec.launch_env())
+    if spec.fault_tolerance == "torchft":  # launch.sh: this pod is one replica group
+        values[LIGHTHOUSE_ENV] = f"http://{lighthouse_name(spec)}:{lighthouse.PORT}"
     if spec.k8s.rdma:
         # RDMA registers (pins) memory: launch.sh refuses to start without an unlimited
         # memlock limit, with the fix, instead of NCCL failing later (README: RDMA).
@@ -144,13 +148,31 @@ def node_args(spec: JobSpec) -> list[str]:
     ] + argv[argv.index("--") :]
 
 
+def torchft_args(spec: JobSpec) -> list[str]:
+    """fault_tolerance = torchft: the replica-group supervisor's arguments. Each pod is one
+    group (its node rank, DDPKIT_NODE_RANK from launch.sh), a standalone torchrun restarted
+    in place when it dies; the lighthouse is its own pod, behind its Service."""
+    ckpt = spec.ckpt_dir or spec.train.get("ckpt_dir")
+    argv = spec.node_argv(["--standalone", f"--nproc-per-node={spec.nproc_per_node}"])
+    return [
+        "--groups", str(spec.groups),
+        "--nodes", str(spec.nodes),
+        "--node-rank-env", "DDPKIT_NODE_RANK",
+        "--no-lighthouse",
+        "--run-dir", spec.run_dir,
+        *(["--ckpt-dir", str(ckpt)] if ckpt else []),
+        "--", *argv,
+    ]  # fmt: skip
+
+
 def command(spec: JobSpec) -> tuple[list[str], list[str]]:
     """(command, args) of the training container: the launch script, then its arguments
     (every user value is an argument, never script text)."""
     text = LAUNCH_SCRIPT.read_text()
     # The file's header comment documents it in the repository; the manifest names it.
     script = "# ddpkit k8s/launch.sh\n" + text[text.index("set -euo pipefail") :]
-    args = [host_pod(spec), str(RDZV_WAIT_S), *node_args(spec)]
+    rest = torchft_args(spec) if spec.fault_tolerance == "torchft" else node_args(spec)
+    args = [host_pod(spec), str(RDZV_WAIT_S), *rest]
     return ["bash", "-c", script, "ddpkit-k8s"], args
 
 
@@ -355,13 +377,90 @@ def pvc(spec: JobSpec) -> dict[str, Any] | None:
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": body}
 
 
+def lighthouse_name(spec: JobSpec) -> str:
+    return f"{spec.name}-lighthouse"
+
+
+def lighthouse_objects(spec: JobSpec) -> list[dict[str, Any]]:
+    """fault_tolerance = torchft: torchft's lighthouse as its own pod (a Deployment of one,
+    recreated wherever it is lost) and the Service the groups reach it by. It outlives any
+    group's restart; it needs no GPU, only the job's image (torchft in the [ft] extra)."""
+    name, ns, own = lighthouse_name(spec), spec.k8s.namespace, labels(spec, "lighthouse")
+    k = spec.k8s
+    pod: dict[str, Any] = {
+        "securityContext": pod_security(),
+        "containers": [
+            {
+                "name": "lighthouse",
+                "image": spec.image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["python", "-m", "ddpkit.train.lighthouse"],
+                "args": lighthouse.flags(lighthouse.PORT),
+                "ports": [
+                    {"name": "lighthouse", "containerPort": lighthouse.PORT, "protocol": "TCP"}
+                ],
+                "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+                "securityContext": container_security(),
+            }
+        ],
+    }
+    optional = {
+        "tolerations": [dict(t) for t in k.tolerations] or None,
+        "priorityClassName": k.priority_class,
+        "serviceAccountName": k.service_account,
+        "imagePullSecrets": [{"name": s} for s in k.image_pull_secrets] or None,
+    }
+    pod.update({key: value for key, value in optional.items() if value is not None})
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns, "labels": own},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": own},
+            "template": {"metadata": {"labels": own}, "spec": pod},
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": ns, "labels": own},
+        "spec": {
+            "selector": own,
+            "ports": [{"name": "lighthouse", "port": lighthouse.PORT, "targetPort": "lighthouse"}],
+        },
+    }
+    return [deployment, service]
+
+
+def validate_torchft(spec: JobSpec) -> None:
+    if spec.fault_tolerance != "torchft":
+        return
+    k = spec.k8s
+    why = None
+    if k.api == "trainjob":
+        why = 'a TrainJob; use k8s.api = "pytorchjob"'
+    elif k.elastic.min is not None:
+        why = "an elastic job (the groups come and go already); unset k8s.elastic"
+    elif spec.groups != spec.nodes:
+        why = f"{spec.groups} groups on {spec.nodes} pods; set replica_groups = {spec.nodes}"
+    if why:
+        raise SpecError(
+            "fault_tolerance = torchft on Kubernetes runs one replica group per pod of a "
+            f"PyTorchJob, not {why}"
+        )
+
+
 def manifests(spec: JobSpec) -> list[dict[str, Any]]:
-    """The objects `submit` creates, in order (the PVC first)."""
+    """The objects `submit` creates, in order (the PVC first; with torchft the lighthouse's
+    Deployment and Service before the job)."""
     validate_k8s(spec)  # pure, like render: a bad spec renders nothing
     check(spec)
+    validate_torchft(spec)
     job = trainjob(spec) if spec.k8s.api == "trainjob" else pytorchjob(spec)
     claim = pvc(spec)
-    return [claim, job] if claim else [job]
+    ft = lighthouse_objects(spec) if spec.fault_tolerance == "torchft" else []
+    return [*([claim] if claim else []), *ft, job]
 
 
 def render(spec: JobSpec) -> str:

@@ -82,6 +82,7 @@ class SlurmBackend(Backend):
     file_ext = "sbatch"
     Options = SlurmOptions  # the job file's [slurm] table
     make_vars = {"PARTITION": "partition"}
+    runs_torchft = True  # a replica group per node, the lighthouse on the first (render.py)
     job_file_lines = (
         '# partition = "gpu"',
         '# python = "/path/to/venv/bin/python"  # default: the Python that runs `ddpkit submit`',

@@ -107,6 +107,12 @@ def validate(spec: JobSpec) -> None:
                 f"slurm.secret_env {name!r}: give variable names only, not in env (a value in "
                 'env is written into the script), e.g. secret_env = ["WANDB_API_KEY"]'
             )
+    if spec.fault_tolerance == "torchft" and spec.groups != spec.nodes:
+        raise SpecError(
+            f"fault_tolerance = torchft on SLURM runs one replica group per node (it restarts "
+            f"in place when it dies); {spec.groups} groups on {spec.nodes} nodes: set "
+            f"replica_groups = {spec.nodes}, or unset it"
+        )
     for line in s.extra_sbatch:
         if "\n" in line or not line.startswith("--"):
             raise SpecError(
@@ -244,7 +250,23 @@ def setup_script(spec: JobSpec) -> str:
 
 
 def node_command(spec: JobSpec) -> list[str]:
-    """The node launcher's command line; the rendezvous endpoint/id come as PET_* variables."""
+    """The node launcher's command line; the rendezvous endpoint/id come as PET_* variables.
+    fault_tolerance = torchft: each node is one replica group, its own torchrun (standalone),
+    under the replica-group supervisor that restarts it in place; node 0's also runs the
+    lighthouse, on the head address and the job's port (node.sh.j2 sets TORCHFT_LIGHTHOUSE)."""
+    if spec.fault_tolerance == "torchft":
+        ckpt = spec.ckpt_dir or spec.train.get("ckpt_dir")
+        rdzv = ["--standalone", f"--nproc-per-node={spec.nproc_per_node}"]
+        python = node_python(spec)
+        return [
+            python, "-m", "ddpkit.train.replica_groups",
+            "--groups", str(spec.groups),
+            "--nodes", str(spec.nodes),
+            "--node-rank-env", "SLURM_NODEID",
+            "--run-dir", spec.run_dir,
+            *(["--ckpt-dir", str(ckpt)] if ckpt else []),
+            "--", *spec.node_argv(rdzv, python=python),
+        ]  # fmt: skip
     if spec.nodes == 1:
         rdzv = ["--standalone", f"--nproc-per-node={spec.nproc_per_node}"]
     else:
@@ -280,7 +302,8 @@ def node_script(spec: JobSpec) -> str:
     return render_template(
         "slurm/node.sh.j2",
         env=sorted(node_env(spec).items()),
-        multi_node=spec.nodes > 1,
+        multi_node=spec.nodes > 1 and spec.fault_tolerance != "torchft",
+        torchft=spec.fault_tolerance == "torchft",
         apptainer=spec.slurm.container == "apptainer",
         apptainer_flags=flags,
         command=node_command(spec),

@@ -11,15 +11,22 @@ quorum); a group's bad input (exit 2) stops the job at once (never retried). A s
 lighthouse ends last. `<run dir>/replica_groups.json` says where each group is: its pid, its
 restarts and the exit statuses so far.
 
+On a cluster (`--nodes N`, SLURM: one supervisor per node) each node runs its own share of
+the groups (one per node by default) and restarts them in place; the node of rank 0 (read
+from `--node-rank-env`, SLURM_NODEID) also runs the lighthouse, at the address every node
+finds in TORCHFT_LIGHTHOUSE (the node script sets it: the head node, the job's port), unless
+`--no-lighthouse` (Kubernetes runs it as its own pod, behind a Service). Each
+node writes its own status file, `replica_groups.node-<rank>.json`.
+
 Torch-free: the node launchers import torch; this process only watches them.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -28,15 +35,11 @@ import threading
 import time
 from pathlib import Path
 
+from ddpkit.train import lighthouse
 from ddpkit.train.contract import CKPT_DIR_ENV, EXIT_BAD_INPUT, STOP_SIGNALS, ckpt_join
-from ddpkit.train.ft_env import ReplicaGroup
+from ddpkit.train.ft_env import LIGHTHOUSE_ENV, ReplicaGroup
 
 STATUS_FILE = "replica_groups.json"
-# The lighthouse forgets a group this long after its last heartbeat, and waits this long for
-# stragglers before it forms a quorum without them: together, about how long the survivors
-# stall when a group dies (torchft's defaults are 5 s and 60 s).
-HEARTBEAT_TIMEOUT_MS = 2000
-JOIN_TIMEOUT_MS = 2000
 RESTART_DELAY_S = 1.0
 # Once a group has finished the run, the others (in lockstep) end within a step, a save and an
 # evaluation; a group still rejoining then has no live peer to heal from: it is stopped.
@@ -69,43 +72,58 @@ def free_port() -> int:
 
 
 class Supervisor:
-    def __init__(self, args: argparse.Namespace, node_argv: list[str]) -> None:
-        self.args, self.node_argv = args, node_argv
+    def __init__(self, args: argparse.Namespace, node_argv: list[str], node_rank: int = 0) -> None:
+        self.args, self.node_argv, self.node_rank = args, node_argv, node_rank
         self.run_dir = Path(args.run_dir)
+        per_node = args.groups // args.nodes
+        self.groups = list(range(node_rank * per_node, (node_rank + 1) * per_node))
+        self.status_file = (
+            STATUS_FILE if args.nodes == 1 else f"replica_groups.node-{node_rank}.json"
+        )
+        self.lighthouse: subprocess.Popen | None = None
         self.procs: dict[int, subprocess.Popen] = {}
-        self.restarts = dict.fromkeys(range(args.groups), 0)
-        self.exits: dict[int, list[int]] = {g: [] for g in range(args.groups)}
+        self.restarts = dict.fromkeys(self.groups, 0)
+        self.exits: dict[int, list[int]] = {g: [] for g in self.groups}
         self.done: dict[int, int] = {}  # group -> its final exit status
         self.stopping = False
         self.lock = threading.Lock()  # the output lines of the groups' reader threads
 
     # --- the lighthouse ----------------------------------------------------------------------
 
-    def start_lighthouse(self) -> str:
-        exe = shutil.which("torchft_lighthouse", path=str(Path(sys.executable).parent))
-        exe = exe or shutil.which("torchft_lighthouse")
-        if exe is None:
+    def find_lighthouse(self) -> str:
+        """On a cluster: the lighthouse's address (TORCHFT_LIGHTHOUSE); node 0 starts it, the
+        others wait until it listens."""
+        address = os.environ.get(LIGHTHOUSE_ENV, "")
+        host, _, port = address.removeprefix("http://").rpartition(":")
+        if not host or not port.isdigit():
             raise SystemExit(
-                "ddpkit replica groups: torchft_lighthouse not found: pip install 'ddpkit[ft]' "
+                f"ddpkit replica groups: --nodes {self.args.nodes} needs {LIGHTHOUSE_ENV}="
+                f"http://HOST:PORT (the node script sets it); got {address!r}"
+            )
+        if self.node_rank == 0 and not self.args.no_lighthouse:
+            self.start_lighthouse(int(port))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
+                return address
+            except OSError:
+                time.sleep(0.5)
+        raise SystemExit(f"ddpkit replica groups: the lighthouse at {address} did not answer")
+
+    def start_lighthouse(self, port: int = 0) -> str:
+        if importlib.util.find_spec("torchft") is None:
+            raise SystemExit(
+                "ddpkit replica groups: torchft is not installed: pip install 'ddpkit[ft]' "
                 "(torchft) into the environment that runs the job"
             )
-        port = self.args.lighthouse_port or free_port()
+        port = port or self.args.lighthouse_port or free_port()
         self.lighthouse = subprocess.Popen(
-            [
-                exe,
-                "--min_replicas",
-                "1",
-                "--bind",
-                f"[::]:{port}",
-                "--join_timeout_ms",
-                str(JOIN_TIMEOUT_MS),
-                "--heartbeat_timeout_ms",
-                str(HEARTBEAT_TIMEOUT_MS),
-            ],  # fmt: skip
+            [sys.executable, "-m", "ddpkit.train.lighthouse", *lighthouse.flags(port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.lighthouse.poll() is not None:
                 raise SystemExit(
@@ -124,6 +142,10 @@ class Supervisor:
     def start(self, g: int) -> None:
         env = {**os.environ, **ReplicaGroup(g, self.args.groups, self.address).env()}
         env.setdefault("RUST_LOG", "warn")  # torchft's manager logs every quorum at info
+        # torchrun gives each rank one intra-op thread when it starts several, but a group of
+        # one rank would get a thread per core: with the other groups on the same cores, that
+        # oversubscription cost 172 ms a step against 16 ms (bench/torchft_overhead.py).
+        env.setdefault("OMP_NUM_THREADS", "1")
         if self.args.ckpt_dir:
             env[CKPT_DIR_ENV] = group_dir(self.args.ckpt_dir, g)
         argv = group_argv(self.node_argv, g, self.args.run_dir, self.args.ckpt_dir)
@@ -154,10 +176,10 @@ class Supervisor:
                     "restarts": self.restarts[g],
                     "exits": self.exits[g],
                 }
-                for g in range(self.args.groups)
+                for g in self.groups
             ],
         }
-        path = self.run_dir / STATUS_FILE
+        path = self.run_dir / self.status_file
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(status, indent=2) + "\n")
         os.replace(tmp, path)
@@ -171,20 +193,21 @@ class Supervisor:
     def watch(self) -> int:
         """Until every group has ended for good: restart the ones that die."""
         finished_at = None
-        while len(self.done) < self.args.groups:
+        while len(self.done) < len(self.groups):
             time.sleep(0.2)
             if finished_at is None and 0 in self.done.values():
                 finished_at = time.monotonic()
             late = finished_at is not None and time.monotonic() - finished_at > FINISH_GRACE_S
             if late and not self.stopping:
-                left = sorted(set(range(self.args.groups)) - set(self.done))
+                left = sorted(set(self.groups) - set(self.done))
                 self.say(
                     f"the run finished on other groups {FINISH_GRACE_S:g} s ago; stopping "
                     f"group(s) {', '.join(map(str, left))} (still rejoining, nothing to heal from)"
                 )
                 self.stop(signal.SIGTERM)
-            if self.lighthouse.poll() is not None and not self.stopping:
-                self.say(f"the lighthouse exited ({self.lighthouse.returncode}); stopping")
+            lighthouse = self.lighthouse
+            if lighthouse is not None and lighthouse.poll() is not None and not self.stopping:
+                self.say(f"the lighthouse exited ({lighthouse.returncode}); stopping")
                 self.stop(signal.SIGTERM)
             for g, proc in list(self.procs.items()):
                 rc = proc.poll()
@@ -206,7 +229,7 @@ class Supervisor:
                 self.write_status()
                 if rc == EXIT_BAD_INPUT and not self.stopping:
                     self.stop(signal.SIGTERM)
-        codes = [self.done[g] for g in range(self.args.groups)]
+        codes = [self.done[g] for g in self.groups]
         if finished_at is not None and EXIT_BAD_INPUT not in codes:
             return 0  # the run finished on the groups that were live at its end
         return next((c for c in codes if c == EXIT_BAD_INPUT), None) or next(
@@ -215,14 +238,16 @@ class Supervisor:
 
     def run(self) -> int:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.address = self.start_lighthouse()
+        self.address = self.start_lighthouse() if self.args.nodes == 1 else self.find_lighthouse()
         previous = {s: signal.signal(s, self.stop) for s in FORWARDED}
         try:
+            mine = ", ".join(map(str, self.groups))
+            where = "" if self.args.nodes == 1 else f" (node {self.node_rank} runs {mine})"
             self.say(
-                f"lighthouse at {self.address}; {self.args.groups} replica groups, each "
+                f"lighthouse at {self.address}; {self.args.groups} replica groups{where}, each "
                 f"restarted up to {self.args.max_group_restarts} times"
             )
-            for g in range(self.args.groups):
+            for g in self.groups:
                 self.start(g)
             return self.watch()
         finally:
@@ -231,8 +256,9 @@ class Supervisor:
             for proc in self.procs.values():
                 if proc.poll() is None:
                     proc.kill()
-            self.lighthouse.terminate()
-            self.lighthouse.wait()
+            if self.lighthouse is not None:
+                self.lighthouse.terminate()
+                self.lighthouse.wait()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -244,6 +270,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt-dir", help="the job's checkpoint dir, when not the run dir's")
     p.add_argument("--lighthouse-port", type=int, default=0, help="default: a free port")
     p.add_argument("--max-group-restarts", type=int, default=10, help="per group")
+    p.add_argument(
+        "--nodes", type=int, default=1, help="one supervisor per node, each its share of groups"
+    )
+    p.add_argument(
+        "--node-rank-env", default="SLURM_NODEID", help="with --nodes: this node's rank's variable"
+    )
+    p.add_argument(
+        "--no-lighthouse",
+        action="store_true",
+        help="with --nodes: the lighthouse runs elsewhere (Kubernetes: its own pod)",
+    )
     return p
 
 
@@ -257,7 +294,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.groups < 2:
         print(f"error: --groups {args.groups}: torchft needs at least 2", file=sys.stderr)
         return EXIT_BAD_INPUT
-    return Supervisor(args, argv[i + 1 :]).run()
+    node_rank = 0
+    if args.nodes > 1:
+        try:
+            node_rank = int(os.environ.get(args.node_rank_env, ""))
+        except ValueError:
+            node_rank = -1
+        if args.groups % args.nodes or not 0 <= node_rank < args.nodes:
+            print(
+                f"error: --nodes {args.nodes}: needs a group count it divides (got "
+                f"{args.groups}) and ${args.node_rank_env} in 0..{args.nodes - 1} (got "
+                f"{os.environ.get(args.node_rank_env)!r})",
+                file=sys.stderr,
+            )
+            return EXIT_BAD_INPUT
+    return Supervisor(args, argv[i + 1 :], node_rank).run()
 
 
 if __name__ == "__main__":

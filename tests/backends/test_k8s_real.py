@@ -84,8 +84,10 @@ def server_dry_run(env: dict, manifest: str) -> subprocess.CompletedProcess[str]
         ("--nodes", "2", "--gpus", "2", "--set", "k8s.api=trainjob"),  # Trainer v2.3
         ("--nodes", "2", "--set", "k8s.pvc_size=10Gi", "--set", "accelerator=cpu"),
         ("--set", "env.A=1e-3", "--set", "env.B=yes", "--", "--lr", "1e-3"),  # YAML 1.2 numbers
+        # the lighthouse's Deployment and Service, a replica group per PyTorchJob pod
+        ("--nodes", "2", "--set", "fault_tolerance=torchft", "--set", "accelerator=cpu"),
     ],
-    ids=["pytorchjob", "elastic", "trainjob-2.3", "pvc-cpu", "number-like-values"],
+    ids=["pytorchjob", "elastic", "trainjob-2.3", "pvc-cpu", "number-like-values", "torchft"],
 )
 def test_the_real_server_and_webhooks_accept_what_render_prints(cluster, tmp_path, args):
     r = server_dry_run(cluster, render(tmp_path, *args))

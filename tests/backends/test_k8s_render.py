@@ -26,6 +26,8 @@ VALIDATE = Path(sys.executable).parent / "kubernetes-validate"
 
 CASES: dict[str, tuple[str, list[str], int | None, int | None]] = {
     "default-2x2-pvc": ("configs/default.toml", ["k8s.pvc_size=100Gi", "mem=64G"], 2, 2),
+    # the lighthouse's Deployment and Service; each PyTorchJob pod one replica group
+    "default-torchft": ("configs/default.toml", ["fault_tolerance=torchft"], 2, 2),
     "gpt-elastic-gang": (
         "configs/gpt.toml",
         [

@@ -25,6 +25,8 @@ SHELLCHECK = Path(sys.executable).parent / "shellcheck"
 
 CASES: dict[str, tuple[str | None, list[str], int | None, int | None]] = {
     "default-2x2": ("configs/default.toml", [], 2, 2),
+    # one replica group per node, each under the supervisor; the lighthouse on node 0
+    "default-torchft-2x2": ("configs/default.toml", ["fault_tolerance=torchft"], 2, 2),
     "mnist-site": (
         "configs/mnist_ddp.toml",
         [

@@ -198,3 +198,36 @@ def test_the_users_own_torchft_script_runs_as_replica_groups(tmp_path):
     results = [json.loads((out / f"result-group{g}.json").read_text()) for g in (0, 1)]
     assert [(x["group"], x["groups"], x["steps"]) for x in results] == [(0, 2, 50), (1, 2, 50)]
     assert results[0]["weights"] == results[1]["weights"]
+
+
+def test_docker_renders_the_lighthouse_and_groups_inside_the_container(tmp_path):
+    project(tmp_path)
+    r = subprocess.run(
+        [str(DDPKIT), "render", "docker"], cwd=tmp_path, env=env(),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    after_image = r.stdout.split("ddpkit:latest ", 1)[1]
+    assert after_image.startswith("python -m ddpkit.train.replica_groups --groups 2 ")
+    assert "-- python -m ddpkit.train.node " in after_image
+    assert "--standalone --nproc-per-node=1" in after_image
+
+
+@pytest.mark.parametrize(
+    "backend, sets, says",
+    [
+        ("k8s", ["k8s.api=trainjob"], "not a TrainJob"),
+        ("k8s", ["--nodes", "4", "replica_groups=2"], "2 groups on 4 pods"),
+        ("slurm", ["--nodes", "4", "replica_groups=2"], "2 groups on 4 nodes"),
+    ],
+)
+def test_a_backend_refuses_what_it_cannot_run_in_one_line(tmp_path, backend, sets, says):
+    project(tmp_path)
+    args = [a for s in sets for a in ((s,) if s.startswith("-") or s.isdigit() else ("--set", s))]
+    r = subprocess.run(
+        [str(DDPKIT), "render", backend, *args], cwd=tmp_path, env=env(),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], r.stderr

@@ -164,8 +164,8 @@ class Backend(abc.ABC):
         self.check_options(spec)
         if spec.fault_tolerance == "torchft" and not self.runs_torchft:
             raise SpecError(
-                f"fault_tolerance = torchft runs on the local backend so far, not on "
-                f'{self.name} yet; use `ddpkit run` (local), or fault_tolerance = "none"'
+                f"fault_tolerance = torchft does not run on the {self.name} backend yet; use "
+                '`ddpkit run` (local), slurm, k8s or docker, or fault_tolerance = "none"'
             )
 
     def stop_window(self, spec: JobSpec) -> tuple[int, str] | None:
