@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +149,29 @@ def table(rows: list[list[str]]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def pairs_main(
+    argv: list[str] | None,
+    prog: str,
+    doc: str | None,
+    pairs: int,
+    run: Callable[[int, Path, dict[str, Any]], list[str]],
+) -> int:
+    """The command line of a paired benchmark (kit against plain, order alternating):
+    `--pairs N --out-dir DIR`, its lines printed; a failed launch is one line, exit 1."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog=prog, description=doc)
+    p.add_argument("--pairs", type=int, default=pairs)
+    p.add_argument("--out-dir", default="out/bench")
+    args = p.parse_args(argv)
+    if args.pairs < 1:
+        p.error(f"--pairs must be >= 1, got {args.pairs}")
+    try:
+        text = run(args.pairs, Path(args.out_dir), {"python": sys.version.split()[0]})
+    except BenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(text))
+    return 0

@@ -18,7 +18,6 @@ The goal (issue 34) is at most 0.3 CPU-seconds and 0.5 s of wall time over plain
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -28,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import BenchError, clean_env, write_json
+from bench.common import BenchError, clean_env, pairs_main, write_json
 
 GOAL_CPU_S = 0.3
 GOAL_WALL_S = 0.5
@@ -138,19 +137,7 @@ def run(pairs: int, out: Path, env: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.launch_overhead", description=__doc__)
-    p.add_argument("--pairs", type=int, default=10)
-    p.add_argument("--out-dir", default="out/bench")
-    args = p.parse_args(argv)
-    if args.pairs < 1:
-        p.error(f"--pairs must be >= 1, got {args.pairs}")
-    try:
-        text = run(args.pairs, Path(args.out_dir), {"python": sys.version.split()[0]})
-    except BenchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print("\n".join(text))
-    return 0
+    return pairs_main(argv, "python -m bench.launch_overhead", __doc__, 10, run)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ may still delay either way's start (the pairs alternate so a busy spell hits bot
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -33,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import BenchError, clean_env, write_json
+from bench.common import BenchError, clean_env, pairs_main, write_json
 from bench.launch_overhead import bin_of, spread
 
 GOAL_S = 2.0
@@ -186,19 +185,7 @@ def run(pairs: int, out: Path, env: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.submit_latency", description=__doc__)
-    p.add_argument("--pairs", type=int, default=3)
-    p.add_argument("--out-dir", default="out/bench")
-    args = p.parse_args(argv)
-    if args.pairs < 1:
-        p.error(f"--pairs must be >= 1, got {args.pairs}")
-    try:
-        text = run(args.pairs, Path(args.out_dir), {"python": sys.version.split()[0]})
-    except BenchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print("\n".join(text))
-    return 0
+    return pairs_main(argv, "python -m bench.submit_latency", __doc__, 3, run)
 
 
 if __name__ == "__main__":
