@@ -34,8 +34,6 @@ if TYPE_CHECKING:
         Checkpointer,
         DiskFull,
         UnusableCheckpoint,
-        check_resume_path,
-        first_problem,
     )
     from ddpkit.train.ckpt.parts import (
         ModelState,
@@ -46,6 +44,7 @@ if TYPE_CHECKING:
         rng_state,
         set_rng_state,
     )
+    from ddpkit.train.ckpt.resume_check import check_resume_path, first_problem
 
 _HOME = {
     "layout": (
@@ -61,9 +60,8 @@ _HOME = {
         "Checkpointer",
         "DiskFull",
         "UnusableCheckpoint",
-        "check_resume_path",
-        "first_problem",
     ),
+    "resume_check": ("check_resume_path", "first_problem"),
     "parts": (
         "ModelState",
         "OptimizerState",

@@ -56,6 +56,7 @@ from ddpkit.train.ckpt.layout import (
     why_incomplete,
 )
 from ddpkit.train.ckpt.parts import RngState, Stateful
+from ddpkit.train.ckpt.resume_check import first_problem, not_complete
 from ddpkit.train.ckpt.store import Remote, is_remote, local_dir, split_step, step_number
 from ddpkit.train.contract import CKPT_MARKER as MARKER
 from ddpkit.train.contract import CKPT_STEP_PREFIX
@@ -68,62 +69,6 @@ def _errors() -> tuple[type[BaseException], ...]:
     from torch.distributed.checkpoint.api import CheckpointException
 
     return (Exception, CheckpointException)
-
-
-def check_resume_path(resume: str) -> None:
-    """--resume PATH: ConfigError on every rank unless PATH is a complete checkpoint whose
-    files verify (each rank reads its share of them, the first problem is agreed). Called
-    before the run dir is written, so a bad PATH leaves nothing behind. (Collective on the
-    default group.)"""
-    if resume in ("auto", "never"):
-        return
-    msg = None
-    path = Path(resume)
-    if is_remote(resume):  # a step in a store: its marker here, its files once fetched
-        msg = _remote_step_problem(resume) if dist.get_rank() == 0 else None
-    elif (why := why_incomplete(path)) is not None:
-        msg = _not_complete(resume, why)
-    elif problem := verify(path, dist.get_rank(), dist.get_world_size()):
-        msg = (
-            f"--resume {resume}: unusable checkpoint ({problem}); pass another step-N "
-            "directory, or --resume auto to take the newest one that loads"
-        )
-    if (msg := first_problem(msg)) is not None:
-        raise ConfigError(msg)
-
-
-def _remote_step_problem(resume: str) -> str | None:
-    """Why --resume URL names no complete checkpoint in a store (None when it does)."""
-    if (got := split_step(resume)) is None:
-        return (
-            f"--resume {resume}: not a step URL; pass a store's step-N "
-            "(e.g. s3://bucket/run/checkpoints/step-40), or --resume auto"
-        )
-    remote, name = got
-    try:
-        _, why = remote.marker(name)
-    except Exception as e:
-        return f"--resume {resume}: {remote.problem(e)}"
-    return None if why is None else _not_complete(resume, why)
-
-
-def _not_complete(resume: str, why: str) -> str:
-    return (
-        f"--resume {resume}: not a complete ddpkit checkpoint ({why}); pass a step-N "
-        "directory written by a finished save"
-    )
-
-
-def first_problem(problem: str | None, group: Any = None) -> str | None:
-    """The problem of the lowest rank that has one, on every rank (one int all-reduce when
-    none has; the messages are gathered only when one has)."""
-    flag = torch.tensor([int(problem is not None)])
-    dist.all_reduce(flag, group=group)
-    if not int(flag):
-        return None
-    msgs: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(msgs, problem, group=group)
-    return next(m for m in msgs if m is not None)
 
 
 def _local_rank(rank: int) -> int:
@@ -429,7 +374,7 @@ class Checkpointer:
         if resume != "auto":
             path = Path(resume)
             if (why := why_incomplete(path)) is not None:
-                raise ConfigError(_not_complete(resume, why))
+                raise ConfigError(not_complete(resume, why))
             candidates = [path]
         else:
             complete, partial = list_checkpoints(self.dir)
