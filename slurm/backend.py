@@ -49,10 +49,10 @@ from ddpkit.tools.backends import (
     Backend,
     JobState,
     JobStatus,
-    check_node_env,
     last_job,
     record_job,
 )
+from ddpkit.tools.backends.node_checks import check_node_env
 from ddpkit.tools.jobspec import JobSpec, SpecError
 from ddpkit.train.jsonshape import Opt
 

@@ -185,7 +185,8 @@ def run(argv: list[str], shown: str | None = None) -> int:
     # The first pass reads the common flags (backend flags stay unknown); the spec is checked
     # before submitit or the kubernetes client is imported (backends import them on use).
     first, _ = build_parser().parse_known_intermixed_args(argv)
-    from ddpkit.tools.backends import check_entry_point, load_backend, plugin_sections
+    from ddpkit.tools.backends import load_backend, plugin_sections
+    from ddpkit.tools.backends.node_checks import check_entry_point
     from ddpkit.tools.jobspec import load_spec
 
     checked: set[tuple[str | None, str | None, str]] = set()
@@ -254,7 +255,7 @@ def _act(backend: Any, opts: argparse.Namespace, spec: JobSpec | None, members: 
     if opts.plan and opts.action in ("render", "submit"):
         planned = check_plan(members or [spec])
     if (opts.action == "submit" or opts.plan and opts.action == "render") and spec is not None:
-        say_save_budget(backend, members or [spec], planned, opts.plan)
+        say_save_budget(backend, members or [spec], planned, opts.plan, opts.action)
     if opts.action == "render":
         rc = 0
         for member in members or [spec]:
@@ -293,18 +294,22 @@ def check_plan(specs: list[JobSpec]) -> dict[str, int]:
 
 
 def say_save_budget(
-    backend: Any, specs: list[JobSpec], planned: dict[str, int], plan: bool
+    backend: Any, specs: list[JobSpec], planned: dict[str, int], plan: bool, action: str
 ) -> None:
     """The save budget's two lines (tools/savebudget.py) for each job: with --plan on every
-    backend, else on submit to a backend whose scheduler stops jobs within a window."""
+    backend, else on submit to a backend whose scheduler stops jobs within a window. On
+    submit they go to stdout: stderr stays the one line of an error the backend's own checks
+    may still raise (render's stdout is the rendered file, so there they go to stderr)."""
     from ddpkit.tools.savebudget import budget_lines
+
+    out = sys.stdout if action == "submit" else sys.stderr
 
     for spec in specs:
         window = backend.stop_window(spec)
         if window is None and not plan:
             continue
         for line in budget_lines(spec, window, planned.get(spec.name)):
-            print(line, file=sys.stderr)
+            print(line, file=out, flush=True)
 
 
 def run_here(argv: list[str]) -> int:

@@ -154,7 +154,7 @@ def test_a_passed_node_env_check_is_remembered_until_the_import_path_changes(tmp
     """check_node_env imports torch in a fresh Python (seconds on every submit): a pass is
     kept in .ddpkit/checked/, and a torch that shadows the real one in the workspace (first
     on the nodes' import path) is found again, not served from the cache."""
-    from ddpkit.tools.backends import check_node_env
+    from ddpkit.tools.backends.node_checks import check_node_env
     from ddpkit.tools.jobspec import load_spec
 
     (tmp_path / "train.py").write_text("print('hello')\n")

@@ -24,12 +24,11 @@ from ddpkit.tools.backends import (
     Backend,
     JobState,
     JobStatus,
-    check_node_env,
     drop_job,
     last_job,
-    node_imports,
     record_job,
 )
+from ddpkit.tools.backends.node_checks import check_node_env, node_imports
 from ddpkit.tools.jobspec import JobSpec, SpecError
 from ddpkit.tools.templating import shell_join, shell_quote
 from ddpkit.train.contract import (
