@@ -165,6 +165,17 @@ def test_a_passed_node_env_check_is_remembered_until_the_import_path_changes(tmp
     (mark,) = (tmp_path / ".ddpkit" / "checked").iterdir()
     check_node_env(spec, sys.executable, "python")  # served from the mark
     assert list((tmp_path / ".ddpkit" / "checked").iterdir()) == [mark]
+    # Other files written into a directory on the import path (the checkout, a workspace
+    # other work writes into) do not count: only what bears torch's or the kit's name.
+    on_path = tmp_path / "on-path"
+    on_path.mkdir()
+    monkeypatch.syspath_prepend(str(on_path))
+    mark.unlink()
+    check_node_env(spec, sys.executable, "python")
+    (mark,) = (tmp_path / ".ddpkit" / "checked").iterdir()
+    (on_path / "notes.txt").write_text("unrelated\n")
+    check_node_env(spec, sys.executable, "python")
+    assert list((tmp_path / ".ddpkit" / "checked").iterdir()) == [mark]
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('a stray torch')\n")
     with pytest.raises(SpecError, match="torch 'torch' does not import with .*a stray torch"):

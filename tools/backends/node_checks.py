@@ -221,21 +221,30 @@ def _passed_mark(exe: str, env: dict[str, str], wanted: list[tuple[str, str]]) -
     when it is not: importing torch in a fresh Python costs 1-2 CPU-seconds (10 s of wall time
     on a loaded login node) on every submit. Only for this very interpreter (its import path
     is known here) and torch + the node launcher alone (a user's import paths are the user's
-    files, checked every time). The fingerprint: the interpreter, the mtime of every
-    directory on its import path (an install or removal changes it), torch's and the
-    launcher's files, the working directory and the variables of _IMPORT_ENV."""
+    files, checked every time). The fingerprint: the interpreter, what on its import path and
+    PYTHONPATH bears an imported package's name or is a .pth (with its mtime: an install or
+    removal changes it), torch's and the launcher's files, the working directory and the
+    variables of _IMPORT_ENV."""
     if len(wanted) > 2 or os.path.abspath(exe) != os.path.abspath(sys.executable):
         return None
+    tops = {name.split(".")[0] for _, name in wanted}
+
+    def named(d: str) -> list[str]:
+        """What in d bears the name of an imported package (torch/, torch.py, torch-*.dist-info
+        added, replaced or removed) or may point elsewhere (a .pth): not every file written
+        there (the workspace is on the path, and other work writes into it)."""
+        return [
+            f"{d}/{e} {os.stat(os.path.join(d, e)).st_mtime_ns}"
+            for e in sorted(os.listdir(d))
+            if e.split(".")[0].split("-")[0] in tops or e.endswith(".pth")
+        ]
+
     try:
         parts = [exe, str(os.stat(exe).st_mtime_ns), str(Path.cwd()), json.dumps(wanted)]
-        parts += [f"{p} {os.stat(p).st_mtime_ns}" for p in sys.path if os.path.isdir(p)]
-        # The workspace and PYTHONPATH come first on the nodes: what there bears the name of
-        # an imported package (a torch.py, a torch/ added) counts, not every file written.
-        tops = {name.split(".")[0] for _, name in wanted}
-        for d in env.get("PYTHONPATH", "").split(os.pathsep):
+        for d in [*sys.path, *env.get("PYTHONPATH", "").split(os.pathsep)]:
             if d and os.path.isdir(d):
-                named = [e for e in sorted(os.listdir(d)) if e.split(".")[0] in tops]
-                parts += [f"{d}/{e} {os.stat(os.path.join(d, e)).st_mtime_ns}" for e in named]
+                parts.append(d)
+                parts += named(d)
         for _, name in wanted:
             found = importlib.util.find_spec(name.partition(":")[0])  # no import: a look-up
             origin = found.origin if found is not None else None
