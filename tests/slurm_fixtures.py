@@ -1,4 +1,5 @@
-"""The `slurm_cluster` fixture: a real local SLURM (slurm/local/up.sh), reused when up.
+"""The `slurm_cluster` fixture: a real local SLURM (slurm/local/up.sh), reused when up; and
+the job helpers the SLURM tests share (`scontrol`, `until_done`).
 
 Skips only where SLURM cannot be installed here (not root, no apt-get, or the install
 fails); a cluster that installs but does not come up fails the test.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +18,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 NODES = 2
+REQUEUE_SETTLE_S = 10  # a requeued job stays held this long before the test releases it
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 
 
 def _ready_nodes() -> int:
@@ -50,3 +54,28 @@ def slurm_cluster() -> Iterator[int]:
     assert _ready_nodes() >= NODES, "local SLURM came up without 2 ready nodes"
     yield _ready_nodes()
     subprocess.run(["bash", str(REPO / "slurm/local/down.sh")], check=False, timeout=120)
+
+
+def scontrol(job: str) -> dict[str, str]:
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", job], capture_output=True, text=True, check=True
+    )
+    return dict(tok.split("=", 1) for tok in out.stdout.split() if "=" in tok)
+
+
+def until_done(job: str, timeout_s: float = 400) -> dict[str, str]:
+    """Wait for the job to end; once it is requeued, lift its BeginTime hold (about 2 min)
+    after REQUEUE_SETTLE_S to keep the test short. Not at once: slurmd revokes the old
+    attempt's credential as the requeue lands, and a start within that moment is killed
+    ("Job credential revoked", seen in CI: the job ends FAILED). Returns scontrol's view."""
+    deadline = time.monotonic() + timeout_s
+    released, requeued_at = False, None
+    while (info := scontrol(job))["JobState"] not in ENDED:
+        assert time.monotonic() < deadline, info
+        if info["JobState"] == "PENDING" and info.get("Restarts", "0") != "0" and not released:
+            requeued_at = requeued_at or time.monotonic()
+            if time.monotonic() - requeued_at >= REQUEUE_SETTLE_S:
+                subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
+                released = True
+        time.sleep(1)
+    return info

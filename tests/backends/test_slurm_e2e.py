@@ -23,12 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm_fixtures import slurm_cluster  # noqa: F401  (fixture)
+from tests.slurm_fixtures import scontrol, slurm_cluster, until_done  # noqa: F401  (fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 STEPS = 300
-REQUEUE_SETTLE_S = 10  # a requeued job stays held this long before the test releases it
 
 
 def free_port() -> int:
@@ -48,13 +47,6 @@ def job_file(tmp_path: Path, name: str) -> Path:
         f'log_interval = 10\nckpt_interval = 100\nrun_dir = "{tmp_path / name}"\n'
     )
     return path
-
-
-def scontrol(job: str) -> dict[str, str]:
-    out = subprocess.run(
-        ["scontrol", "show", "job", "-o", job], capture_output=True, text=True, check=True
-    )
-    return dict(tok.split("=", 1) for tok in out.stdout.split() if "=" in tok)
 
 
 @pytest.fixture(scope="module")
@@ -104,27 +96,7 @@ def test_preempted_job_requeues_resumes_and_matches(slurm_cluster: int, tmp_path
             assert scontrol(job)["JobState"] in ("PENDING", "RUNNING"), scontrol(job)
             time.sleep(0.5)
         subprocess.run(["scancel", "--signal=USR1", job], check=True)
-        # Requeued jobs wait for a BeginTime hold (about 2 min); release it to keep the test
-        # short, but not at once: slurmd revokes the old attempt's credential as the requeue
-        # lands, and a start within that moment is killed ("Job credential revoked", seen in
-        # CI: the job ends FAILED). The hold exists for this; a few seconds of it suffice.
-        deadline = time.monotonic() + 400
-        released, requeued_at = False, None
-        while (info := scontrol(job))["JobState"] not in (
-            "COMPLETED",
-            "FAILED",
-            "CANCELLED",
-            "TIMEOUT",
-        ):
-            assert time.monotonic() < deadline, info
-            if info["JobState"] == "PENDING" and info.get("Restarts", "0") != "0" and not released:
-                requeued_at = requeued_at or time.monotonic()
-                if time.monotonic() - requeued_at >= REQUEUE_SETTLE_S:
-                    subprocess.run(
-                        ["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False
-                    )
-                    released = True
-            time.sleep(1)
+        info = until_done(job)  # releases the requeue's hold after a few seconds
     finally:
         subprocess.run(["scancel", job], check=False)
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", info

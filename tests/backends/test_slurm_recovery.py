@@ -15,8 +15,13 @@ from pathlib import Path
 import pytest
 from ddpkit.train import goodput
 
-from tests.backends.test_slurm_e2e import REQUEUE_SETTLE_S, job_file, scontrol, submit
-from tests.slurm_fixtures import slurm_cluster  # noqa: F401  (fixture)
+from tests.backends.test_slurm_e2e import job_file, submit
+from tests.slurm_fixtures import (  # noqa: F401  (slurm_cluster: fixture)
+    REQUEUE_SETTLE_S,
+    scontrol,
+    slurm_cluster,
+    until_done,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 DDPKIT = Path(sys.executable).with_name("ddpkit")
@@ -38,16 +43,7 @@ def test_a_lost_node_requeues_the_job_which_resumes_and_matches(
         assert "chaos: kill-node: SIGKILL to node rank 1" in drill.stdout, (
             drill.stdout + drill.stderr
         )
-        deadline = time.monotonic() + 400
-        released, requeued_at = False, None
-        while (info := scontrol(job))["JobState"] not in ("COMPLETED", "FAILED", "CANCELLED"):
-            assert time.monotonic() < deadline, info
-            if info["JobState"] == "PENDING" and info.get("Restarts", "0") != "0" and not released:
-                requeued_at = requeued_at or time.monotonic()
-                if time.monotonic() - requeued_at >= REQUEUE_SETTLE_S:
-                    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
-                    released = True
-            time.sleep(1)
+        info = until_done(job)  # releases the requeue's hold after a few seconds
     finally:
         subprocess.run(["scancel", job], check=False)
     logs = "".join(p.read_text() for p in sorted((run / "slurm").glob(f"{job}_*_log.*")))
@@ -124,8 +120,8 @@ def _wait_state(job: str, states: tuple[str, ...], timeout_s: float = 300) -> di
 
 def _release_requeued(job: str, restarts: int, *update: str) -> None:
     """Wait for the requeue (PENDING with Restarts = `restarts`), then lift its BeginTime hold
-    after REQUEUE_SETTLE_S (see test_slurm_e2e: an immediate start can be revoked), with
-    `update` (scontrol's KEY=VALUE) applied to the pending job first."""
+    after REQUEUE_SETTLE_S (see slurm_fixtures.until_done: an immediate start can be
+    revoked), with `update` (scontrol's KEY=VALUE) applied to the pending job first."""
     deadline = time.monotonic() + 300
     while not (
         (info := scontrol(job))["JobState"] == "PENDING" and info["Restarts"] == str(restarts)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.test_slurm_e2e import REPO, REQUEUE_SETTLE_S, job_file, scontrol
+from tests.backends.test_slurm_e2e import REPO, job_file
 from tests.s3_fixtures import S3Server, s3_server  # noqa: F401  (fixture)
-from tests.slurm_fixtures import slurm_cluster  # noqa: F401  (fixture)
+from tests.slurm_fixtures import scontrol, slurm_cluster, until_done  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.s3, pytest.mark.slow]
 SECRETS = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
@@ -37,22 +37,6 @@ def _ddpkit(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
         [str(REPO / ".venv/bin/python"), "-m", "ddpkit", *args],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
-
-
-def _until_done(job: str) -> dict[str, str]:
-    """Wait for the job to end, releasing its requeue hold after a few seconds (see
-    test_slurm_e2e.test_preempted_job_requeues_resumes_and_matches for why not at once)."""
-    deadline = time.monotonic() + 400
-    released, requeued_at = False, None
-    while (info := scontrol(job))["JobState"] not in ("COMPLETED", "FAILED", "CANCELLED"):
-        assert time.monotonic() < deadline, info
-        if info["JobState"] == "PENDING" and info.get("Restarts", "0") != "0" and not released:
-            requeued_at = requeued_at or time.monotonic()
-            if time.monotonic() - requeued_at >= REQUEUE_SETTLE_S:
-                subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
-                released = True
-        time.sleep(1)
-    return info
 
 
 def test_a_preempted_job_resumes_from_the_store_with_the_same_digest(
@@ -81,7 +65,7 @@ def test_a_preempted_job_resumes_from_the_store_with_the_same_digest(
             assert scontrol(job)["JobState"] in ("PENDING", "RUNNING"), scontrol(job)
             time.sleep(0.5)
         subprocess.run(["scancel", "--signal=USR1", job], check=True)
-        info = _until_done(job)
+        info = until_done(job)
     finally:
         subprocess.run(["scancel", job], check=False)
     logs = "".join(p.read_text() for p in sorted((run / "slurm").glob(f"{job}_*_log.*")))
