@@ -4,6 +4,7 @@ torchrun job through the node launcher whose worker is SIGKILLed mid-run."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -81,33 +82,28 @@ ARGS = (
 )  # fmt: skip
 
 
+def _launch(run_dir: Path, *extra: str, fault: str | None = None) -> subprocess.CompletedProcess:
+    """The node launcher over 2 ranks of ARGS (in-place restarts allowed) into run_dir."""
+    env = clean_env(**({"DDPKIT_FAULT": fault} if fault else {}))
+    cmd = [PY, "-m", "ddpkit.train.node", "--standalone", "--nproc-per-node", "2",
+           "--max-restarts", "2", "--", "-m", "ddpkit.train", "--run-dir", str(run_dir),
+           *ARGS, *extra]  # fmt: skip
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One run whose rank 1 SIGKILLs itself before step 8, restarted in place: read by the
+    report test, and copied as the earlier run of the reused-run-dir test (one launch of 2
+    ranks, each importing torch, instead of two)."""
+    run_dir = tmp_path_factory.mktemp("goodput") / "run"
+    return run_dir, _launch(run_dir, fault="kill@8:1")
+
+
 @pytest.mark.slow
-def test_a_killed_worker_restarts_in_place_and_the_report_lists_it(tmp_path):
+def test_a_killed_worker_restarts_in_place_and_the_report_lists_it(killed_run, tmp_path):
     reference = train(tmp_path / "ref", *ARGS[2:], nproc=2)
-    run_dir = tmp_path / "run"
-    p = subprocess.run(
-        [
-            PY,
-            "-m",
-            "ddpkit.train.node",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "--max-restarts",
-            "2",
-            "--",
-            "-m",
-            "ddpkit.train",
-            "--run-dir",
-            str(run_dir),
-            *ARGS,
-        ],
-        cwd=ROOT,
-        env=clean_env(DDPKIT_FAULT="kill@8:1"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )  # fmt: skip  (rank 1 SIGKILLs itself before step 8)
+    run_dir, p = killed_run
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed_from"].endswith("step-6")  # the newest complete checkpoint
@@ -162,24 +158,16 @@ def test_first_start_counts_restarts_and_requeues(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_run_dir_reused_with_resume_never_reports_only_the_new_run(tmp_path):
+def test_a_run_dir_reused_with_resume_never_reports_only_the_new_run(killed_run, tmp_path):
     """A run with a killed worker, then `--resume never` in the same run dir: the second
     run's summary, goodput.json and launcher line hold none of the first run's failure."""
     run_dir = tmp_path / "run"
-
-    def launch(*extra: str, fault: str | None = None) -> subprocess.CompletedProcess:
-        env = clean_env(**({"DDPKIT_FAULT": fault} if fault else {}))
-        cmd = [PY, "-m", "ddpkit.train.node", "--standalone", "--nproc-per-node", "2",
-               "--max-restarts", "2", "--", "-m", "ddpkit.train", "--run-dir", str(run_dir),
-               *ARGS, *extra]  # fmt: skip
-        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        assert p.returncode == 0, p.stderr[-3000:]
-        return p
-
-    launch(fault="kill@8:1")
+    shutil.copytree(killed_run[0], run_dir)  # the first run: a killed worker, restarted
+    assert killed_run[1].returncode == 0, killed_run[1].stderr[-3000:]
     first = json.loads((run_dir / goodput.REPORT_FILE).read_text())
     assert [f["kind"] for f in first["failures"]] == ["killed"] and first["attempts"] == 2
-    p = launch("--resume", "never")
+    p = _launch(run_dir, "--resume", "never")
+    assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert not summary["resumed_from"]
     rep = summary["goodput"]
