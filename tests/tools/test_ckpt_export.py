@@ -1,8 +1,9 @@
 """`ckpt export` (and `inspect`) of a step dir that its run prunes (--ckpt-keep) while the tool
 reads it: after the tool chose it, or while DCP reads its files. One line, exit 2, nothing
 written (no output, no OUT.tmp); a read that fails with every file in place keeps its
-traceback. The prune is injected at the exact moment by a driver around the tool's main (the
-trainer's own order: the marker first, then the directory)."""
+traceback. The prune is injected at the exact moment around the tool's main (the trainer's own
+order: the marker first, then the directory): in this process for the one-line refusals (a new
+process imports torch again, seconds of CPU here), by a driver process for the traceback."""
 
 from __future__ import annotations
 
@@ -19,40 +20,18 @@ from tests.badjson import marker_cases
 from tests.trainrun import PY, ROOT, clean_env, train
 
 DRIVER = """
-import shutil, sys
-from pathlib import Path
+import sys
+
+from torch.distributed.checkpoint import FileSystemReader
 
 from ddpkit.tools import ckpt
 
-WHEN = sys.argv.pop(1)
+
+def broken(self, plan, planner):  # a read error with every file in place, not a prune
+    raise RuntimeError("a disk error, not a prune")
 
 
-def prune(p):
-    (p / ".complete").unlink()
-    shutil.rmtree(p)
-
-
-if WHEN == "chosen":  # between choosing the newest complete step dir and reading it
-    choose = ckpt._checkpoint_dir
-
-    def chosen(path):
-        p = choose(path)
-        prune(p)
-        return p
-
-    ckpt._checkpoint_dir = chosen
-else:  # "reading": as DCP opens the data files; "broken": a read error, every file in place
-    from torch.distributed.checkpoint import FileSystemReader
-
-    read_data = FileSystemReader.read_data
-
-    def reading(self, plan, planner):
-        if WHEN == "broken":
-            raise RuntimeError("a disk error, not a prune")
-        prune(Path(self.path))
-        return read_data(self, plan, planner)
-
-    FileSystemReader.read_data = reading
+FileSystemReader.read_data = broken
 sys.exit(ckpt.main(sys.argv[1:]))
 """
 
@@ -62,22 +41,60 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return train(tmp_path_factory.mktemp("pruned") / "r", "--steps", "2").run_dir
 
 
-def _tool(tmp_path: Path, run: Path, when: str, *args: str) -> subprocess.CompletedProcess[str]:
+def _tool(tmp_path: Path, run: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`ddpkit ckpt ARGS` in a process whose DCP reads fail (DRIVER), on a copy of `run`."""
     copy = tmp_path / "r"
     shutil.copytree(run, copy)
     (tmp_path / "driver.py").write_text(DRIVER)
-    cmd = [PY, str(tmp_path / "driver.py"), when, *args]
+    cmd = [PY, str(tmp_path / "driver.py"), *args]
     return subprocess.run(
         cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=120
     )
 
 
+def _prune(p: Path) -> None:
+    (p / ".complete").unlink()
+    shutil.rmtree(p)
+
+
+def _tool_here(
+    monkeypatch, capsys, tmp_path: Path, run: Path, when: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """ckpt.main in this process on a copy of `run`, the step dir pruned after it was
+    chosen ("chosen") or as DCP opens its data files ("reading"); output captured."""
+    shutil.copytree(run, tmp_path / "r")
+    if when == "chosen":
+        choose = ckpt._checkpoint_dir
+
+        def chosen(path):
+            p = choose(path)
+            _prune(p)
+            return p
+
+        monkeypatch.setattr(ckpt, "_checkpoint_dir", chosen)
+    else:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        read_data = FileSystemReader.read_data
+
+        def reading(self, plan, planner):
+            _prune(Path(self.path))
+            return read_data(self, plan, planner)
+
+        monkeypatch.setattr(FileSystemReader, "read_data", reading)
+    capsys.readouterr()
+    rc = ckpt.main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["ddpkit", "ckpt", *args], rc, out, err)
+
+
 @pytest.mark.parametrize("when", ["chosen", "reading"])
 def test_export_of_a_step_dir_pruned_while_it_is_read_is_one_line(
-    when, run, tmp_path, one_line_error
+    when, run, tmp_path, one_line_error, monkeypatch, capsys
 ):
     out = tmp_path / "model.pt"
-    line = one_line_error(_tool(tmp_path, run, when, "export", str(tmp_path / "r"), str(out)))
+    args = ("export", str(tmp_path / "r"), str(out))
+    line = one_line_error(_tool_here(monkeypatch, capsys, tmp_path, run, when, *args))
     step = tmp_path / "r" / "checkpoints" / "step-2"
     assert line == (
         f"error: {step}: deleted while export read it (pruned by its run's --ckpt-keep?); "
@@ -88,15 +105,16 @@ def test_export_of_a_step_dir_pruned_while_it_is_read_is_one_line(
 
 
 def test_inspect_of_a_step_dir_pruned_after_it_was_chosen_is_one_line(
-    run, tmp_path, one_line_error
+    run, tmp_path, one_line_error, monkeypatch, capsys
 ):
-    line = one_line_error(_tool(tmp_path, run, "chosen", "inspect", str(tmp_path / "r")))
+    args = ("inspect", str(tmp_path / "r"))
+    line = one_line_error(_tool_here(monkeypatch, capsys, tmp_path, run, "chosen", *args))
     assert "step-2: deleted while inspect read it (pruned by its run's --ckpt-keep?); " in line
 
 
 def test_a_read_error_with_every_file_in_place_keeps_its_traceback(run, tmp_path):
     out = tmp_path / "model.pt"
-    p = _tool(tmp_path, run, "broken", "export", str(tmp_path / "r"), str(out))
+    p = _tool(tmp_path, run, "export", str(tmp_path / "r"), str(out))
     assert p.returncode == 1, p.stderr
     assert "Traceback" in p.stderr and "a disk error, not a prune" in p.stderr
     assert not out.exists() and not (tmp_path / "model.pt.tmp").exists()
