@@ -69,6 +69,15 @@ def export(ckpt: Path, out: Path) -> dict:
     return torch.load(out, weights_only=True)
 
 
+def export_here(ckpt: Path, out: Path) -> dict:
+    """`ddpkit ckpt export` in this process (torch is loaded here already; a process costs
+    its import again); test_ckpt_inspect_and_export runs the command as a process."""
+    from ddpkit.tools.ckpt import main
+
+    assert main(["export", str(ckpt), str(out)]) == 0
+    return torch.load(out, weights_only=True)
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     return train(tmp_path_factory.mktemp("ref") / "run", *BASE, nproc=2)
@@ -88,8 +97,8 @@ def test_sigkill_mid_run_restarts_and_ends_bitwise_identical(tmp_path):
     assert "[fault injection] kill on rank 1 at step 8" in run.out
     assert run.summary["resumed_from"].endswith("step-6")
     assert run.summary["param_digest"] == reference.summary["param_digest"]
-    a = export(step_dir(reference.run_dir, 12), tmp_path / "a.pt")
-    b = export(step_dir(run.run_dir, 12), tmp_path / "b.pt")
+    a = export_here(step_dir(reference.run_dir, 12), tmp_path / "a.pt")
+    b = export_here(step_dir(run.run_dir, 12), tmp_path / "b.pt")
     assert_bitwise(a["model"], b["model"])
 
 
