@@ -1,4 +1,5 @@
-"""SLURM backend: render an sbatch script; submit the same pieces through submitit.
+"""SLURM backend: render an sbatch script; submit sends that script to sbatch (a sweep's job
+array goes through submitit).
 
 The backend's shape, as every backend: this module holds the Backend subclass; render.py the
 pure pieces (spec -> text: the job's three pieces of shell, and how `render` and `submit`
@@ -18,6 +19,7 @@ from pathlib import Path
 from ddpkit.slurm.cluster import (
     LogFollower,
     NodeCommand,
+    SbatchError,
     check_job_id,
     check_partition,
     check_secrets,
@@ -27,6 +29,7 @@ from ddpkit.slurm.cluster import (
     partition_limits,
     run_cmd,
     sacct_fields,
+    sbatch,
 )
 from ddpkit.slurm.options import SlurmOptions
 from ddpkit.slurm.render import (
@@ -107,28 +110,17 @@ class SlurmBackend(Backend):
         return render(spec)
 
     def submit(self, spec: JobSpec, opts: argparse.Namespace) -> int:
-        import submitit  # lazy: only the SLURM backend needs it
-
-        logs = Path(log_dir(spec))
-        params = submitit_parameters(spec)
-        if spec.slurm.container == "pyxis":
-            raise SpecError(
-                "submit cannot run pyxis jobs (submitit's task would start inside the image); "
-                "use `make slurm-render` and `sbatch out/slurm/<name>.sbatch`"
-            )
+        """sbatch of the rendered script (render(spec), byte for byte), after the checks."""
+        logs, script = Path(log_dir(spec)), render(spec)  # pure: its refusals come first
         check_secrets(spec)
         check_partition(spec)
         if spec.slurm.container == "none":
             check_node_env(spec, node_python(spec), "slurm.python")
-        logs.mkdir(parents=True, exist_ok=True)
-        executor = submitit.SlurmExecutor(folder=str(logs))
-        executor.update_parameters(**params)
         try:
-            job = executor.submit(NodeCommand(node_script(spec)))
-        except (FileNotFoundError, subprocess.CalledProcessError) as e:
-            print(f"error: sbatch failed ({e}); is SLURM up? (make slurm-up)", file=sys.stderr)
+            job_id = sbatch(script, logs)
+        except SbatchError as e:
+            print(f"error: {e}", file=sys.stderr)
             return 1
-        job_id = str(job.job_id)
         record_job(self.name, job_id, name=spec.name, log_dir=str(logs), run_dir=spec.run_dir)
         print(f"submitted job {job_id} ({spec.name}: {spec.nodes} node(s) x {spec.nproc_per_node})")
         print(f"logs: {logs}/{job_id}_<node>_log.out (.err); run dir: {spec.run_dir}")

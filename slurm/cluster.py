@@ -1,4 +1,5 @@
-"""What the SLURM backend does on the cluster: submitit's task, scontrol/sacct/sinfo, node logs.
+"""What the SLURM backend does on the cluster: sbatch, submitit's task (sweeps), scontrol/sacct/
+sinfo, node logs.
 
 Side effects only here; render.py stays pure (render never probes the cluster).
 """
@@ -20,7 +21,8 @@ from ddpkit.train.contract import PREEMPT_SIGNALS
 
 @dataclass
 class NodeCommand:
-    """What each submitit task (one per node) runs: the rendered node script, in bash.
+    """What each submitit task (one per node) of a sweep's job array runs: the rendered node
+    script, in bash. (A single job is the rendered script itself: cluster.sbatch.)
 
     submitit's own handlers would requeue at once on USR2 (before the checkpoint is written)
     and its process would die on USR1; here the preemption signals only get logged, because
@@ -42,6 +44,37 @@ class NodeCommand:
 
 def _note_signal(signum: int, _frame: object) -> None:
     print(f"ddpkit: submitit task got {signal.Signals(signum).name}; waiting", file=sys.stderr)
+
+
+class SbatchError(Exception):
+    """sbatch refused the job (the cluster's answer, not the user's input: exit 1)."""
+
+
+def sbatch(script: str, logs: Path) -> str:
+    """Queue the rendered script itself (what `render` prints): each node starts the node
+    launcher at once, no submitit Python before it (~0.4 CPU-s and a process start per node).
+    The batch shell writes into the log dir, task 0's files as submitit named them, so
+    `logs` shows its requeue lines; the script is kept there as <id>_submission.sh.
+    Returns the job id; sbatch's refusal is one line (SbatchError)."""
+    logs = logs.resolve()
+    logs.mkdir(parents=True, exist_ok=True)
+    path = logs / f".submission-{os.getpid()}.sh"
+    path.write_text(script)
+    try:
+        out = run_cmd(
+            "sbatch", "--parsable", f"--output={logs}/%j_0_log.out",
+            f"--error={logs}/%j_0_log.err", str(path),
+        )  # fmt: skip
+    except SpecError:  # no sbatch here
+        path.unlink(missing_ok=True)
+        raise
+    if out.returncode != 0:
+        path.unlink(missing_ok=True)
+        tail = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
+        raise SbatchError(f"sbatch failed ({tail}); is SLURM up? (make slurm-up)")
+    job_id = out.stdout.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
+    path.replace(logs / f"{job_id}_submission.sh")
+    return job_id
 
 
 def run_cmd(*argv: str) -> subprocess.CompletedProcess[str]:

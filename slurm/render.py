@@ -6,9 +6,10 @@ The job is three pieces of shell, rendered from slurm/*.j2 by pure functions:
             (torchrun in process, signals, shutdown budget, exit 75 on a requeue request)
   teardown  batch shell, after the step: requeue when the step exited 75 (or a node was
             stopped by srun after this attempt's requeue marker was written)
-`render` puts them in one sbatch script under `#SBATCH` lines. `submit` hands the same
-resources to submitit as parameters, setup/teardown as its slurm_setup/slurm_teardown lines,
-and the node script as what each submitit task runs, so `render` shows what runs.
+`render` puts them in one sbatch script under `#SBATCH` lines, and `submit` sends that script
+to sbatch (cluster.sbatch): each node starts the node launcher directly. A sweep's job array
+goes through submitit: the same resources as its parameters, setup/teardown as its
+slurm_setup/slurm_teardown lines, the node script as what each submitit task runs.
 """
 
 from __future__ import annotations

@@ -15,11 +15,11 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
 from ddpkit.train.errors import UserError
 
 if TYPE_CHECKING:
     import jinja2
+    import yaml
 
 # The folder that holds slurm/, k8s/ and docker/: the checkout's root in a development
 # install, site-packages/ddpkit in a wheel's (package-dir maps both the same way).
@@ -58,8 +58,10 @@ def to_json(value: Any) -> str:
 
 def yaml_str(value: Any) -> str:
     """A YAML scalar on one line that always parses back as the string str(value)."""
+    import yaml
+
     node = yaml.ScalarNode("tag:yaml.org,2002:str", str(value), style='"')
-    text = yaml.serialize(node, Dumper=YamlDumper, allow_unicode=True, width=sys.maxsize)
+    text = yaml.serialize(node, Dumper=yaml_dumper(), allow_unicode=True, width=sys.maxsize)
     return text.rstrip("\n")
 
 
@@ -114,21 +116,32 @@ def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 
-class YamlDumper(yaml.SafeDumper):
+@cache
+def yaml_dumper() -> type[yaml.SafeDumper]:
     """yaml.SafeDumper whose strings read back as strings to YAML 1.1, YAML 1.2 and go-yaml
-    readers, and which writes shared dicts in full (no anchors: Kubernetes has none)."""
+    readers, and which writes shared dicts in full (no anchors: Kubernetes has none). Made
+    on first use: yaml is ~15 ms of imports, and only the manifests need it (issue 34)."""
+    import yaml
 
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
+    class YamlDumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
 
-
-YamlDumper.add_representer(str, _represent_str)
+    YamlDumper.add_representer(str, _represent_str)
+    return YamlDumper
 
 
 def dump_yaml_all(docs: list[Any]) -> str:
     """YAML documents, each opening with --- (renders can be concatenated), keys in order."""
+    import yaml
+
     return yaml.dump_all(
-        docs, Dumper=YamlDumper, sort_keys=False, allow_unicode=True, width=100, explicit_start=True
+        docs,
+        Dumper=yaml_dumper(),
+        sort_keys=False,
+        allow_unicode=True,
+        width=100,
+        explicit_start=True,
     )
 
 
@@ -140,6 +153,9 @@ def environment() -> jinja2.Environment:
 
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(KIT_DIR)),
+        # Compiled templates kept between runs (jinja's per-user temp dir, checked against
+        # each template's source): compiling the SLURM job's four costs ~13 ms a submit.
+        bytecode_cache=jinja2.FileSystemBytecodeCache(),
         undefined=jinja2.StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,
@@ -158,7 +174,6 @@ def render_template(template: str, **context: Any) -> str:
 
 
 __all__ = [
-    "YamlDumper",
     "check_passable",
     "dump_yaml_all",
     "environment",
@@ -166,6 +181,7 @@ __all__ = [
     "shell_join",
     "shell_quote",
     "to_json",
+    "yaml_dumper",
     "yaml_reads_as_non_string",
     "yaml_str",
 ]

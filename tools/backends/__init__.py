@@ -50,7 +50,6 @@ import argparse
 import dataclasses
 import enum
 import importlib
-import importlib.metadata
 import importlib.util
 import json
 import os

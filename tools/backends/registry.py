@@ -10,7 +10,8 @@ job spec (tools/jobspec) may read it without reaching the engines' code through 
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
+import importlib.machinery
+from functools import cache
 from typing import Any
 
 BACKENDS = {
@@ -39,9 +40,56 @@ def registered() -> dict[str, str]:
     packages register in the entry-point group ENTRY_POINT_GROUP (a plugin never replaces
     a built-in backend of the same name). Nothing is imported here."""
     found = dict(BACKENDS)
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep.value)
+    for name, value in _plugins():
+        found.setdefault(name, value)
     return found
+
+
+@cache
+def _plugins() -> tuple[tuple[str, str], ...]:
+    """The entry points of ENTRY_POINT_GROUP, read once a process (one `ddpkit submit` asks
+    4 times, and each read opens every installed distribution's metadata). importlib.metadata
+    (~35 ms of imports, email.* among them) reads them only when some distribution on the
+    import path names the group at all: on most machines none does (issue 34)."""
+    if not _group_named_on_path():
+        return ()
+    import importlib.metadata
+
+    return tuple(
+        (ep.name, ep.value) for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    )
+
+
+def _group_named_on_path() -> bool:
+    """Whether an entry_points.txt in a distribution's metadata on sys.path holds the group's
+    header; True too wherever this quick look cannot be sure (a zip or egg on the path, a
+    finder of its own that lists distributions): importlib.metadata then decides."""
+    import os
+    import sys
+
+    header = f"[{ENTRY_POINT_GROUP}]"
+    finders = [f for f in sys.meta_path if f is not importlib.machinery.PathFinder]
+    if any(hasattr(f, "find_distributions") for f in finders):
+        return True
+    for d in sys.path:
+        if not os.path.isdir(d or "."):
+            if os.path.exists(d):
+                return True  # a zip: its metadata is not read here
+            continue
+        try:
+            names = os.listdir(d or ".")
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith((".dist-info", ".egg-info")):
+                continue
+            try:
+                with open(os.path.join(d or ".", name, "entry_points.txt")) as f:
+                    if header in f.read():
+                        return True
+            except OSError:
+                continue
+    return False
 
 
 def builtin_class(name: str) -> Any:
