@@ -16,6 +16,7 @@ from ddpkit.train.contract import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_REQ
 from ddpkit.train.outcome import Failure, WorkerEnd, culprit, last_attempt_exits_0, outcome
 
 TERM, KILL, ABRT, SEGV = (-signal.SIGTERM, -signal.SIGKILL, -signal.SIGABRT, -signal.SIGSEGV)
+HERE = f"(node 0, host {socket.gethostname()})"  # where a one-node launch's ranks ran
 
 
 def test_the_rank_that_failed_first_is_blamed_not_the_one_torchrun_stopped():
@@ -90,7 +91,7 @@ def test_a_teardown_abort_after_the_summary_exits_0_and_before_it_fails(tmp_path
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     assert (tmp_path / "runs/t/summary.json").is_file()
-    assert "rank 1 ended by signal SIGABRT after the run finished" in r.stderr
+    assert f"rank 1 {HERE} ended by signal SIGABRT after the run finished" in r.stderr
 
     (tmp_path / "plain.py").write_text(
         "import torch.distributed as dist\nimport abortpkg\n"
@@ -101,7 +102,7 @@ def test_a_teardown_abort_after_the_summary_exits_0_and_before_it_fails(tmp_path
         [*node, "--", "plain.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "rank 1 failed (signal SIGABRT)" in r.stderr, r.stderr
+    assert f"rank 1 {HERE} failed (signal SIGABRT)" in r.stderr, r.stderr
 
 
 # --- the launcher's own flags ---------------------------------------------------------------
@@ -362,7 +363,7 @@ def test_a_user_scripts_own_exception_keeps_its_traceback_as_python_prints_it(tm
     assert lines[-1] == "[rank1]: ValueError: a real bug on rank 1", p.stderr
     assert (
         p.stderr.splitlines()[-1]
-        == f"ddpkit node: rank 1 failed (exit code 1) on {socket.gethostname()}; see its output above"
+        == f"ddpkit node: rank 1 {HERE} failed (exit code 1); see its output above"
     )
 
 
@@ -497,13 +498,21 @@ dist.destroy_process_group()
 @pytest.mark.parametrize(
     ("script", "expect"),
     [
-        (OOM_KILLED, "ddpkit node: rank 1 failed (signal SIGKILL) on "),
-        (LEAVES_EARLY, "ddpkit node: rank 1 left first (exit 0) while the others still ran"),
-        (HUNG, "ddpkit node: rank 1 never reached the collective all_reduce() at job.py:10 "),
+        (OOM_KILLED, f"ddpkit node: rank 1 {HERE} failed (signal SIGKILL); "),
+        (
+            LEAVES_EARLY,
+            f"ddpkit node: rank 1 {HERE} left first (exit 0) while the others still ran; "
+            f"rank 0 {HERE} then failed",
+        ),
+        (
+            HUNG,
+            f"ddpkit node: rank 1 {HERE} never reached the collective all_reduce() at job.py:10 ",
+        ),
         (
             BARRIER_ON_RANK_0,
-            "ddpkit node: the ranks called different collectives: rank 0 called barrier() at "
-            "job.py:10 (in <module>); rank 1 called all_reduce() at job.py:12 (in <module>)",
+            f"ddpkit node: the ranks called different collectives: rank 0 {HERE} called barrier() "
+            f"at job.py:10 (in <module>); rank 1 {HERE} called all_reduce() at job.py:12 (in "
+            "<module>)",
         ),
     ],
     ids=["sigkilled", "left-early", "hung", "barrier-on-rank-0"],

@@ -142,7 +142,9 @@ def test_the_users_model_by_import_path_resumes_bitwise_after_a_sigkill(tmp_path
     assert a["param_digest"] == b["param_digest"]
     assert "ddpkit: goodput " in run.stdout and ": 1 failure, " in run.stdout
     st = ddpkit("status", "local", cwd=proj)  # the goodput and the failure, from the run dir
-    assert "failure: killed rank 1 on " in st.stdout and "recovered" in st.stdout, st.stdout
+    assert "failure: killed rank 1 (node 0, host " in st.stdout and "recovered" in st.stdout, (
+        st.stdout
+    )
 
 
 @pytest.mark.parametrize(
