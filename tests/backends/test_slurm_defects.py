@@ -85,7 +85,9 @@ def test_the_rank_that_stopped_is_named_with_its_node_and_host(
     proj = project(tmp_path, f"defects-{mode}", mode)
     r = ddpkit("submit", "slurm", "--nodes", "2", "--gpus", "1", "--wait", cwd=proj)
     job = job_id(r.stdout)
-    logs = {p.name: p.read_text() for p in (proj / f"runs/defects-{mode}/slurm").glob(f"{job}_*")}
+    logs = {
+        p.name: p.read_text() for p in (proj / f"runs/defects-{mode}/slurm").glob(f"{job}_*_log.*")
+    }
     text = "\n".join(logs.values())
     assert r.returncode != 0, r.stdout[-2000:] + r.stderr[-2000:] + text[-3000:]
     places = dict(re.findall(r"PLACE rank (\d) (node \d+ host \S+)", text))
