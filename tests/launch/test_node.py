@@ -584,3 +584,30 @@ def test_a_dir_a_live_job_holds_is_refused_before_any_worker_starts(tmp_path, on
     finally:
         owner.kill()
         owner.wait()
+
+
+def test_ranks_on_other_nodes_are_placed_from_the_rendezvous_store(monkeypatch):
+    """What node 0's launcher learns at torchrun's rank assignment (train/places.py): each
+    node's entry in the (real) store, ranks in node order; every line names a rank so."""
+    import json
+
+    from ddpkit.train import places
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store.set("ddpkit/place/0", json.dumps({"node": 1, "host": "node2", "n": 2}))
+    store.set("ddpkit/place/1", json.dumps({"node": 0, "host": "node1", "n": 2}))
+    monkeypatch.setattr(places, "PLACES", {})
+    places._learn(store, 0, 2, [])
+    assert places.PLACES == {0: (1, "node2"), 1: (1, "node2"), 2: (0, "node1"), 3: (0, "node1")}
+    assert places.name(3) == "rank 3 (node 0, host node1)" and places.name(9) == "rank 9"
+    assert places.names([1, 2]) == "ranks 1 (node 1, host node2), 2 (node 0, host node1)"
+    said = "rank 0 called barrier() at m.py:3 (in forward), while rank 3 was in the step"
+    assert places.placed(said) == (
+        "rank 0 (node 1, host node2) called barrier() at m.py:3 (in forward), while "
+        "rank 3 (node 0, host node1) was in the step"
+    )
+    waited = {0: Failure(1, 10.0, missing=(3,), phase="all_reduce()")}
+    assert outcome(waited, marker_fresh=False)[1].startswith(
+        "ddpkit node: rank 3 (node 0, host node1) never reached the collective all_reduce()"
+    )
