@@ -142,11 +142,12 @@ def read_all(run_dir: str | Path) -> list[dict[str, Any]]:
 class Loss:
     """One failure (or preemption) and what it cost, in seconds."""
 
-    kind: str  # killed | crashed | hang | node lost | preempted | <injected kind>
+    kind: str  # killed | crashed | hang | left early | node lost | preempted | <injected kind>
     attempt: int  # the attempt it ended (0 = the first launch; counts across requeues)
     at: float  # when it happened (epoch seconds; the injection's time for a drill)
     rank: int | None = None
-    node: str | None = None
+    node: str | None = None  # its host, as its scheduler names it (places.host)
+    node_number: int | None = None  # SLURM's node number, else the rendezvous' (places)
     detect_s: float = 0.0
     restart_s: float = 0.0
     load_s: float = 0.0
@@ -183,7 +184,7 @@ class Report:
         SLURM the requeue excludes them from the next attempt."""
         counts: dict[str, int] = {}
         for f in self.failures:
-            if f.node and f.kind != "preempted":
+            if f.node and f.kind not in ("preempted", "left early"):  # not the node's doing
                 counts[f.node] = counts.get(f.node, 0) + 1
         return sorted(n for n, c in counts.items() if c >= times)
 
@@ -245,12 +246,32 @@ def _kind_of(code: int, facts: dict[str, Any]) -> str:
     return "crashed"
 
 
-def _culprit(ends: list[dict[str, Any]], nodes: set[str]) -> tuple[str, int | None, str | None]:
-    """(kind, rank, node) of an attempt's failure from its workers' ends (exact times)."""
-    silent = sorted(nodes - {e.get("node") for e in ends})
+def _left_at(e: dict[str, Any]) -> float | None:
+    """When a worker left of its own accord: its code returned, or it exited 0."""
+    if e.get("returned") is not None:
+        return float(e["returned"])
+    return float(e["time"]) if e.get("code") == 0 else None
+
+
+def _culprit(
+    ends: list[dict[str, Any]], nodes: set[str], left: list[dict[str, Any]] = ()
+) -> tuple[str, int | None, str | None]:
+    """(kind, rank, node) of an attempt's failure from its workers' ends (exact times).
+    `left`: the ends of workers that left of their own accord (exit 0, or their code
+    returned); one that left before the first failure, whose own code had not returned,
+    is the cause: its peers' collectives were left waiting (a shorter data shard)."""
+    silent = sorted(nodes - {e.get("node") for e in [*ends, *left]})
     if not ends:
         return "node lost", None, silent[0] if silent else None  # nobody lived to say
     first = min(ends, key=lambda e: e["time"])  # the launcher timed every end as it happened
+    early = sorted(
+        (t, int(e.get("rank", 0)), e)
+        for e in left
+        if (t := _left_at(e)) is not None and t < first["time"]
+    )
+    if early and first.get("returned") is None:
+        _, rank, e = early[0]
+        return "left early", rank, e.get("node")
     if first.get("missing"):  # it gave up waiting: the rank it waited for is the cause
         hung = int(first["missing"][0])
         return "hang", hung, next((e.get("node") for e in ends if e.get("rank") == hung), None)
@@ -263,6 +284,22 @@ def _culprit(ends: list[dict[str, Any]], nodes: set[str]) -> tuple[str, int | No
     if len(by_node) > 1 and all(e.get("code") == -signal.SIGKILL for e in mates):
         return "node lost", None, first.get("node")
     return _kind_of(int(first.get("code", 1)), first), first.get("rank"), first.get("node")
+
+
+def _place(group: list[dict[str, Any]], rank: int | None) -> tuple[int | None, str | None]:
+    """(node number, host) of `rank` in an attempt, from its launchers' `attempt` records
+    (each names its node's ranks): a rank that never ended by itself (hung, its node gone)
+    is placed too."""
+    if rank is None:
+        return None, None
+    for r in group:
+        lo_hi = r.get("ranks")
+        if r["kind"] == "attempt" and isinstance(lo_hi, list) and len(lo_hi) == 2:
+            with contextlib.suppress(TypeError, ValueError):
+                if int(lo_hi[0]) <= int(rank) < int(lo_hi[1]):
+                    number = r.get("node_number")
+                    return (int(number) if isinstance(number, int) else None), r.get("node")
+    return None, None
 
 
 def report(run_dir: str | Path, now: float | None = None, ended: bool = False) -> Report | None:
@@ -290,7 +327,8 @@ def report(run_dir: str | Path, now: float | None = None, ended: bool = False) -
         saves = [r for r in g if r["kind"] == "save"]
         done = next((r for r in g if r["kind"] == "done"), None)
         stop = next((r for r in g if r["kind"] == "stop"), None)
-        ends = [r for r in g if r["kind"] == "end"]
+        ends = [r for r in g if r["kind"] == "end" and r.get("code") != 0]
+        left = [r for r in g if r["kind"] == "end" and _left_at(r) is not None]
         blocked = sum(float(s.get("blocking_s") or 0) for s in saves)
         blocking += blocked
         if ready is not None:
@@ -320,15 +358,19 @@ def report(run_dir: str | Path, now: float | None = None, ended: bool = False) -
             down = at
         else:
             nodes = {str(r.get("node")) for r in g if r["kind"] == "attempt"}
-            kind, rank, node = _culprit(ends, nodes)
+            kind, rank, node = _culprit(ends, nodes, left)
             if inj is not None:
                 kind = str(inj.get("what") or kind)
                 rank = inj.get("rank", rank)
                 node = inj.get("node", node)
+            number, host = _place(g, rank)
+            node = host or node
             first_end = min((e["time"] for e in ends), default=kept_end)
             at = inj["time"] if inj is not None else first_end
             down = max((e["time"] for e in ends), default=at)
         loss = Loss(kind, i, at, rank, node)
+        if stop is None:
+            loss.node_number = number
         loss.detect_s = max(0.0, down - at)
         loss.recompute_s = max(0.0, at - kept_end) if ready is not None else 0.0
         if nxt is not None:
@@ -368,21 +410,52 @@ def write_report(run_dir: str | Path) -> Report | None:
 # --- the node launcher's side (train/node.py) -------------------------------------------------
 
 
-def launcher_attempt(attempt: int, local_rank: int) -> None:
-    """A torchrun attempt starts its workers on this node (noted once, by local rank 0)."""
-    if local_rank == 0:
-        record(os.environ.get(RUN_DIR_ENV), "attempt", attempt=attempt)
-
-
-def launcher_end(rank: int, code: int | None, when: float, attempt: int, error_file: str) -> None:
-    """A worker of this node ended; nonzero ends are noted with what its error file says
-    (the kit's diagnosis of a failed collective: the ranks it waited for, or stuck)."""
-    if code in (0, None):
+def launcher_attempt(attempt: int, local_rank: int, env: dict[str, str] | None = None) -> None:
+    """A torchrun attempt starts its workers on this node (noted once, by local rank 0),
+    with the node's number and its ranks (from local rank 0's environment), so the report
+    places a rank that never said anything itself."""
+    if local_rank != 0:
         return
+    from ddpkit.train import places
+
+    where: dict[str, Any] = {}
+    with contextlib.suppress(KeyError, ValueError, TypeError):
+        first = int((env or {})["RANK"])
+        where = {
+            "node_number": places.node_number(int((env or {})["GROUP_RANK"])),
+            "ranks": [first, first + int((env or {})["LOCAL_WORLD_SIZE"])],
+        }
+    record(os.environ.get(RUN_DIR_ENV), "attempt", attempt=attempt, **where)
+
+
+_LEFT_NOTED: set[int] = set()  # the attempts whose first worker to leave is noted
+
+
+def launcher_end(
+    rank: int,
+    code: int | None,
+    when: float,
+    attempt: int,
+    error_file: str,
+    returned: float | None = None,
+) -> None:
+    """A worker of this node ended; nonzero ends are noted with what its error file says
+    (the kit's diagnosis of a failed collective: the ranks it waited for, or stuck). Of the
+    workers that left of their own accord (exit 0), only the node's first per attempt: the
+    one that may have left its peers waiting, at one record per node, not per rank."""
+    if code is None and returned is None:
+        return  # torchrun reaped it first: its code is torchrun's to tell
+    if code in (0, None):  # its code returned: it left of its own accord
+        code = 0
+        if attempt in _LEFT_NOTED:
+            return
+        _LEFT_NOTED.add(attempt)
     facts: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError, AttributeError):
         data = json.loads(Path(error_file).read_text()).get("ddpkit") or {}
         facts = {k: data[k] for k in ("missing", "stuck", "phase", "cause") if k in data}
+    if returned is not None:
+        facts["returned"] = returned
     record(
         os.environ.get(RUN_DIR_ENV),
         "end",
@@ -423,15 +496,13 @@ def status_lines(run_dir: str | Path) -> list[str]:
     if rep is None:
         return []
     out = [f"  {rep.line()} (wall {rep.wall_s:.0f} s, {rep.attempts} attempt(s))"]
+    from ddpkit.train import places
+
     for f in rep.failures:
-        who = " ".join(
-            x
-            for x in (
-                f"rank {f.rank}" if f.rank is not None else "",
-                f"on {f.node}" if f.node else "",
-            )
-            if x
-        )
+        if f.rank is not None:
+            who = places.name(f.rank, f.node_number, f.node)
+        else:
+            who = f"on {f.node}" if f.node else ""
         state = "recovered" if f.recovered else "not recovered (yet)"
         out.append(
             f"  failure: {f.kind} {who} in attempt {f.attempt}, {f.lost_s:.0f} s lost, {state}"

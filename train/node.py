@@ -49,7 +49,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ddpkit.train import failclass, goodput
+from ddpkit.train import failclass, goodput, places
 from ddpkit.train.contract import (
     CKPT_DIR_ENV,
     DEFAULT_SHUTDOWN_TIMEOUT_S,
@@ -232,7 +232,8 @@ def workers_die_with_launcher() -> bool:
                 )
             except (KeyError, ValueError):
                 return
-            goodput.launcher_attempt(who[1], int(env.get("LOCAL_RANK", 0)))
+            places.note(who[0], int(env.get("GROUP_RANK", 0)))
+            goodput.launcher_attempt(who[1], int(env.get("LOCAL_RANK", 0)), env)
             watcher = threading.Thread(target=_watch_end, args=(self.pid, *who), daemon=True)
             watcher.start()
             _WATCHERS.append(watcher)
@@ -325,7 +326,7 @@ def _watch_end(pid: int, rank: int, attempt: int, error_file: str) -> None:
         with contextlib.suppress(OSError, ValueError):
             returned = float(Path(error_file + RETURNED_SUFFIX).read_text())
     ENDS[pid] = end = WorkerEnd(rank, code, time.time(), attempt, returned)
-    goodput.launcher_end(rank, code, end.when, attempt, error_file)
+    goodput.launcher_end(rank, code, end.when, attempt, error_file, returned)
 
 
 # run_entry notes when a user's script or module returned (beside the worker's torchrun
@@ -428,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
 
     _quiet_torch_logs()
     workers_die_with_launcher()
+    places.install()
     note_first_stop()
     one_stop_signal()
     failclass.stop_retrying_code_failures(

@@ -4,10 +4,10 @@ status a scheduler sees (the rules in train/node.py's docstring)."""
 from __future__ import annotations
 
 import signal
-import socket
 from dataclasses import dataclass
 from typing import Any
 
+from ddpkit.train import places
 from ddpkit.train.contract import (
     EXIT_BAD_INPUT,
     EXIT_DIVERGED,
@@ -122,7 +122,7 @@ def _stalled(failures: dict[int, Failure]) -> str | None:
     names it)."""
     blamed = sorted((r, f.blame) for r, f in failures.items() if f.blame)
     if blamed:
-        return f"{PREFIX}: {blamed[0][1]}"
+        return f"{PREFIX}: {places.placed(blamed[0][1])}"
     reports = sorted(
         ((f.when or float("inf"), r, f) for r, f in failures.items() if f.missing),
         key=lambda item: item[:2],
@@ -142,11 +142,10 @@ def _stalled(failures: dict[int, Failure]) -> str | None:
     ]
     if own:
         return None
-    ranks = ", ".join(map(str, report.missing))
-    who = f"rank {ranks}" if len(report.missing) == 1 else f"ranks {ranks}"
     return (
-        f"{PREFIX}: {who} never reached the collective {report.phase} (stuck, crashed, or on "
-        f"another code path); rank {reporter} failed waiting for it: see its line above"
+        f"{PREFIX}: {places.names(report.missing)} never reached the collective {report.phase} "
+        f"(stuck, crashed, or on another code path); {places.name(reporter)} failed waiting "
+        "for it: see its line above"
     )
 
 
@@ -181,10 +180,9 @@ def outcome(
         # would make SLURM mark a finished job FAILED and a PyTorchJob restart it. A crash
         # before the summary, or any exit code, is still a failure.
         return EXIT_OK, (
-            f"{PREFIX}: rank {rank} ended by {how} after the run finished (summary.json of "
+            f"{PREFIX}: {places.name(rank)} ended by {how} after the run finished (summary.json of "
             "this launch is written); exit 0"
         )
-    where = f" on {socket.gethostname()}"
     left = left or {}
     # Left early: others returned while the culprit still ran its code. A culprit whose own
     # code had returned too (it failed in its exit) waited on nobody: its failure is its own.
@@ -199,13 +197,12 @@ def outcome(
     if stalled and not early:
         return EXIT_FAILED, stalled
     if early:  # a rank that stops calling collectives leaves its peers failing in them
-        ranks = f"rank {early[0]}" if len(early) == 1 else f"ranks {', '.join(map(str, early))}"
         return EXIT_FAILED, (
-            f"{PREFIX}: {ranks} left first (exit 0) while the others still ran; rank {rank} "
-            f"then failed ({how}){where}: a rank that stops early (a shorter data shard, a "
+            f"{PREFIX}: {places.names(early)} left first (exit 0) while the others still ran; "
+            f"{places.name(rank)} then failed ({how}): a rank that stops early (a shorter data shard, a "
             "rank-dependent return) leaves its peers' collectives waiting; see the output above"
         )
-    return EXIT_FAILED, f"{PREFIX}: rank {rank} failed ({how}){where}; see its output above"
+    return EXIT_FAILED, f"{PREFIX}: {places.name(rank)} failed ({how}); see its output above"
 
 
 def _how(code: int) -> str:

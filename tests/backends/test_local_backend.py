@@ -141,7 +141,7 @@ def test_stale_requeue_marker_does_not_fake_a_save(tmp_path: Path) -> None:
     assert p.returncode == 1, p.stderr
     # whichever rank torchrun saw fail first
     assert re.fullmatch(
-        r"ddpkit node: rank [01] failed \(exit code 1\) on \S+; see its output above",
+        r"ddpkit node: rank [01] \(node 0, host \S+\) failed \(exit code 1\); see its output above",
         error_lines(p.stderr)[-1],
     ), p.stderr
 

@@ -107,7 +107,8 @@ def test_a_stopped_rank_is_detected_named_and_restarted_in_place(
         [str(DDPKIT), "status", "slurm", job, "--config", str(cfg)],
         cwd=tmp_path, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert f"failure: hang rank 1 on {hang['node']} in attempt 0" in status.stdout, status.stdout
+    where = f"rank 1 (node {hang['node_number']}, host {hang['node']})"  # the one format
+    assert f"failure: hang {where} in attempt 0" in status.stdout, status.stdout
 
 
 def _wait_state(job: str, states: tuple[str, ...], timeout_s: float = 300) -> dict[str, str]:

@@ -4,6 +4,7 @@ into the job's restart budget (the default, 3), driven from its project by `ddpk
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -37,7 +38,7 @@ def test_a_script_raising_on_every_attempt_fails_once_with_its_line(tmp_path):
     assert p.returncode == 1, out
     assert "attempt 0 rank 1" in out and "attempt 1" not in out
     assert (
-        "rank 1 failed (exit code 1)" in out
+        f"rank 1 (node 0, host {socket.gethostname()}) failed (exit code 1)" in out
         and "its own code raised KeyError: \"no column 'label' in data.csv\": not retried" in out
     ), out
 

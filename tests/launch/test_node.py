@@ -16,6 +16,7 @@ from ddpkit.train.contract import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_REQ
 from ddpkit.train.outcome import Failure, WorkerEnd, culprit, last_attempt_exits_0, outcome
 
 TERM, KILL, ABRT, SEGV = (-signal.SIGTERM, -signal.SIGKILL, -signal.SIGABRT, -signal.SIGSEGV)
+HERE = f"(node 0, host {socket.gethostname()})"  # where a one-node launch's ranks ran
 
 
 def test_the_rank_that_failed_first_is_blamed_not_the_one_torchrun_stopped():
@@ -90,7 +91,7 @@ def test_a_teardown_abort_after_the_summary_exits_0_and_before_it_fails(tmp_path
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     assert (tmp_path / "runs/t/summary.json").is_file()
-    assert "rank 1 ended by signal SIGABRT after the run finished" in r.stderr
+    assert f"rank 1 {HERE} ended by signal SIGABRT after the run finished" in r.stderr
 
     (tmp_path / "plain.py").write_text(
         "import torch.distributed as dist\nimport abortpkg\n"
@@ -101,7 +102,7 @@ def test_a_teardown_abort_after_the_summary_exits_0_and_before_it_fails(tmp_path
         [*node, "--", "plain.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "rank 1 failed (signal SIGABRT)" in r.stderr, r.stderr
+    assert f"rank 1 {HERE} failed (signal SIGABRT)" in r.stderr, r.stderr
 
 
 # --- the launcher's own flags ---------------------------------------------------------------
@@ -362,7 +363,7 @@ def test_a_user_scripts_own_exception_keeps_its_traceback_as_python_prints_it(tm
     assert lines[-1] == "[rank1]: ValueError: a real bug on rank 1", p.stderr
     assert (
         p.stderr.splitlines()[-1]
-        == f"ddpkit node: rank 1 failed (exit code 1) on {socket.gethostname()}; see its output above"
+        == f"ddpkit node: rank 1 {HERE} failed (exit code 1); see its output above"
     )
 
 
@@ -497,13 +498,21 @@ dist.destroy_process_group()
 @pytest.mark.parametrize(
     ("script", "expect"),
     [
-        (OOM_KILLED, "ddpkit node: rank 1 failed (signal SIGKILL) on "),
-        (LEAVES_EARLY, "ddpkit node: rank 1 left first (exit 0) while the others still ran"),
-        (HUNG, "ddpkit node: rank 1 never reached the collective all_reduce() at job.py:10 "),
+        (OOM_KILLED, f"ddpkit node: rank 1 {HERE} failed (signal SIGKILL); "),
+        (
+            LEAVES_EARLY,
+            f"ddpkit node: rank 1 {HERE} left first (exit 0) while the others still ran; "
+            f"rank 0 {HERE} then failed",
+        ),
+        (
+            HUNG,
+            f"ddpkit node: rank 1 {HERE} never reached the collective all_reduce() at job.py:10 ",
+        ),
         (
             BARRIER_ON_RANK_0,
-            "ddpkit node: the ranks called different collectives: rank 0 called barrier() at "
-            "job.py:10 (in <module>); rank 1 called all_reduce() at job.py:12 (in <module>)",
+            f"ddpkit node: the ranks called different collectives: rank 0 {HERE} called barrier() "
+            f"at job.py:10 (in <module>); rank 1 {HERE} called all_reduce() at job.py:12 (in "
+            "<module>)",
         ),
     ],
     ids=["sigkilled", "left-early", "hung", "barrier-on-rank-0"],
@@ -575,3 +584,30 @@ def test_a_dir_a_live_job_holds_is_refused_before_any_worker_starts(tmp_path, on
     finally:
         owner.kill()
         owner.wait()
+
+
+def test_ranks_on_other_nodes_are_placed_from_the_rendezvous_store(monkeypatch):
+    """What node 0's launcher learns at torchrun's rank assignment (train/places.py): each
+    node's entry in the (real) store, ranks in node order; every line names a rank so."""
+    import json
+
+    from ddpkit.train import places
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store.set("ddpkit/place/0", json.dumps({"node": 1, "host": "node2", "n": 2}))
+    store.set("ddpkit/place/1", json.dumps({"node": 0, "host": "node1", "n": 2}))
+    monkeypatch.setattr(places, "PLACES", {})
+    places._learn(store, 0, 2, [])
+    assert places.PLACES == {0: (1, "node2"), 1: (1, "node2"), 2: (0, "node1"), 3: (0, "node1")}
+    assert places.name(3) == "rank 3 (node 0, host node1)" and places.name(9) == "rank 9"
+    assert places.names([1, 2]) == "ranks 1 (node 1, host node2), 2 (node 0, host node1)"
+    said = "rank 0 called barrier() at m.py:3 (in forward), while rank 3 was in the step"
+    assert places.placed(said) == (
+        "rank 0 (node 1, host node2) called barrier() at m.py:3 (in forward), while "
+        "rank 3 (node 0, host node1) was in the step"
+    )
+    waited = {0: Failure(1, 10.0, missing=(3,), phase="all_reduce()")}
+    assert outcome(waited, marker_fresh=False)[1].startswith(
+        "ddpkit node: rank 3 (node 0, host node1) never reached the collective all_reduce()"
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -142,7 +143,9 @@ def test_the_users_model_by_import_path_resumes_bitwise_after_a_sigkill(tmp_path
     assert a["param_digest"] == b["param_digest"]
     assert "ddpkit: goodput " in run.stdout and ": 1 failure, " in run.stdout
     st = ddpkit("status", "local", cwd=proj)  # the goodput and the failure, from the run dir
-    assert "failure: killed rank 1 on " in st.stdout and "recovered" in st.stdout, st.stdout
+    assert "failure: killed rank 1 (node 0, host " in st.stdout and "recovered" in st.stdout, (
+        st.stdout
+    )
 
 
 @pytest.mark.parametrize(
@@ -273,6 +276,7 @@ def test_the_users_own_train_py_runs_on_two_slurm_nodes_from_its_project(
 TOPLEVEL_MODULE = """\
 import os
 import shlex
+import socket
 with open("touched.txt", "a") as f:  # top-level code, no __main__ guard (torchrun -m runs it)
     f.write(os.environ.get("RANK", "no-rank") + "\\n")
 """
@@ -496,6 +500,46 @@ def test_a_refused_second_submit_changes_no_record(tmp_path):
         if first.poll() is None:
             first.kill()
             first.wait()
+
+
+LEAVES_EARLY_PY = """\
+import datetime, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+# a dataset whose length differs per rank: rank 1 runs out first and returns
+for step in range(20 if dist.get_rank() == 1 else 10000):
+    dist.all_reduce(torch.ones(4))
+    time.sleep(0.01)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_the_rank_that_left_early_with_exit_0_is_named_by_the_launcher_report_and_status(
+    tmp_path,
+):
+    """Issue 31 item 14, as found: a user's script whose rank 1 returns (exit 0) while rank 0
+    still calls collectives. The launcher's line, goodput.json and `ddpkit status` all name
+    rank 1 and where it ran, not rank 0, the first to fail."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "train.py").write_text(LEAVES_EARLY_PY)
+    r = ddpkit("run", "train.py", "--gpus", "2", "--set", "accelerator=cpu",
+               "--set", "max_restarts=0", cwd=proj, timeout=300)  # fmt: skip
+    assert r.returncode == 1, r.stdout + r.stderr
+    here = f"(node 0, host {socket.gethostname()})"
+    said = (
+        f"ddpkit node: rank 1 {here} left first (exit 0) while the others still ran; "
+        f"rank 0 {here} then failed"
+    )
+    lines = (r.stdout + r.stderr).splitlines()
+    assert any(x.startswith(said) for x in lines), (r.stdout + r.stderr)[-3000:]
+    (left,) = json.loads((proj / "runs/train/goodput.json").read_text())["failures"]
+    assert (left["kind"], left["rank"], left["node_number"]) == ("left early", 1, 0), left
+    st = ddpkit("status", "local", cwd=proj)
+    assert f"failure: left early rank 1 {here} in attempt 0" in st.stdout, st.stdout
 
 
 # --- where a script saves: DDPKIT_CKPT_DIR for every entry point (issue 31 item 2) -----------

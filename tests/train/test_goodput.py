@@ -68,6 +68,28 @@ def test_a_hang_blames_the_rank_waited_for_and_a_silent_node_is_lost(tmp_path):
     assert (lost.kind, lost.node, lost.recovered) == ("node lost", "n2", False)
 
 
+def test_a_rank_that_left_before_the_failure_is_named_and_placed(tmp_path):
+    """Rank 3 (node 1) returned with exit 0 while rank 0 still ran its collectives; rank 0
+    then failed. The rank that left is the culprit, placed by its node's attempt record;
+    a rank whose own code had returned before it failed is its own failure."""
+    _at(tmp_path, "attempt", 0, "a", node="n1", node_number=0, ranks=[0, 2])
+    _at(tmp_path, "attempt", 0, "a", node="n2", node_number=1, ranks=[2, 4])
+    _at(tmp_path, "end", 5, "a", rank=3, code=0, returned=4.0, node="n2")
+    _at(tmp_path, "end", 9, "a", rank=0, code=1, missing=[3], node="n1")
+    _at(tmp_path, "end", 9.2, "a", rank=1, code=-signal.SIGTERM, node="n1")
+    (left,) = goodput.report(tmp_path, now=10).failures
+    assert (left.kind, left.rank, left.node, left.node_number) == ("left early", 3, "n2", 1)
+    assert "failure: left early rank 3 (node 1, host n2) in attempt 0" in "\n".join(
+        goodput.status_lines(tmp_path)
+    )
+    # the failing rank's own code had returned too: it waited on nobody
+    _at(tmp_path, "attempt", 20, "b", node="n1", node_number=0, ranks=[0, 2])
+    _at(tmp_path, "end", 21, "b", rank=0, code=0, node="n1")
+    _at(tmp_path, "end", 22, "b", rank=1, code=-signal.SIGABRT, returned=20.5, node="n1")
+    crash = goodput.report(tmp_path, now=25).failures[-1]
+    assert (crash.kind, crash.rank, crash.node_number) == ("signal SIGABRT", 1, 0)
+
+
 def test_a_script_that_notes_nothing_gets_failures_and_no_figure(tmp_path):
     _at(tmp_path, "attempt", 0, "a")
     _at(tmp_path, "end", 5, "a", rank=0, code=1)

@@ -173,8 +173,8 @@ def test_a_rank_missing_at_the_end_of_run_collectives_is_the_one_blamed(tmp_path
         assert "collective stop-signal all_reduce after the last step (4) failed on rank 0" in out
         assert "Ranks [1] never reached it" in out
         assert last.startswith(
-            "ddpkit node: rank 1 never reached the collective stop-signal all_reduce after the "
-            "last step (4)"
+            f"ddpkit node: rank 1 (node 0, host {socket.gethostname()}) never reached the "
+            "collective stop-signal all_reduce after the last step (4)"
         ), out
     else:  # torchrun SIGTERMs rank 0 at once: its diagnosis or its watchdog, whichever is first
         assert last.startswith("ddpkit node: rank 1 "), out
@@ -270,8 +270,10 @@ def test_a_barrier_only_rank_0_calls_names_rank_0_and_the_line_of_the_call(tmp_p
         "rank 0 called barrier() at oddpath.py:13 (in forward), while rank 1 was in the "
         "forward/backward (DDP gradient all_reduce) at step 1"
     )
-    assert out.count(said) == 3, out  # each rank's error line, and the launcher's
-    assert r.stderr.splitlines()[-1].startswith(f"ddpkit node: {said}"), out
+    assert out.count(said) == 2, out  # each rank's error line
+    here = f"(node 0, host {socket.gethostname()})"  # the launcher's line places each rank
+    placed = said.replace("rank 0 ", f"rank 0 {here} ").replace("rank 1 ", f"rank 1 {here} ")
+    assert r.stderr.splitlines()[-1].startswith(f"ddpkit node: {placed}"), out
     assert "Traceback" not in out, out
 
 
