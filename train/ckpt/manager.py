@@ -420,6 +420,8 @@ class Checkpointer:
                     f"--resume {remote.where(step)}: unusable checkpoint ({got}); pass another "
                     "step-N URL, or --resume auto to take the newest one that loads"
                 )
+            if self.remote is not None and remote.url == self.remote.url:
+                self._set_aside_later_in_store(step)
             return remote.where(step), got
         complete, partial = remote.scan() if self.rank == 0 else ([], {})
         box = [(complete, partial)]
@@ -499,6 +501,27 @@ class Checkpointer:
             f"timeline) moved to {aside}; --resume auto will not go back to them"
         )
         dist.barrier(group=self.pg)  # every rank sees the new timeline before its first save
+
+    def _set_aside_later_in_store(self, step: str) -> None:
+        """_set_aside_later_than for a store: rank 0 moves the old timeline's later complete
+        steps under `<url>/ABANDONED_DIR/` (copied, then deleted marker first), every rank
+        learns which, and the rewind is said in one line."""
+        remote = self.remote
+        assert remote is not None
+        later: list[str] = []
+        if self.rank == 0:
+            n = step_number(step) or 0
+            later = [s for s in remote.scan()[0] if (step_number(s) or -1) > n]
+            stamp = int(time.time())
+            for name in later:
+                remote.set_aside(name, f"{ABANDONED_DIR}/{name}.{stamp}")
+        box = [later]
+        dist.broadcast_object_list(box, src=0, group=self.pg)
+        if box[0]:
+            self.log(
+                f"rewound to {step}: the later {', '.join(box[0])} (another timeline) moved to "
+                f"{remote.where(ABANDONED_DIR)}; --resume auto will not go back to them"
+            )
 
     def newest(self) -> str | None:
         """The newest complete checkpoint as the user names it (a step dir, or a store's

@@ -187,6 +187,10 @@ class Remote:
                 [str(step_dir / n) for n in names], [self.key(step_dir.name, n) for n in names]
             )
 
+    def put(self, name: str, data: bytes) -> None:
+        """One small object beside the steps (the run's summary.json)."""
+        self.fs.pipe_file(self.key(name), data)
+
     def download(self, name: str, dest: Path, files: list[str]) -> None:
         """Get a step's files (the marker's list) and its marker into `dest`, marker last."""
         dest.mkdir(parents=True, exist_ok=True)
@@ -211,6 +215,13 @@ class Remote:
             self.fs.rm(self.key(name), recursive=True)
         if self.known is not None:
             self.known.discard(name)
+
+    def set_aside(self, name: str, aside: str) -> None:
+        """Move a step to the prefix `aside` (a rewind's old timeline): its objects copied
+        there (server-side), then the step removed marker first; cut short, nothing is lost."""
+        keys = self.fs.find(self.key(name))
+        self.fs.copy(keys, [self.key(aside, k[len(self.key(name)) + 1 :]) for k in keys])
+        self.remove(name)
 
     def prune(self, keep: int) -> None:
         """Keep the newest `keep` complete steps; drop incomplete ones older than the newest."""
