@@ -9,7 +9,7 @@ Per repetition (the first one warms up and is not reported):
            the save's upload throughput over the raw put's (goal >= 0.8);
 - blocked: the seconds an async save to the store blocks the loop (Checkpointer.save's return
            plus the staging fence), against the sync save's time (goal <= 0.05);
-- load:    Checkpointer.resume("auto") from the store (list, download, verify, load), against a
+- load:    Checkpointer.resume("auto") from the store (list, read, verify, load), against a
            raw get of the same objects. Ratio: raw-get time / load time (goal >= 0.8).
 Speed is reported, never asserted. Medians of the per-repetition ratios.
 """

@@ -33,9 +33,9 @@ def _binary() -> Path:
     return Path(out.stdout.strip())
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -76,9 +76,10 @@ class S3Server:
         return f"s3://{name}"
 
 
-def start(root: Path) -> tuple[S3Server, subprocess.Popen]:
+def start(root: Path, host: str = "127.0.0.1") -> tuple[S3Server, subprocess.Popen]:
     """A server with its objects under root/data and fresh credentials (bench.objstore uses
-    it too); builds the binary first when absent (waiting on a running build's lock)."""
+    it too), listening on `host` (tests/backends/test_k8s_s3.py: the pod bridge's address, which
+    the pods reach); builds the binary first when absent (waiting on a running build's lock)."""
     binary = _binary()
     if not binary.exists():  # waits on a running build's lock, else builds (minutes, once)
         build = subprocess.run(
@@ -90,10 +91,10 @@ def start(root: Path) -> tuple[S3Server, subprocess.Popen]:
     data = root / "data"
     data.mkdir(parents=True)
     access, secret = f"test{secrets.token_hex(6)}", secrets.token_hex(20)
-    port = _free_port()
+    port = _free_port(host)
     with (root / "server.log").open("wb") as log:
         proc = subprocess.Popen(
-            [str(binary), "--port", f"127.0.0.1:{port}", "--region", "us-east-1", "posix", str(data)],
+            [str(binary), "--port", f"{host}:{port}", "--region", "us-east-1", "posix", str(data)],
             env={**os.environ, "ROOT_ACCESS_KEY_ID": access, "ROOT_SECRET_ACCESS_KEY": secret},
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
@@ -102,14 +103,14 @@ def start(root: Path) -> tuple[S3Server, subprocess.Popen]:
         if proc.poll() is not None:
             raise RuntimeError(f"versitygw exited {proc.returncode}; log in {root}")
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            socket.create_connection((host, port), timeout=1).close()
             break
         except OSError:
             if time.monotonic() > deadline:
                 stop(proc)
                 raise RuntimeError(f"versitygw never listened on {port}; log in {root}") from None
             time.sleep(0.1)
-    return S3Server(f"http://127.0.0.1:{port}", access, secret, data), proc
+    return S3Server(f"http://{host}:{port}", access, secret, data), proc
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -28,11 +28,13 @@ def _env(s3: S3Server, tmp: Path, **extra: str) -> dict[str, str]:
 
 
 def _steps(s3: S3Server, url: str) -> dict[str, set[str]]:
-    """{step name: its object names} under a checkpoint URL."""
+    """{step name: its object names} under a checkpoint URL (not the run's summary.json)."""
     fs = s3.fs()
     root = url.removeprefix("s3://")
     out: dict[str, set[str]] = {}
     for key in fs.find(root):
+        if "/" not in key[len(root) + 1 :]:
+            continue
         step, name = key[len(root) + 1 :].split("/", 1)
         out.setdefault(step, set()).add(name)
     return out
@@ -121,6 +123,29 @@ def test_a_flipped_byte_in_an_object_is_caught_and_the_previous_checkpoint_used(
                 env=_env(s3_server, tmp_path))  # fmt: skip
     assert f"warning: skipping checkpoint {url}/step-6: __0_0.distcp fails its checksum" in run.out
     assert run.summary["resumed_from"] == f"{url}/step-3"
+
+
+def test_a_rewind_in_the_store_sets_the_later_timeline_aside(s3_server, base, tmp_path):  # noqa: F811
+    """--resume URL/step-3 of a store that holds step-6 (as a local rewind): the later step
+    moves under abandoned/ with one line, keep-K keeps the new timeline's saves and --resume
+    auto goes on from them. The store also keeps each run's summary.json."""
+    fs = s3_server.fs()
+    url = s3_server.bucket("rewind") + "/run"
+    fs.copy(base.removeprefix("s3://"), url.removeprefix("s3://"), recursive=True)
+    env = _env(s3_server, tmp_path)
+    rewind = train(tmp_path / "run", *ARGS, "--steps", "6", "--ckpt-dir", url, "--ckpt-keep", "1",
+                   "--resume", f"{url}/step-3", env=env)  # fmt: skip
+    assert f"rewound to step-3: the later step-6 (another timeline) moved to {url}/abandoned" in (
+        rewind.out
+    )
+    left = _steps(s3_server, url)
+    assert sorted(n for n in left if n.startswith("step-")) == ["step-6"]
+    assert {n.split("/")[0].split(".")[0] for n in left["abandoned"]} == {"step-6"}
+    assert {n.split("/", 1)[1] for n in left["abandoned"]} >= {".complete", "__0_0.distcp"}
+    again = train(tmp_path / "run", *ARGS, "--steps", "9", "--ckpt-dir", url, env=env)
+    assert again.summary["resumed_from"] == f"{url}/step-6"
+    stored = json.loads(fs.cat_file(f"{url.removeprefix('s3://')}/summary.json"))
+    assert stored["param_digest"] == again.summary["param_digest"] and stored["steps"] == 9
 
 
 def test_an_upload_killed_half_way_is_never_loaded(s3_server, tmp_path):  # noqa: F811

@@ -11,7 +11,8 @@ ranks. Now:
   it) holds them all in `file_sums` for the `.complete` marker. The stream also starts the
   disk's writeback early (measured here: a 160 MB save with checksums 0.75 s with it, 0.88 s
   without, plain DCP 0.70 s);
-- load: each recorded file has one owner rank (`ckpt_files.owner`: the rank that wrote it,
+- load: (from a store, the data files are read as they arrive: store.StreamingDownload)
+  each recorded file has one owner rank (`ckpt_files.owner`: the rank that wrote it,
   while the world is the same size), and VerifyingReader hashes the owner's files as it reads
   them (reads served from the hashed bytes, in file order; gaps and tails this rank does not
   need are hashed too, so a file another rank reads is still covered). A mismatch raises
@@ -28,8 +29,8 @@ import dataclasses
 import io
 import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -261,20 +262,26 @@ class _VerifyingStream:
 
 
 class _VerifyingFileSystem(FileSystem):
-    def __init__(self, expected: dict[str, dict[str, Any]]):
+    def __init__(self, expected: dict[str, dict[str, Any]], remote: Callable[[str], Any] | None):
         super().__init__()
         self.expected = expected
         self.verified: set[str] = set()
+        self.remote = remote  # name -> a read stream of that data file in a store
+
+    def _open(self, path: Any, mode: str) -> Any:
+        if self.remote is not None and "r" in mode and Path(path).name != METADATA:
+            return closing(self.remote(Path(path).name))
+        return super().create_stream(path, mode)
 
     @contextmanager
     def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
         name = Path(path).name
         rec = self.expected.get(name)
         if "r" not in mode or rec is None:
-            with super().create_stream(path, mode) as stream:
+            with self._open(path, mode) as stream:
                 yield stream
             return
-        with super().create_stream(path, mode) as raw:
+        with self._open(path, mode) as raw:
             stream = _VerifyingStream(raw, name, rec)
             try:
                 yield stream
@@ -295,11 +302,16 @@ class VerifyingReader(FileSystemReader):
     rank's share) while loading: the parts this rank reads are served from the hashed bytes,
     and a file of its share that it reads nothing from is hashed on its own."""
 
-    def __init__(self, path: str | Path, expected: dict[str, dict[str, Any]]):
+    def __init__(
+        self,
+        path: str | Path,
+        expected: dict[str, dict[str, Any]],
+        remote: Callable[[str], Any] | None = None,
+    ):
         super().__init__(path)
         # .metadata is not among them: it is verified before any rank unpickles it
         data = {n: rec for n, rec in expected.items() if n != METADATA}
-        self.fs: _VerifyingFileSystem = _VerifyingFileSystem(data)
+        self.fs: _VerifyingFileSystem = _VerifyingFileSystem(data, remote)
 
     def _slice_file(self, file: Any, sinfo: Any) -> Any:
         if isinstance(file, _VerifyingStream):
@@ -318,7 +330,14 @@ class VerifyingReader(FileSystemReader):
         for name, rec in sorted(self.fs.expected.items()):
             if name in self.fs.verified:
                 continue
-            got = file_crc32(Path(self.path) / name)
+            if self.fs.remote is None:
+                got = file_crc32(Path(self.path) / name)
+            else:
+                with closing(self.fs.remote(name)) as f:
+                    crc = 0
+                    while chunk := f.read(_CHUNK):
+                        crc = crc32(chunk, crc)
+                got = f"{crc:08x}"
             if got != rec.get(ALGORITHM):
                 raise ChecksumError(checksum_mismatch(name, got, rec.get(ALGORITHM)))
         return fut

@@ -100,16 +100,21 @@ def is_complete(path: Path) -> bool:
     return why_incomplete(path) is None
 
 
-def verify(path: Path, rank: int = 0, world: int = 1, read: bool = True) -> str | None:
+def verify(
+    path: Path, rank: int = 0, world: int = 1, read: bool = True, data: bool = True
+) -> str | None:
     """What is wrong with this rank's share of a step dir's files, or None; with the
     defaults, all of them. `read` False: sizes only (the load hashes the data as it reads
-    it), but rank 0 always hashes and unpickles .metadata, which every rank loads first."""
+    it), but rank 0 always hashes and unpickles .metadata, which every rank loads first.
+    `data` False: .metadata only (the data files are read from a store)."""
     import torch.distributed.checkpoint as dcp
 
     info, why = marker(path)
     if info is None:
         return why
     mine = share(info, rank, world).keys() if world > 1 else None
+    if not data:
+        mine = {METADATA}
     problem = verify_files(path, info, only=mine, read=read or {METADATA})
     if problem is None and rank == 0:
         try:

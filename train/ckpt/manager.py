@@ -41,6 +41,7 @@ from ddpkit.train.ckpt.compat import (
     plain_values_as_saved,
 )
 from ddpkit.train.ckpt.files import (
+    METADATA,
     is_no_space,
     marker_files,
     no_space_message,
@@ -420,6 +421,8 @@ class Checkpointer:
                     f"--resume {remote.where(step)}: unusable checkpoint ({got}); pass another "
                     "step-N URL, or --resume auto to take the newest one that loads"
                 )
+            if self.remote is not None and remote.url == self.remote.url:
+                self._set_aside_later_in_store(step)
             return remote.where(step), got
         complete, partial = remote.scan() if self.rank == 0 else ([], {})
         box = [(complete, partial)]
@@ -453,9 +456,12 @@ class Checkpointer:
         # a temp dir (the local SLURM cluster's do).
         node = f"{socket.gethostname()}-{os.environ.get('GROUP_RANK', '0')}"
         copy = self.dir / f".fetched-{node}" / name
+        # One process on this host: its data files are read as they arrive, not downloaded
+        # first (several share one download: each would fetch what it reads).
+        stream = os.environ.get("LOCAL_WORLD_SIZE", "1") == "1" and hasattr(remote.fs, "_call_s3")
         try:
-            self._agree(self._fetch(remote, name, copy))
-            return self.load(copy, states)
+            self._agree(self._fetch(remote, name, copy, stream))
+            return self.load(copy, states, (remote, name) if stream else None)
         except UnusableCheckpoint as e:
             return str(e)
         finally:
@@ -463,17 +469,27 @@ class Checkpointer:
             if _local_rank(self.rank) == 0:
                 shutil.rmtree(copy.parent, ignore_errors=True)
 
-    def _fetch(self, remote: Remote, name: str, copy: Path) -> str | None:
+    def _fetch(self, remote: Remote, name: str, copy: Path, stream: bool = False) -> str | None:
         """Download a step into `copy`, once per host (its local rank 0); the problem, if
-        any (the caller agrees on it: also the barrier before the other ranks read)."""
+        any (the caller agrees on it: also the barrier before the other ranks read).
+        `stream`: only .metadata and the marker; the data files' sizes are checked in the
+        store (the load reads them from there)."""
         if _local_rank(self.rank) != 0:
             return None
         shutil.rmtree(copy, ignore_errors=True)
         info, why = remote.marker(name)
         if info is None:
             return why
+        files = info.get("files") or {}
         try:
-            remote.download(name, copy, sorted((info.get("files") or {}).keys()))
+            if stream:
+                sizes = remote.sizes(name)
+                for file, rec in sorted(files.items()):
+                    if file not in sizes:
+                        return f"{file} is missing"
+                    if sizes[file] != rec.get("bytes"):
+                        return f"{file} has {sizes[file]} bytes, {rec.get('bytes')} were written"
+            remote.download(name, copy, [METADATA] if stream and files else sorted(files))
         except Exception as e:
             return f"download failed ({describe(e)})"
         return None
@@ -500,6 +516,27 @@ class Checkpointer:
         )
         dist.barrier(group=self.pg)  # every rank sees the new timeline before its first save
 
+    def _set_aside_later_in_store(self, step: str) -> None:
+        """_set_aside_later_than for a store: rank 0 moves the old timeline's later complete
+        steps under `<url>/ABANDONED_DIR/` (copied, then deleted marker first), every rank
+        learns which, and the rewind is said in one line."""
+        remote = self.remote
+        assert remote is not None
+        later: list[str] = []
+        if self.rank == 0:
+            n = step_number(step) or 0
+            later = [s for s in remote.scan()[0] if (step_number(s) or -1) > n]
+            stamp = int(time.time())
+            for name in later:
+                remote.set_aside(name, f"{ABANDONED_DIR}/{name}.{stamp}")
+        box = [later]
+        dist.broadcast_object_list(box, src=0, group=self.pg)
+        if box[0]:
+            self.log(
+                f"rewound to {step}: the later {', '.join(box[0])} (another timeline) moved to "
+                f"{remote.where(ABANDONED_DIR)}; --resume auto will not go back to them"
+            )
+
     def newest(self) -> str | None:
         """The newest complete checkpoint as the user names it (a step dir, or a store's
         step URL), None when there is none."""
@@ -523,7 +560,9 @@ class Checkpointer:
         if (first := first_problem(problem, self.pg)) is not None:
             raise UnusableCheckpoint(first)
 
-    def load(self, path: Path, states: dict[str, Stateful]) -> dict[str, Any]:
+    def load(
+        self, path: Path, states: dict[str, Stateful], remote: tuple[Remote, str] | None = None
+    ) -> dict[str, Any]:
         """Check, then load every part in place, verifying checksums while reading; returns
         the checkpoint's marker info. UnusableCheckpoint (on every rank) when the files or
         the load fail. Before the load each rank checks that its share of the files is there
@@ -533,7 +572,8 @@ class Checkpointer:
         from ddpkit.train.ckpt.io import VerifyingReader
 
         world = dist.get_world_size(self.pg)
-        self._agree(verify(path, self.rank, world, read=False))
+        # from a store (`remote`: its step): the data files there, their sizes checked by _fetch
+        self._agree(verify(path, self.rank, world, read=False, data=remote is None))
         info = read_marker(path) or {}
         meta = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
         present = {k.split(".", 1)[0] for k in meta}
@@ -555,7 +595,13 @@ class Checkpointer:
                 f"{'it was' if len(missing) == 1 else 'they were'} checkpointed): fresh values kept"
             )
         problem = None
-        reader = VerifyingReader(path, share(info, self.rank, world))
+        sizes = {n: rec.get("bytes", 0) for n, rec in (info.get("files") or {}).items()}
+        opener = (
+            (lambda f, r=remote[0], n=remote[1]: r.open_download(n, f, sizes[f]))
+            if remote is not None
+            else None
+        )
+        reader = VerifyingReader(path, share(info, self.rank, world), opener)
         try:
             dcp.load(state, storage_reader=reader, process_group=self.pg)
         # DCP gathers every rank's read errors into a CheckpointException (a BaseException)

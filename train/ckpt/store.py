@@ -7,10 +7,14 @@ multipart parts go up while the next bytes are serialized and hashed; in DCP's b
 thread for an async save, so training does not wait for the upload); only `.metadata` goes
 through the local staging dir (`local_dir`: node-local, one per URL). Rank 0 uploads
 `.metadata` next and the marker last, once every rank's upload returned: an upload cut short
-leaves no marker, and a step prefix without one is never loaded. A load downloads a step's files into the staging
-dir (one download per host) and loads that copy, verifying every file against the marker's
-CRC-32s as a local load does: a damaged object fails its checksum and the next older
-checkpoint is tried. Keep-K deletes a dropped step's marker first, then its objects.
+leaves no marker, and a step prefix without one is never loaded. A load by the one process
+of a host reads the data files as they arrive (StreamingDownload: parts fetched ahead while
+the earlier ones are deserialized and hashed; only `.metadata` and the marker are staged);
+processes sharing a host download the step into the staging dir once and load that copy.
+Either way every file is verified against the marker's CRC-32s as a local load does: a
+damaged object fails its checksum and the next older checkpoint is tried. Keep-K deletes a
+dropped step's marker first, then its objects; a rewind (--resume of an older step) moves
+the later steps under `abandoned/`; the run's summary.json is kept beside the steps.
 
 Credentials and the endpoint come from the environment the way every AWS client reads them
 (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_PROFILE, ...): the kit never
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
 import tempfile
 from pathlib import Path
@@ -187,6 +192,20 @@ class Remote:
                 [str(step_dir / n) for n in names], [self.key(step_dir.name, n) for n in names]
             )
 
+    def sizes(self, name: str) -> dict[str, int]:
+        """{file name: bytes} of a step's objects, from one listing."""
+        self.fs.invalidate_cache(self.key(name))
+        entries = self.fs.ls(self.key(name), detail=True)
+        return {e["name"].rstrip("/").rsplit("/", 1)[-1]: e["size"] for e in entries}
+
+    def open_download(self, name: str, file: str, size: int) -> StreamingDownload:
+        """A read stream of the object `name/file` (StreamingDownload; S3 filesystems)."""
+        return StreamingDownload(self.fs, self.key(name, file), size)
+
+    def put(self, name: str, data: bytes) -> None:
+        """One small object beside the steps (the run's summary.json)."""
+        self.fs.pipe_file(self.key(name), data)
+
     def download(self, name: str, dest: Path, files: list[str]) -> None:
         """Get a step's files (the marker's list) and its marker into `dest`, marker last."""
         dest.mkdir(parents=True, exist_ok=True)
@@ -211,6 +230,13 @@ class Remote:
             self.fs.rm(self.key(name), recursive=True)
         if self.known is not None:
             self.known.discard(name)
+
+    def set_aside(self, name: str, aside: str) -> None:
+        """Move a step to the prefix `aside` (a rewind's old timeline): its objects copied
+        there (server-side), then the step removed marker first; cut short, nothing is lost."""
+        keys = self.fs.find(self.key(name))
+        self.fs.copy(keys, [self.key(aside, k[len(self.key(name)) + 1 :]) for k in keys])
+        self.remove(name)
 
     def prune(self, keep: int) -> None:
         """Keep the newest `keep` complete steps; drop incomplete ones older than the newest."""
@@ -312,6 +338,91 @@ class StreamingUpload:
             # a failed abort is harmless: the server drops stale uploads, no marker was written
             with contextlib.suppress(Exception):
                 self._call("abort_multipart_upload", UploadId=self.upload_id).result()
+
+
+class StreamingDownload(io.RawIOBase):
+    """A read stream over one object of known size whose parts come ahead of the reader
+    (the mirror of StreamingUpload): ranged GETs of PART_BYTES, AHEAD of them in flight on
+    s3fs's loop, so a load deserializes and hashes one part while the next ones arrive,
+    and nothing goes through the disk (a download to the staging dir, then a load of it,
+    took the sum of both). A seek behind the parts held fetches again."""
+
+    PART_BYTES = 16 << 20
+    AHEAD = 8
+
+    def __init__(self, fs: Any, key: str, size: int):
+        super().__init__()
+        self.fs = fs
+        self.bucket, self.key, _ = fs.split_path(key)
+        self.size = size
+        self.pos = 0
+        self.parts: dict[int, Any] = {}  # part index -> concurrent future of its bytes
+
+    def _get(self, i: int) -> Any:
+        import asyncio
+
+        start = i * self.PART_BYTES
+        end = min(self.size, start + self.PART_BYTES) - 1
+
+        async def get() -> bytes:
+            resp = await self.fs._call_s3(
+                "get_object", Bucket=self.bucket, Key=self.key, Range=f"bytes={start}-{end}"
+            )
+            try:
+                return await resp["Body"].read()
+            finally:
+                resp["Body"].close()
+
+        return asyncio.run_coroutine_threadsafe(get(), self.fs.loop)
+
+    def _part(self, i: int) -> bytes:
+        last = (self.size - 1) // self.PART_BYTES
+        for j in range(i, min(i + self.AHEAD, last + 1)):
+            if j not in self.parts:
+                self.parts[j] = self._get(j)
+        for j in [j for j in self.parts if j < i]:  # behind the reader: dropped
+            self.parts.pop(j).cancel()
+        data = self.parts[i].result()
+        want = min(self.size, (i + 1) * self.PART_BYTES) - i * self.PART_BYTES
+        if len(data) != want:
+            raise OSError(f"{self.key}: {len(data)} bytes of part {i}, {want} expected")
+        return data
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = self.size if size is None or size < 0 else min(self.size, self.pos + size)
+        out = []
+        while self.pos < end:
+            i, off = divmod(self.pos, self.PART_BYTES)
+            data = self._part(i)
+            chunk = data[off : off + end - self.pos] if off or end - self.pos < len(data) else data
+            out.append(chunk)
+            self.pos += len(chunk)
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(memoryview(b)))
+        memoryview(b).cast("B")[: len(data)] = data
+        return len(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.pos, 2: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def close(self) -> None:
+        for f in self.parts.values():
+            f.cancel()
+        self.parts = {}
+        super().close()
 
 
 def step_number(name: str) -> int | None:

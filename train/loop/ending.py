@@ -187,7 +187,9 @@ class RunEnd:
                 "param_digest": digest,
                 "goodput": good.to_dict() if good else None,
             }
-            (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+            text = json.dumps(summary, indent=2) + "\n"
+            (self.run_dir / SUMMARY_FILE).write_text(text)
+            self._summary_to_store(text)
         if self.world.is_main:
             losses = (
                 f"loss {self.first_loss:.4f} -> {self.last_loss:.4f}"
@@ -210,6 +212,17 @@ class RunEnd:
         self.phase = "final barrier"  # leave together: gloo can abort a rank whose peer left
         dist.barrier()
         return 0
+
+    def _summary_to_store(self, text: str) -> None:
+        """A store's ckpt_dir also gets summary.json beside its steps: a pod with no volume
+        loses its run dir with it, the store keeps what the run ended with."""
+        remote = self.ckpt.remote
+        if remote is None:
+            return
+        try:
+            remote.put(SUMMARY_FILE, text.encode())
+        except Exception as e:  # the run finished; a summary it could not copy does not undo that
+            self.reporter.info(f"warning: {SUMMARY_FILE} not copied: {remote.problem(e)}")
 
 
 def _signal_name(signum: int) -> str:
