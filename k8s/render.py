@@ -147,10 +147,12 @@ def restart_policy(spec: JobSpec) -> str:
     more recreates the pod, below 128 fails the job at once, so the user's code failing is
     never retried; ddpkit.k8s.attempt maps the node launcher's status to it and keeps the
     restart count the operator does not (v1.9 holds ExitCode restarts to no backoffLimit).
-    OnFailure for an elastic job (torchrun re-forms its group in the pods) and torchft (its
-    supervisor restarts the groups)."""
+    OnFailure for an elastic job (torchrun re-forms its group in the pods), torchft (its
+    supervisor restarts the groups), and a job without a claim: the count needs a run dir
+    that outlives the pods, and without one the kubelet's in-place restarts are what the
+    operator holds to backoffLimit."""
     fixed = spec.k8s.api == "pytorchjob" and spec.k8s.elastic.min is None
-    if not fixed or spec.fault_tolerance == "torchft":
+    if not fixed or spec.fault_tolerance == "torchft" or pvc_name(spec) is None:
         return "OnFailure"
     return "ExitCode"
 
