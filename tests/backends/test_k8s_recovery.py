@@ -99,10 +99,23 @@ def jobs(cluster, tmp_path_factory):  # noqa: F811
                 return
             time.sleep(0.5)
 
-    watcher = threading.Thread(target=delete_once_training, daemon=True)
-    watcher.start()
+    def note_the_killed_ranks_node() -> None:  # the operator may delete the pod at the end
+        end = time.monotonic() + 540
+        while time.monotonic() < end and not out.get("kill_node"):
+            got = kubectl(cluster, "get", "pod", "kill-worker-0", "-o",
+                          "jsonpath={.spec.nodeName}").stdout  # fmt: skip
+            out["kill_node"] = got.strip()
+            time.sleep(1)
+
+    watchers = [
+        threading.Thread(target=f, daemon=True)
+        for f in (delete_once_training, note_the_killed_ranks_node)
+    ]
+    for w in watchers:
+        w.start()
     yield out
-    watcher.join(timeout=1)
+    for w in watchers:
+        w.join(timeout=1)
 
 
 def wait_finished(env: dict, name: str, timeout: float = 600) -> str:
@@ -129,8 +142,7 @@ def test_a_killed_worker_restarts_in_place_and_resumes_to_the_same_weights(clust
     good = summ["goodput"]
     assert good["attempts"] == 2 and len(good["failures"]) == 1, good
     (f,) = good["failures"]
-    node = kubectl(cluster, "get", "pod", "kill-worker-0", "-o", "jsonpath={.spec.nodeName}")
-    assert f["kind"] == "killed" and f["rank"] == 3 and f["node"] == node.stdout, f
+    assert f["kind"] == "killed" and f["rank"] == 3 and f["node"] == jobs.get("kill_node"), f
     assert f["recovered"] and f["detect_s"] < 120 and f["restart_s"] < 120, f
     print(f"killed worker: detect {f['detect_s']:.1f} s, restart {f['restart_s']:.1f} s, "
           f"load {f['load_s']:.1f} s")  # fmt: skip
