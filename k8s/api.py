@@ -346,7 +346,31 @@ def status(job: str | None, opts: Any) -> int:
     for pod in pods.items:
         restarts = sum(s.restart_count for s in pod.status.container_statuses or [])
         print(f"  pod {pod.metadata.name}: {pod.status.phase} (restarts {restarts})")
+    for line in _goodput_lines(core, [p.metadata.name for p in pods.items], ns, api):
+        print(f"  {line}")
     return 0
+
+
+def _goodput_lines(core: Any, pods: list[str], ns: str, api: str) -> list[str]:
+    """The run's goodput and failures as the host pod's launcher last said them (the run dir
+    is on the claim, which this client cannot read): from its last `ddpkit: goodput` line on."""
+    host = next((p for p in pods if p.endswith(("-master-0", "-worker-0", "-node-0-0"))), None)
+    if host is None:
+        return []
+    try:
+        text = core.read_namespaced_pod_log(host, ns, container=_container(api), tail_lines=400)
+    except Exception:  # a pod gone or not started: its status above says so
+        return []
+    lines = [t.strip() for t in str(text).splitlines()]
+    starts = [i for i, t in enumerate(lines) if t.startswith("ddpkit: goodput")]
+    if not starts:
+        return []
+    tail = lines[starts[-1] :]
+    return [
+        t.removeprefix("ddpkit: ")
+        for t in tail
+        if t.startswith(("ddpkit: goodput", "ddpkit: failure:"))
+    ]
 
 
 def _container(api: str) -> str:

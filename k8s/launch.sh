@@ -74,5 +74,10 @@ extra=()
 if [[ -n ${PET_RDZV_ENDPOINT:-} ]]; then
     extra+=(--rdzv-conf "${PET_RDZV_CONF:+$PET_RDZV_CONF,}is_host=$is_host")
 fi
-echo "ddpkit: python -m ddpkit.train.node ${extra[*]} $*" >&2
-exec python -m ddpkit.train.node "${extra[@]}" "$@"
+# A fixed-size PyTorchJob (restartPolicy ExitCode): ddpkit.k8s.attempt counts this pod's
+# start on the claim against the job's restart budget and maps the node launcher's exit
+# status to the operator's (128 and above: recreate the pod; below: the job fails).
+launcher=ddpkit.train.node
+[[ -n ${DDPKIT_POD_RESTART_LIMIT:-} ]] && launcher=ddpkit.k8s.attempt
+echo "ddpkit: python -m $launcher ${extra[*]} $*" >&2
+exec python -m "$launcher" "${extra[@]}" "$@"

@@ -9,6 +9,7 @@ import posixpath
 from pathlib import PurePosixPath
 from typing import Any
 
+from ddpkit.k8s import attempt
 from ddpkit.k8s import crds as k8s_crds
 from ddpkit.k8s.checks import check
 from ddpkit.k8s.crds import PYTORCH_CONTAINER as CONTAINER
@@ -100,14 +101,22 @@ def env(spec: JobSpec) -> list[dict[str, Any]]:
         # RDMA registers (pins) memory: launch.sh refuses to start without an unlimited
         # memlock limit, with the fix, instead of NCCL failing later (README: RDMA).
         values["DDPKIT_REQUIRE_MEMLOCK"] = "unlimited"
+    if restart_policy(spec) == "ExitCode":  # ddpkit.k8s.attempt counts the pods on the claim
+        values[attempt.LIMIT_ENV] = str(spec.k8s.backoff_limit)
     pod_name = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    # The pod's node names the failures in the goodput records (and the node to exclude); the
+    # pod's uid tells a recreated pod from the one before it (ddpkit.k8s.attempt).
+    downward = [pod_name] + [
+        {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+        for name, path in (("NODE_NAME", "spec.nodeName"), ("POD_UID", "metadata.uid"))
+    ]
     plain = [{"name": k, "value": str(v)} for k, v in sorted(values.items())]
     secrets = [
         {"name": k, "valueFrom": {"secretKeyRef": {"name": ref.partition("/")[0],
                                                    "key": ref.partition("/")[2]}}}
         for k, ref in sorted(spec.k8s.secret_env.items())
     ]  # fmt: skip
-    return [pod_name, *plain, *secrets]
+    return [*downward, *plain, *secrets]
 
 
 def grace_period_s(spec: JobSpec) -> int:
@@ -117,17 +126,35 @@ def grace_period_s(spec: JobSpec) -> int:
 
 
 def max_restarts(spec: JobSpec) -> int:
-    """torchrun's in-place budget in the pods. An elastic job restarts its group on every
-    membership change (its own default). A fixed-size job left at the default gets 0: the
-    operator restarts a failed pod (restartPolicy OnFailure) and the job resumes from the
-    checkpoint; with in-place restarts as well, a deleted worker pod's job ended Succeeded
-    without resuming from its SIGTERM save (tests/backends/test_k8s_real.py, seen twice)."""
-    elastic = spec.k8s.elastic.min is not None
-    if spec.max_restarts is None:
-        return ELASTIC_DEFAULT_RESTARTS if elastic else 0
-    if elastic and spec.max_restarts == 0:
+    """torchrun's in-place budget in the pods: the job's (default 3), as on every backend. A
+    killed or crashed worker restarts in place in a few seconds, its pod and its peers' pods
+    kept; past the budget, or when a pod is lost, the operator recreates the pods
+    (restart_policy). A deleted pod's peers are not restarted in place: their workers saved
+    and exited 75 with it, and train/failclass.py stops torchrun's retries on that (before,
+    a peer restarted in place waited for the recreated pod at another attempt's store keys;
+    53e30b7 had set 0 here for it). An elastic job restarts its group on every membership
+    change: at least its own default. A TrainJob left at the default keeps 0 (its JobSet
+    restarts the pods; the recovery above is not tested there)."""
+    if spec.k8s.elastic.min is not None and not spec.max_restarts:
         return ELASTIC_DEFAULT_RESTARTS
-    return spec.max_restarts
+    if spec.k8s.api == "trainjob" and spec.max_restarts is None:
+        return 0
+    return spec.restart_budget
+
+
+def restart_policy(spec: JobSpec) -> str:
+    """The replicas' restartPolicy. ExitCode for a fixed-size job: an exit status of 128 or
+    more recreates the pod, below 128 fails the job at once, so the user's code failing is
+    never retried; ddpkit.k8s.attempt maps the node launcher's status to it and keeps the
+    restart count the operator does not (v1.9 holds ExitCode restarts to no backoffLimit).
+    OnFailure for an elastic job (torchrun re-forms its group in the pods), torchft (its
+    supervisor restarts the groups), and a job without a claim: the count needs a run dir
+    that outlives the pods, and without one the kubelet's in-place restarts are what the
+    operator holds to backoffLimit."""
+    fixed = spec.k8s.api == "pytorchjob" and spec.k8s.elastic.min is None
+    if not fixed or spec.fault_tolerance == "torchft" or pvc_name(spec) is None:
+        return "OnFailure"
+    return "ExitCode"
 
 
 def host_pod(spec: JobSpec) -> str:
@@ -238,8 +265,10 @@ def container(spec: JobSpec) -> dict[str, Any]:
 
 def pod_template(spec: JobSpec) -> dict[str, Any]:
     k = spec.k8s
+    policy = restart_policy(spec)
     pod: dict[str, Any] = {
-        "restartPolicy": "OnFailure",
+        # The operator sets the pods' own policy from the replicas' (ExitCode: Never).
+        "restartPolicy": "Never" if policy == "ExitCode" else policy,
         # SIGTERM on deletion/preemption: torchrun forwards it, the workers save a checkpoint.
         "terminationGracePeriodSeconds": grace_period_s(spec),
         "securityContext": pod_security(),
@@ -290,7 +319,7 @@ def pytorchjob(spec: JobSpec) -> dict[str, Any]:
     e = spec.k8s.elastic
 
     def replica(n: int) -> dict[str, Any]:
-        return {"replicas": n, "restartPolicy": "OnFailure", "template": template}
+        return {"replicas": n, "restartPolicy": restart_policy(spec), "template": template}
 
     body: dict[str, Any] = {"nprocPerNode": str(spec.nproc_per_node)}
     if e.min is not None:  # workers only; torchrun's c10d rendezvous on <job>-worker-0

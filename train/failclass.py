@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ddpkit.train.contract import EXIT_BAD_INPUT, EXIT_DIVERGED
+from ddpkit.train.contract import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_REQUEUE
 
 CODE = "code"
 INFRA = "infra"
@@ -88,6 +88,12 @@ def stop_retrying_code_failures(culprit: Callable[[dict[int, Any]], tuple[int, A
     def classified(self: Any, worker_group: Any) -> Any:
         result = monitor(self, worker_group)
         if result.is_failed() and result.failures and self._remaining_restarts > 0:
+            # A worker that saved and asked for a requeue (a stop signal reached a peer's node:
+            # a deleted pod) is never restarted in place: that peer is going away, and the
+            # scheduler starts the next attempt on every node at once.
+            if any(f.exitcode == EXIT_REQUEUE for f in result.failures.values()):
+                self._remaining_restarts = 0
+                return result
             rank, failure = culprit(result.failures)
             if is_code_failure(failure.code, failure.cause):
                 self._remaining_restarts = 0

@@ -61,9 +61,11 @@ def attempt_number() -> int:
 
 
 def first_start() -> bool:
-    """This is the first attempt of the job: no in-place restart (torchrun's count) and no
-    requeue (SLURM's count) before it. A run that starts over starts over here only."""
-    counts = (os.environ.get(v, "0") for v in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"))
+    """This is the first attempt of the job: no in-place restart (torchrun's count), no
+    requeue (SLURM's count) and no recreated pod (Kubernetes: ddpkit.k8s.attempt's count)
+    before it. A run that starts over starts over here only."""
+    names = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT", "DDPKIT_POD_ATTEMPT")
+    counts = (os.environ.get(v, "0") for v in names)
     return all(c.strip() in ("", "0") for c in counts)
 
 

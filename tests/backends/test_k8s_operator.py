@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from ddpkit.k8s import backend as k8s
 from ddpkit.tools.jobspec import load_spec
 
@@ -69,11 +70,10 @@ def test_launch_script_waits_for_a_tcp_listener_not_just_dns(tmp_path):
     assert rc == 0, err
     assert time.monotonic() - start >= 3  # it waited for the port
     assert "rendezvous endpoint 127.0.0.1:" in err and "--rdzv-conf" not in got
-    # the node launcher's flags (it adds the contract's torchrun flags itself); a fixed-size
-    # job at the default restart budget restarts nothing in the pod: the operator restarts
-    # failed pods (JobSpec.restart_budget)
+    # the node launcher's flags (it adds the contract's torchrun flags itself), with the
+    # in-place budget every backend runs (JobSpec.restart_budget)
     assert got[: got.index("--")] == [
-        "--run-dir", "runs/emu", "--shutdown-timeout", "30", "--max-restarts=0"]  # fmt: skip
+        "--run-dir", "runs/emu", "--shutdown-timeout", "30", "--max-restarts=3"]  # fmt: skip
 
 
 def test_launch_script_rank0_does_not_wait_and_others_give_up_with_a_message(tmp_path):
@@ -117,3 +117,34 @@ def test_launch_script_passes_shellcheck():
     shellcheck = Path(sys.executable).parent / "shellcheck"
     p = subprocess.run([str(shellcheck), str(k8s.LAUNCH_SCRIPT)], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout
+
+
+# --- the pod's attempt (ddpkit.k8s.attempt): the budget on the claim, the operator's exit codes --
+
+
+def test_a_pod_attempt_is_counted_on_the_claim_and_its_exit_read_by_exitcode(tmp_path):
+    from ddpkit.k8s import attempt
+    from ddpkit.train import goodput
+
+    run = tmp_path / "run"
+    assert attempt.run_dir_of(["--run-dir", str(run), "--max-restarts=3", "--", "x.py"]) == str(run)
+    # Each replica counts its own pods (a recreated pod has a new uid): the attempt numbers
+    # of master and worker agree, since a failure takes every pod down.
+    assert [attempt.count_start(run, "j-master-0", u) for u in ("a", "b")] == [1, 2]
+    assert attempt.count_start(run, "j-worker-0", "c") == 1
+    assert attempt.count_start(run, "j-master-0", "b") == 2  # the same pod's container again
+    ok, restart = attempt.EXIT_OK, attempt.EXIT_RESTART_POD
+    assert attempt.verdict(str(run), "k8s-0", 0, 0, 3) == (ok, "")
+    assert attempt.verdict(str(run), "k8s-0", 2, 0, 3)[0] == 2  # bad input: the job fails
+    assert attempt.verdict(str(run), "k8s-0", 75, 0, 3)[0] == restart >= 128  # saved on SIGTERM
+    assert attempt.verdict(str(run), "k8s-0", 75, 3, 3)[0] == 1  # the budget is spent
+    assert attempt.verdict(str(run), "k8s-0", 1, 0, 3)[0] == restart  # a killed worker
+    code, line = attempt.verdict(str(run), "k8s-0", 1, 1, 1)
+    assert code == 1 and "the pod restart limit (1) is reached: not restarted" in line
+    with pytest.MonkeyPatch.context() as mp:  # the user's code raised in this attempt
+        mp.setenv("DDPKIT_LAUNCH_ID", "k8s-0")
+        goodput.record(run, "end", rank=1, code=1, cause="code")
+    code, line = attempt.verdict(str(run), "k8s-0", 1, 0, 3)
+    assert code == 1 and line == "rank 1 failed in its own code: not restarted"
+    attempt.forget_attempts(run)
+    assert attempt.count_start(run, "j-master-0", "d") == 1  # the next job starts afresh

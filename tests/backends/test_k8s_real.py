@@ -300,7 +300,10 @@ def test_a_deleted_pod_saves_on_sigterm_and_the_job_resumes_to_the_same_weights(
     # save's step 100: then that one is kept), and resumed from there.
     step = int(str(summ["resumed_from"]).rsplit("-", 1)[-1])
     assert 40 <= step < STEPS, summ["resumed_from"]
-    log = kubectl(cluster, "logs", "cut-master-0").stdout  # both of its containers' runs
+    # Both pods were recreated (restartPolicy ExitCode): the node agent's log files keep
+    # every pod's runs; `kubectl logs` shows the new pod's only.
+    pods = Path(cluster["DDPKIT_K8S_STATE"]) / "node" / "pods"
+    log = "".join(f.read_text() for f in pods.glob("default_cut-master-0*/pytorch.log"))
     assert f"SIGTERM received: saving a checkpoint at step {step}" in log, log[-3000:]
     wait_until("PyTorchJob ref finished", lambda: finished(cluster, "pytorchjob", "ref"), 600,
                cluster)  # fmt: skip

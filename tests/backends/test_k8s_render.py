@@ -190,13 +190,16 @@ def test_static_job_shape() -> None:
     # The node launcher every backend runs; torchrun inside it takes nnodes/rank/master
     # from the injected PET_* variables, not from flags.
     cmd = c["command"] + c["args"]
-    assert cmd[:2] == ["bash", "-c"] and "exec python -m ddpkit.train.node" in cmd[2]
-    # [python -m ddpkit.train.node] flags -- -m ddpkit.train ..., with no in-place budget: a
-    # fixed-size job left at the default has its failed pods restarted by the operator.
-    assert cmd[6:] == [
-        "--max-restarts=0" if a.startswith("--max-restarts=") else a for a in spec.node_argv([])[3:]
-    ]
-    assert "--max-restarts=3" in spec.node_argv([])  # what the other backends run
+    assert cmd[:2] == ["bash", "-c"] and 'exec python -m "$launcher"' in cmd[2]
+    # [python -m ddpkit.k8s.attempt] flags -- -m ddpkit.train ...: the in-place budget every
+    # backend runs; past it, or a pod lost, the operator recreates the pods (ExitCode), and
+    # ddpkit.k8s.attempt holds them to backoffLimit (its env names the limit).
+    assert cmd[6:] == spec.node_argv([])[3:] and "--max-restarts=3" in cmd
+    assert {r["restartPolicy"] for r in s["pytorchReplicaSpecs"].values()} == {"ExitCode"}
+    assert pod["restartPolicy"] == "Never"  # what the operator sets for ExitCode
+    env = {e["name"]: e.get("value") or e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
+    assert env["DDPKIT_POD_RESTART_LIMIT"] == "3" and env["NODE_NAME"] == "spec.nodeName"
+    assert env["POD_UID"] == "metadata.uid"
     i = cmd.index("--")
     assert cmd[i + 1 : i + 3] == ["-m", "ddpkit.train"] and cmd[i + 3 :] == spec.train_argv()
     assert not {"--nnodes", "--node-rank", "--master-addr", "--rdzv-endpoint"} & set(cmd)

@@ -1,0 +1,195 @@
+"""Recovery on Kubernetes, on the real control plane and training operator (v1.9.4) with two
+nodes run by k8s/local/node_agent.py: a PyTorchJob the kit submits (2 pods x 2 ranks, the
+checkpoints and the goodput records on its claim) meets a SIGKILLed worker (torchrun restarts
+it in place), a deleted pod (the operator recreates the pods: restartPolicy ExitCode), the
+user's code raising on every attempt (the job fails once, not retried) and a failure that
+comes back on every attempt (the kit's count on the claim stops it at backoffLimit). The
+recovered jobs end with the parameters of a run without failures (the same digest)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.backends.test_k8s_real import (  # noqa: F401  (cluster: the module's control plane)
+    cluster,
+    ddpkit,
+    finished,
+    kubectl,
+    summary,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.k8s, pytest.mark.slow]
+STEPS = 200
+LAUNCHER_LINE = "ddpkit: python -m ddpkit.k8s.attempt"  # launch.sh's line, once per pod start
+
+
+def job(name: str, *extra: str) -> list[str]:
+    return ["--nodes", "2", "--gpus", "2", "--set", f"name={name}", "--set", "k8s.pvc_size=1Gi",
+            "--set", f"train.steps={STEPS}", "--set", "train.ckpt_interval=50",
+            "--set", "train.log_interval=10", *extra]  # fmt: skip
+
+
+def claim_run(env: dict, name: str) -> Path:
+    return (
+        Path(env["DDPKIT_K8S_STATE"]) / "node" / "pvc" / "default" / f"{name}-ckpt" / "runs" / name
+    )
+
+
+def pod_logs(env: dict, name: str) -> str:
+    """Every run of every pod of job `name`, from the node agent's files (they outlive the
+    pods the operator deletes and recreates)."""
+    pods = Path(env["DDPKIT_K8S_STATE"]) / "node" / "pods"
+    return "".join(f.read_text() for f in sorted(pods.glob(f"default_{name}-*/pytorch.log")))
+
+
+BAD_PY = """\
+import torch.distributed as dist
+dist.init_process_group("gloo")
+raise ValueError(f"column 'label' not in the data (rank {dist.get_rank()})")
+"""
+
+
+BUG_JOB = """\
+name = "bug"
+image = "myproj:1"
+script = "bad.py"
+[k8s]
+pvc_size = "1Gi"
+"""
+
+
+@pytest.fixture(scope="module")
+def jobs(cluster, tmp_path_factory):  # noqa: F811
+    """Five jobs at once: ref (no failure), kill (rank 3, on the worker pod, SIGKILLs itself at
+    step 60), gone (the worker pod deleted once the job trains), bug (the user's script raises
+    on every rank), loop (a worker killed on every attempt; no in-place budget, backoffLimit 1).
+    Name -> its workspace; "deleted_at": when the pod was deleted."""
+    out: dict = {n: tmp_path_factory.mktemp(n) for n in ("ref", "kill", "gone", "loop")}
+    extra = {
+        "kill": ("--set", "env.DDPKIT_FAULT=kill@60:3"),
+        "loop": ("--set", "env.DDPKIT_FAULT=kill@30:3", "--set", "max_restarts=0",
+                 "--set", "k8s.backoff_limit=1"),
+    }  # fmt: skip
+    for name in ("ref", "kill", "gone", "loop"):
+        sub = ddpkit(cluster, out[name], "submit", "k8s", *job(name, *extra.get(name, ())))
+        assert sub.returncode == 0, sub.stdout + sub.stderr
+    project = Path(cluster["DDPKIT_TEST_PROJECT"])  # the image myproj:* (this venv + project)
+    (project / "bad.py").write_text(BAD_PY)
+    (project / "ddpkit.toml").write_text(BUG_JOB)
+    r = ddpkit(cluster, project, "render", "k8s", "--nodes", "2", "--gpus", "2")
+    assert r.returncode == 0, r.stderr
+    applied = kubectl(cluster, "apply", "-f", "-", input=r.stdout)
+    assert applied.returncode == 0, applied.stderr
+
+    def delete_once_training() -> None:
+        end = time.monotonic() + 540
+        while time.monotonic() < end:
+            if f" 40/{STEPS} " in kubectl(cluster, "logs", "gone-master-0").stdout:
+                if (
+                    kubectl(cluster, "delete", "pod", "gone-worker-0", "--wait=false").returncode
+                    == 0
+                ):
+                    out["deleted_at"] = time.time()
+                return
+            time.sleep(0.5)
+
+    def note_the_killed_ranks_node() -> None:  # the operator may delete the pod at the end
+        end = time.monotonic() + 540
+        while time.monotonic() < end and not out.get("kill_node"):
+            got = kubectl(cluster, "get", "pod", "kill-worker-0", "-o",
+                          "jsonpath={.spec.nodeName}").stdout  # fmt: skip
+            out["kill_node"] = got.strip()
+            time.sleep(1)
+
+    watchers = [
+        threading.Thread(target=f, daemon=True)
+        for f in (delete_once_training, note_the_killed_ranks_node)
+    ]
+    for w in watchers:
+        w.start()
+    yield out
+    for w in watchers:
+        w.join(timeout=1)
+
+
+def wait_finished(env: dict, name: str, timeout: float = 600) -> str:
+    wait_until(f"PyTorchJob {name} finished", lambda: finished(env, "pytorchjob", name), timeout,
+               env)  # fmt: skip
+    return str(finished(env, "pytorchjob", name))
+
+
+def launches(env: dict, name: str) -> set[str]:
+    """The attempts the job's goodput records name (ddpkit.k8s.attempt: k8s-<pod restarts>)."""
+    folder = claim_run(env, name) / "goodput"
+    return {json.loads(p.read_text()).get("launch") for p in folder.glob("*.json")}
+
+
+def test_a_killed_worker_restarts_in_place_and_resumes_to_the_same_weights(cluster, jobs):  # noqa: F811
+    assert wait_finished(cluster, "kill") == "Succeeded"
+    summ = summary(cluster, "kill")
+    assert wait_finished(cluster, "ref") == "Succeeded"
+    assert summ["param_digest"] == summary(cluster, "ref")["param_digest"]
+    assert summ["resumed_from"] == "runs/kill/checkpoints/step-50", summ["resumed_from"]
+    # torchrun restarted the group in the pods: no pod was recreated (one launch id), once.
+    assert launches(cluster, "kill") == {"k8s-0"}
+    assert pod_logs(cluster, "kill").count(LAUNCHER_LINE) == 2
+    good = summ["goodput"]
+    assert good["attempts"] == 2 and len(good["failures"]) == 1, good
+    (f,) = good["failures"]
+    assert f["kind"] == "killed" and f["rank"] == 3 and f["node"] == jobs.get("kill_node"), f
+    assert f["recovered"] and f["detect_s"] < 120 and f["restart_s"] < 120, f
+    print(f"killed worker: detect {f['detect_s']:.1f} s, restart {f['restart_s']:.1f} s, "
+          f"load {f['load_s']:.1f} s")  # fmt: skip
+    st = ddpkit(cluster, jobs["kill"], "status", "k8s", "kill")
+    assert st.returncode == 0 and "goodput " in st.stdout, st.stdout + st.stderr
+    assert "failure: killed rank 3 on " in st.stdout and "recovered" in st.stdout, st.stdout
+
+
+def test_a_deleted_pod_is_recreated_and_the_job_resumes_to_the_same_weights(cluster, jobs):  # noqa: F811
+    assert wait_finished(cluster, "gone") == "Succeeded"
+    assert "deleted_at" in jobs, "gone-worker-0 was never deleted while training"
+    summ = summary(cluster, "gone")
+    assert wait_finished(cluster, "ref") == "Succeeded"
+    assert summ["param_digest"] == summary(cluster, "ref")["param_digest"]
+    step = int(str(summ["resumed_from"]).rsplit("-", 1)[-1])
+    assert 40 <= step < STEPS, summ["resumed_from"]
+    # Both pods were recreated once (ExitCode: the worker's peers exit EXIT_RESTART_POD).
+    assert launches(cluster, "gone") == {"k8s-0", "k8s-1"}
+    logs = pod_logs(cluster, "gone")
+    assert logs.count(LAUNCHER_LINE) == 4, logs[-3000:]
+    assert "saved on SIGTERM: pod restart 1 of 3 (exit 200)" in logs, logs[-3000:]
+    good = summ["goodput"]
+    assert good["attempts"] == 2 and [f["kind"] for f in good["failures"]] == ["preempted"], good
+    f = good["failures"][0]
+    assert f["recovered"] and f["restart_s"] < 300, f
+    print(f"deleted pod: deleted -> next attempt ready in "
+          f"{f['restart_s'] + f['load_s']:.1f} s (restart {f['restart_s']:.1f} s, "
+          f"load {f['load_s']:.1f} s)")  # fmt: skip
+    st = ddpkit(cluster, jobs["gone"], "status", "k8s", "gone")
+    assert "failure: preempted on " in st.stdout, st.stdout + st.stderr
+
+
+def test_the_users_code_failing_is_not_retried(cluster, jobs):  # noqa: F811
+    assert wait_finished(cluster, "bug") == "Failed"
+    logs = pod_logs(cluster, "bug")
+    assert logs.count(LAUNCHER_LINE) == 2, logs[-3000:]  # each pod started once
+    assert "ValueError: column 'label' not in the data" in logs, logs[-3000:]
+    assert "failed in its own code: not restarted (exit 1)" in logs, logs[-3000:]
+    pods = kubectl(cluster, "get", "pods", "-l", "training.kubeflow.org/job-name=bug", "-o",
+                   "jsonpath={.items[*].status.containerStatuses[0].state.terminated.exitCode}")  # fmt: skip
+    assert set(pods.stdout.split()) <= {"1"}, pods.stdout
+
+
+def test_a_failure_on_every_attempt_stops_at_the_restart_budget(cluster, jobs):  # noqa: F811
+    """v1.9.4 holds ExitCode restarts to no backoffLimit: the kit's count on the claim does."""
+    assert wait_finished(cluster, "loop") == "Failed"
+    logs = pod_logs(cluster, "loop")
+    assert logs.count(LAUNCHER_LINE) == 4, logs[-3000:]  # 2 pods x (1 + backoffLimit 1)
+    assert "the pod restart limit (1) is reached: not restarted (exit 1)" in logs, logs[-3000:]
+    assert not list((claim_run(cluster, "loop") / "k8s-attempts").iterdir())  # the next job's
