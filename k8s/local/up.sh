@@ -23,14 +23,18 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$HERE/versions.sh"
 
 S="$DDPKIT_K8S_STATE"
-ETCD_PORT="${DDPKIT_K8S_ETCD_PORT:-2379}"
-ETCD_PEER_PORT="${DDPKIT_K8S_ETCD_PEER_PORT:-2380}"
-API_PORT="${DDPKIT_K8S_API_PORT:-6443}"
-KCM_PORT="${DDPKIT_K8S_KCM_PORT:-10257}"
+# DDPKIT_K8S_PORT_OFFSET moves every port below (and the node agent's kubelet port), so a
+# second cluster can run beside one on the defaults (two test modules at once).
+O="${DDPKIT_K8S_PORT_OFFSET:-0}"
+ETCD_PORT="${DDPKIT_K8S_ETCD_PORT:-$((2379 + O))}"
+ETCD_PEER_PORT="${DDPKIT_K8S_ETCD_PEER_PORT:-$((2380 + O))}"
+API_PORT="${DDPKIT_K8S_API_PORT:-$((6443 + O))}"
+KCM_PORT="${DDPKIT_K8S_KCM_PORT:-$((10257 + O))}"
+KUBELET_PORT=$((10250 + O))
 # Webhook and health ports of the controllers; all bound or called on 127.0.0.1.
-TO_WEBHOOK_PORT=9443 TO_HEALTH_PORT=18081
-JS_WEBHOOK_PORT=9444 JS_HEALTH_PORT=18082
-TR_WEBHOOK_PORT=9445 TR_HEALTH_PORT=18083
+TO_WEBHOOK_PORT=$((9443 + O)) TO_HEALTH_PORT=$((18081 + O))
+JS_WEBHOOK_PORT=$((9444 + O)) JS_HEALTH_PORT=$((18082 + O))
+TR_WEBHOOK_PORT=$((9445 + O)) TR_HEALTH_PORT=$((18083 + O))
 # Services get addresses from this range; nothing routes to it and nothing
 # here sends traffic to it (the controllers and kubectl use 127.0.0.1).
 SERVICE_CIDR="${DDPKIT_K8S_SERVICE_CIDR:-10.96.0.0/16}"
@@ -410,7 +414,7 @@ if ((NODES > 0)); then
         image_args+=(--image "$m")
     done
     start node-agent "$PY" "$HERE/node_agent.py" --kubeconfig "$KUBECONFIG_FILE" \
-        --state "$S/node" --nodes "$NODES" --tls-cert "$P/webhook.crt" --tls-key "$P/webhook.key" \
+        --state "$S/node" --nodes "$NODES" --port "$KUBELET_PORT" --tls-cert "$P/webhook.crt" --tls-key "$P/webhook.key" \
         --network "${DDPKIT_K8S_NETWORK:-netns}" --bridge "${DDPKIT_K8S_BRIDGE:-ddpkit0}" \
         --pod-cidr "${DDPKIT_K8S_POD_CIDR:-10.244.0.0/24}" "${hosts_args[@]}" "${image_args[@]}"
     wait_for 30 "node agent" kc wait --for condition=Ready --timeout=1s node --all
