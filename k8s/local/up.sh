@@ -165,6 +165,17 @@ openssl rsa -in "$P/sa.key" -pubout -out "$P/sa.pub" 2>/dev/null
 # directory (/tmp/k8s-webhook-server/serving-certs in its source, where a
 # kubelet would mount the Secret), and its webhook server reads them there.
 TO_CERT_DIR=/tmp/k8s-webhook-server/serving-certs
+to_ns=()
+if [[ $(id -u) == 0 ]] && unshare --mount true 2>/dev/null; then
+    # As root: the operator gets its own mount namespace with this cluster's copy at that
+    # path, so a second cluster on the machine (DDPKIT_K8S_PORT_OFFSET) cannot overwrite
+    # this one's certificate there (its webhook then failed with "unknown authority").
+    mkdir -p /tmp/k8s-webhook-server
+    TO_CERT_DIR="$S/tmp/training-operator/k8s-webhook-server/serving-certs"
+    # shellcheck disable=SC2016  # $0/$@ expand in the inner shell
+    to_ns=(unshare --mount --propagation private sh -c
+        'mount --bind "$0" /tmp/k8s-webhook-server && exec "$@"' "${TO_CERT_DIR%/*}")
+fi
 mkdir -p "$TO_CERT_DIR"
 cp "$P/webhook.crt" "$TO_CERT_DIR/tls.crt"
 cp "$P/webhook.key" "$TO_CERT_DIR/tls.key"
@@ -342,7 +353,7 @@ EOF
 fi
 # TMPDIR=/tmp: its webhook server looks in $TMPDIR/k8s-webhook-server/...,
 # the rotator in /tmp/k8s-webhook-server/...; they must agree.
-start training-operator env KUBECONFIG="$KUBECONFIG_FILE" MY_POD_NAMESPACE=kubeflow TMPDIR=/tmp \
+start training-operator "${to_ns[@]}" env KUBECONFIG="$KUBECONFIG_FILE" MY_POD_NAMESPACE=kubeflow TMPDIR=/tmp \
     "$TRAINING_OPERATOR_BIN" --enable-scheme=pytorchjob \
     --webhook-server-port "$TO_WEBHOOK_PORT" \
     --metrics-bind-address 0 --health-probe-bind-address "127.0.0.1:$TO_HEALTH_PORT" \
