@@ -26,7 +26,9 @@ from tests.launch.test_torchft import NET_PY
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 DDPKIT = Path(sys.executable).with_name("ddpkit")
-STEPS = 1200  # >= 60 s at 50 ms a step: group 0 still trains when group 1's new pod is back
+# >= 100 s at 50 ms a step: group 0 still trains when group 1's new pod is back (with 1200
+# group 0 once finished first, at a load of ~15)
+STEPS = 2000
 QUORUM_TIMEOUT_S = 20
 STEP = re.compile(r"^\[group (\d)\] step\s+(\d+)/", re.M)
 JOB = f"""\
