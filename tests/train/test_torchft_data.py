@@ -58,8 +58,8 @@ def committed(trace: Path, data_rank: int) -> list[tuple[int, int, int, list[int
 def test_each_sample_is_trained_once_per_epoch_but_a_lost_groups_share_is_skipped(tmp_path):
     trace = tmp_path / "trace"
     trace.mkdir()
-    steps = 600
-    proj = project(tmp_path / "proj", steps, 300, trace)
+    steps = 1200  # with 600, group 0 finished before group 1 was back twice (load ~15)
+    proj = project(tmp_path / "proj", steps, 400, trace)
     run = Watched(proj)
     try:
         run.wait_for(r"^\[group 1\] step\s+20/", timeout=300)
