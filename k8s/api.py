@@ -217,7 +217,8 @@ def submit(spec: JobSpec, docs: list[dict[str, Any]], opts: Any) -> int:
         check_trainer_shape(ext, spec)
     dry_run(custom, spec, next(d for d in docs if d["kind"] == kind))
     check_secrets(core, spec)
-    for doc in docs:
+    owned = [d for d in docs if d["kind"] in ("Deployment", "Service")]
+    for doc in [d for d in docs if d not in owned]:
         if doc["kind"] == "PersistentVolumeClaim":
             name = doc["metadata"]["name"]
             try:
@@ -229,19 +230,9 @@ def submit(spec: JobSpec, docs: list[dict[str, Any]], opts: Any) -> int:
                 if "already exists" not in str(e):
                     raise
                 print(f"persistentvolumeclaim/{name} exists; reusing it", file=sys.stderr)
-        elif doc["kind"] in ("Deployment", "Service"):  # fault_tolerance = torchft's lighthouse
-            name, what = doc["metadata"]["name"], doc["kind"]
-            if what == "Service":
-                create = core.create_namespaced_service
-            else:
-                from kubernetes import client
-
-                create = client.AppsV1Api(core.api_client).create_namespaced_deployment
-            _call(create, f"{what} {name}", api, ns, ns, doc)
-            print(f"created {what.lower()}/{name}", file=sys.stderr)
         else:
             what = f"{kind} {spec.name}"
-            _call(
+            job = _call(
                 custom.create_namespaced_custom_object,
                 what,
                 api,
@@ -253,8 +244,39 @@ def submit(spec: JobSpec, docs: list[dict[str, Any]], opts: Any) -> int:
                 doc,
             )
             print(f"created {kind.lower()}/{spec.name} in namespace {ns}")
+    if owned:
+        _create_lighthouse(core, owned, job, api, ns)
     record_job("k8s", spec.name, namespace=ns, api=api)
     return 0
+
+
+def _create_lighthouse(
+    core: Any, docs: list[dict[str, Any]], job: dict[str, Any], api: str, ns: str
+) -> None:
+    """fault_tolerance = torchft's lighthouse (Deployment, Service), created after the job so
+    that the job owns them: its uid exists only once it is created, and the garbage collector
+    deletes them with it (a rendered manifest has no uid: `kubectl apply` leaves them to
+    `cancel`). The groups' pods wait for the Service (k8s/launch.sh)."""
+    from kubernetes import client
+
+    owner = {
+        "apiVersion": job["apiVersion"],
+        "kind": job["kind"],
+        "name": job["metadata"]["name"],
+        "uid": job["metadata"]["uid"],
+    }
+    for doc in docs:
+        doc = {**doc, "metadata": {**doc["metadata"], "ownerReferences": [owner]}}
+        name, what = doc["metadata"]["name"], doc["kind"]
+        if what == "Service":
+            create = core.create_namespaced_service
+        else:
+            create = client.AppsV1Api(core.api_client).create_namespaced_deployment
+        _call(create, f"{what} {name}", api, ns, ns, doc)
+        print(
+            f"created {what.lower()}/{name} (owned by {job['kind']} {owner['name']})",
+            file=sys.stderr,
+        )
 
 
 def _target(job: str | None, opts: Any) -> tuple[str, str, str]:

@@ -36,6 +36,19 @@ if [[ -n ${TORCHFT_LIGHTHOUSE:-} ]]; then
     export DDPKIT_NODE_RANK=${PET_NODE_RANK:?not started by a PyTorchJob controller (no PET_NODE_RANK)}
     for name in "${!PET_@}"; do unset "$name"; done
     echo "ddpkit: replica group $DDPKIT_NODE_RANK, lighthouse $TORCHFT_LIGHTHOUSE" >&2
+    # The lighthouse is its own pod, created with (after) the job: wait for its Service to
+    # answer, as the other pods wait for the rendezvous host below.
+    lh=${TORCHFT_LIGHTHOUSE#*://}
+    lh=${lh%%/*}
+    deadline=$((SECONDS + wait_s))
+    # shellcheck disable=SC2016  # $0/$1 expand in the inner shell
+    until timeout 5 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "${lh%:*}" "${lh##*:}" 2>/dev/null; do
+        if ((SECONDS >= deadline)); then
+            echo "ddpkit: lighthouse $TORCHFT_LIGHTHOUSE not reachable after ${wait_s}s" >&2
+            exit 1
+        fi
+        sleep 2
+    done
     exec python -m ddpkit.train.replica_groups "$@"
 fi
 

@@ -35,7 +35,8 @@ from typing import Any
 
 import torch
 from ddpkit.train.ckpt import RngState
-from ddpkit.train.data import GlobalBatchSampler
+from ddpkit.train.data import GlobalBatchSampler, iterate_batches
+from ddpkit.train.data.loader import _trace_file
 from ddpkit.train.errors import ConfigError
 from ddpkit.train.ft_env import ReplicaGroup
 
@@ -95,6 +96,10 @@ class FaultTolerance:
         self.participants = group.groups
         self.healed_at: list[int] = []
         self.waited = False
+        self.joined = False  # no step committed by this process yet
+        # test hook (DDPKIT_TRACE_SAMPLES): after each batch this data rank is handed, whether
+        # its step was committed, in the same file (tests/train/test_torchft_data.py)
+        self.trace = _trace_file(self.data_rank)
         atexit.register(self.manager.shutdown, wait=False)
 
     def line(self) -> str:
@@ -131,7 +136,10 @@ class FaultTolerance:
         uncommitted step moved the position."""
         while True:
             self.stale = False
-            inner = self.t._batches()
+            t = self.t  # named by the data rank: every group has a rank 0
+            inner = iterate_batches(
+                t.data.train, t.sampler, t.world.device, t.cfg.num_workers, self.data_rank
+            )
             try:
                 for batch in inner:
                     yield batch
@@ -160,19 +168,26 @@ class FaultTolerance:
 
     def commit(self, step_optimizer) -> bool:
         t = self.t
-        starting = t.step == 0 and self.participants < self.group.groups
-        if starting:  # the job starts with every group, not with the first one up
+        # The job starts, and resumes from storage, with every group, not with the first one
+        # up: a step taken alone there would differ from the run that never stopped.
+        starting = not self.joined and self.participants < self.group.groups
+        if starting:
             self.manager.report_error(RuntimeError("not every replica group has joined yet"))
         t.phase = "torchft should_commit"
         self.committed = self.manager.should_commit()
+        if self.trace is not None:
+            self.trace.write(f"commit {t.step + 1} {int(self.committed)} {self.participants}\n")
         if self.committed:
+            self.joined = True
             step_optimizer()
         else:  # the gradients are not the live groups' mean: re-read this step's batch
             t.sampler.load_state_dict(self.position)
             self.stale = True
             if starting:
                 if not self.waited:
-                    t.reporter.info("torchft: waiting for every replica group to join step 1")
+                    t.reporter.info(
+                        f"torchft: waiting for every replica group to join step {t.step + 1}"
+                    )
                 self.waited = True
                 return False
             t.reporter.info(

@@ -23,14 +23,18 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$HERE/versions.sh"
 
 S="$DDPKIT_K8S_STATE"
-ETCD_PORT="${DDPKIT_K8S_ETCD_PORT:-2379}"
-ETCD_PEER_PORT="${DDPKIT_K8S_ETCD_PEER_PORT:-2380}"
-API_PORT="${DDPKIT_K8S_API_PORT:-6443}"
-KCM_PORT="${DDPKIT_K8S_KCM_PORT:-10257}"
+# DDPKIT_K8S_PORT_OFFSET moves every port below (and the node agent's kubelet port), so a
+# second cluster can run beside one on the defaults (two test modules at once).
+O="${DDPKIT_K8S_PORT_OFFSET:-0}"
+ETCD_PORT="${DDPKIT_K8S_ETCD_PORT:-$((2379 + O))}"
+ETCD_PEER_PORT="${DDPKIT_K8S_ETCD_PEER_PORT:-$((2380 + O))}"
+API_PORT="${DDPKIT_K8S_API_PORT:-$((6443 + O))}"
+KCM_PORT="${DDPKIT_K8S_KCM_PORT:-$((10257 + O))}"
+KUBELET_PORT=$((10250 + O))
 # Webhook and health ports of the controllers; all bound or called on 127.0.0.1.
-TO_WEBHOOK_PORT=9443 TO_HEALTH_PORT=18081
-JS_WEBHOOK_PORT=9444 JS_HEALTH_PORT=18082
-TR_WEBHOOK_PORT=9445 TR_HEALTH_PORT=18083
+TO_WEBHOOK_PORT=$((9443 + O)) TO_HEALTH_PORT=$((18081 + O))
+JS_WEBHOOK_PORT=$((9444 + O)) JS_HEALTH_PORT=$((18082 + O))
+TR_WEBHOOK_PORT=$((9445 + O)) TR_HEALTH_PORT=$((18083 + O))
 # Services get addresses from this range; nothing routes to it and nothing
 # here sends traffic to it (the controllers and kubectl use 127.0.0.1).
 SERVICE_CIDR="${DDPKIT_K8S_SERVICE_CIDR:-10.96.0.0/16}"
@@ -161,6 +165,17 @@ openssl rsa -in "$P/sa.key" -pubout -out "$P/sa.pub" 2>/dev/null
 # directory (/tmp/k8s-webhook-server/serving-certs in its source, where a
 # kubelet would mount the Secret), and its webhook server reads them there.
 TO_CERT_DIR=/tmp/k8s-webhook-server/serving-certs
+to_ns=()
+if [[ $(id -u) == 0 ]] && unshare --mount true 2>/dev/null; then
+    # As root: the operator gets its own mount namespace with this cluster's copy at that
+    # path, so a second cluster on the machine (DDPKIT_K8S_PORT_OFFSET) cannot overwrite
+    # this one's certificate there (its webhook then failed with "unknown authority").
+    mkdir -p /tmp/k8s-webhook-server
+    TO_CERT_DIR="$S/tmp/training-operator/k8s-webhook-server/serving-certs"
+    # shellcheck disable=SC2016  # $0/$@ expand in the inner shell
+    to_ns=(unshare --mount --propagation private sh -c
+        'mount --bind "$0" /tmp/k8s-webhook-server && exec "$@"' "${TO_CERT_DIR%/*}")
+fi
 mkdir -p "$TO_CERT_DIR"
 cp "$P/webhook.crt" "$TO_CERT_DIR/tls.crt"
 cp "$P/webhook.key" "$TO_CERT_DIR/tls.key"
@@ -338,7 +353,7 @@ EOF
 fi
 # TMPDIR=/tmp: its webhook server looks in $TMPDIR/k8s-webhook-server/...,
 # the rotator in /tmp/k8s-webhook-server/...; they must agree.
-start training-operator env KUBECONFIG="$KUBECONFIG_FILE" MY_POD_NAMESPACE=kubeflow TMPDIR=/tmp \
+start training-operator "${to_ns[@]}" env KUBECONFIG="$KUBECONFIG_FILE" MY_POD_NAMESPACE=kubeflow TMPDIR=/tmp \
     "$TRAINING_OPERATOR_BIN" --enable-scheme=pytorchjob \
     --webhook-server-port "$TO_WEBHOOK_PORT" \
     --metrics-bind-address 0 --health-probe-bind-address "127.0.0.1:$TO_HEALTH_PORT" \
@@ -410,7 +425,7 @@ if ((NODES > 0)); then
         image_args+=(--image "$m")
     done
     start node-agent "$PY" "$HERE/node_agent.py" --kubeconfig "$KUBECONFIG_FILE" \
-        --state "$S/node" --nodes "$NODES" --tls-cert "$P/webhook.crt" --tls-key "$P/webhook.key" \
+        --state "$S/node" --nodes "$NODES" --port "$KUBELET_PORT" --tls-cert "$P/webhook.crt" --tls-key "$P/webhook.key" \
         --network "${DDPKIT_K8S_NETWORK:-netns}" --bridge "${DDPKIT_K8S_BRIDGE:-ddpkit0}" \
         --pod-cidr "${DDPKIT_K8S_POD_CIDR:-10.244.0.0/24}" "${hosts_args[@]}" "${image_args[@]}"
     wait_for 30 "node agent" kc wait --for condition=Ready --timeout=1s node --all

@@ -81,11 +81,11 @@ def env() -> dict[str, str]:
 class Watched:
     """`ddpkit run` with every output line kept, each with the time it arrived."""
 
-    def __init__(self, cwd: Path) -> None:
+    def __init__(self, cwd: Path, start_new_session: bool = False) -> None:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             [str(DDPKIT), "run"], cwd=cwd, env=env(), text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=start_new_session,
         )  # fmt: skip
         self.lines: list[tuple[float, str]] = []
         threading.Thread(target=self._read, daemon=True).start()

@@ -128,7 +128,7 @@ class Agent(NodeStatus, HostsFile, LogServer):
                 r = self.runners.pop(uid)
                 if not r.done.is_set():
                     threading.Thread(target=r.terminate, args=(0,), daemon=True).start()
-        self.write_hosts(pods)
+        self.write_hosts(pods, self.core.list_service_for_all_namespaces().items)
 
     def delete(self, pod: client.V1Pod, runner: PodRunner | None) -> None:
         """Graceful deletion: stop the processes, then remove the pod for good."""

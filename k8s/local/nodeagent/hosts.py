@@ -12,10 +12,13 @@ HOSTS_END = "# END ddpkit-node-agent"
 class HostsFile:
     """The Agent's hosts files (a mixin)."""
 
-    def write_hosts(self, pods) -> None:
+    def write_hosts(self, pods, services=()) -> None:
         """Names that pods reach each other by (the operator's headless Services
-        `<job>-master-0`, JobSet's `<pod-hostname>.<subdomain>`) -> the pods' addresses:
-        in the agent's own hosts file, every pod's /etc/hosts, and, if asked, the host's."""
+        `<job>-master-0`, JobSet's `<pod-hostname>.<subdomain>`, a Service's name) -> the pods'
+        addresses: in the agent's own hosts file, every pod's /etc/hosts, and, if asked, the
+        host's. A Service with a selector stands for its first running pod, as kube-proxy's
+        virtual IP would (a torchft job's lighthouse, `<job>-lighthouse`); its port is taken
+        to be the pod's own (targetPort equal to port)."""
         entries: dict[str, str] = {}
         for r in list(self.runners.values()):
             if not r.addressed or r.done.is_set() or r.stopping.is_set():
@@ -28,6 +31,28 @@ class HostsFile:
             for n in list(names):
                 names += [f"{n}.{ns}", f"{n}.{ns}.svc", f"{n}.{ns}.svc.cluster.local"]
             entries.update({n: r.ip for n in names})
+        live = sorted(
+            (
+                (
+                    str(r.pod.metadata.creation_timestamp or ""),
+                    r.ns,
+                    r.pod.metadata.labels or {},
+                    r.ip,
+                )
+                for r in list(self.runners.values())
+                if r.addressed and not r.done.is_set() and not r.stopping.is_set()
+            ),
+            key=lambda t: t[:2],
+        )  # oldest first: a Service's name keeps its pod while a newer one starts
+        for svc in services:
+            sel, ns, name = svc.spec.selector, svc.metadata.namespace, svc.metadata.name
+            ip = next(
+                (a for _, n, lab, a in live if sel and n == ns and sel.items() <= lab.items()), None
+            )
+            if ip is None or name in entries:
+                continue
+            for n in (name, f"{name}.{ns}", f"{name}.{ns}.svc", f"{name}.{ns}.svc.cluster.local"):
+                entries.setdefault(n, ip)
         block = [f"{ip} {n}" for n, ip in sorted(entries.items())]
         text = "\n".join(["127.0.0.1 localhost", "::1 localhost ip6-localhost", *block]) + "\n"
         old = None
