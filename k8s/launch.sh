@@ -18,6 +18,19 @@ host_pod=$1
 wait_s=$2
 shift 2
 
+# wait_for_tcp WHAT HOST PORT: until a TCP connection to HOST:PORT opens, at most WAIT_S.
+wait_for_tcp() {
+    local deadline=$((SECONDS + wait_s))
+    # shellcheck disable=SC2016  # $0/$1 expand in the inner shell
+    until timeout 5 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$2" "$3" 2>/dev/null; do
+        if ((SECONDS >= deadline)); then
+            echo "ddpkit: $1 not reachable after ${wait_s}s" >&2
+            exit 1
+        fi
+        sleep 2
+    done
+}
+
 # RDMA registers (pins) memory, so it needs an unlimited locked-memory limit. A non-root
 # process cannot raise it itself (an added IPC_LOCK never reaches its effective set), so the
 # limit must come from the node's container runtime: say so now rather than let NCCL fail.
@@ -40,15 +53,7 @@ if [[ -n ${TORCHFT_LIGHTHOUSE:-} ]]; then
     # answer, as the other pods wait for the rendezvous host below.
     lh=${TORCHFT_LIGHTHOUSE#*://}
     lh=${lh%%/*}
-    deadline=$((SECONDS + wait_s))
-    # shellcheck disable=SC2016  # $0/$1 expand in the inner shell
-    until timeout 5 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "${lh%:*}" "${lh##*:}" 2>/dev/null; do
-        if ((SECONDS >= deadline)); then
-            echo "ddpkit: lighthouse $TORCHFT_LIGHTHOUSE not reachable after ${wait_s}s" >&2
-            exit 1
-        fi
-        sleep 2
-    done
+    wait_for_tcp "lighthouse $TORCHFT_LIGHTHOUSE" "${lh%:*}" "${lh##*:}"
     exec python -m ddpkit.train.replica_groups "$@"
 fi
 
@@ -67,17 +72,7 @@ else
 fi
 
 if ((!is_host)); then
-    host=${endpoint%:*}
-    port=${endpoint##*:}
-    deadline=$((SECONDS + wait_s))
-    # shellcheck disable=SC2016  # $0/$1 expand in the inner shell
-    until timeout 5 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$host" "$port" 2>/dev/null; do
-        if ((SECONDS >= deadline)); then
-            echo "ddpkit: rendezvous endpoint $endpoint not reachable after ${wait_s}s" >&2
-            exit 1
-        fi
-        sleep 2
-    done
+    wait_for_tcp "rendezvous endpoint $endpoint" "${endpoint%:*}" "${endpoint##*:}"
     echo "ddpkit: rendezvous endpoint $endpoint is up" >&2
 fi
 

@@ -184,14 +184,14 @@ def kubectl(env: dict, *args: str, input: str | None = None) -> subprocess.Compl
                           text=True, timeout=60)  # fmt: skip
 
 
-def wait_until(what: str, pred, timeout: float, env: dict) -> None:
+def wait_until(what: str, pred, timeout: float, env: dict, poll_s: float = 1.0) -> None:
     end = time.monotonic() + timeout
     while not pred():
         if time.monotonic() > end:
             pods = kubectl(env, "get", "pods", "-o", "wide").stdout
             agent = (Path(env["DDPKIT_K8S_STATE"]) / "logs" / "node-agent.log").read_text()
             pytest.fail(f"{what} not after {timeout}s\n{pods}\n{agent[-3000:]}")
-        time.sleep(1)
+        time.sleep(poll_s)
 
 
 def finished(env: dict, kind: str, name: str) -> str | None:

@@ -21,7 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.test_k8s_real import LOCAL, VENV, _binaries_missing, finished, kubectl
+from tests.backends.test_k8s_real import (
+    LOCAL,
+    VENV,
+    _binaries_missing,
+    finished,
+    kubectl,
+    wait_until,
+)
 from tests.launch.test_torchft import NET_PY
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
@@ -131,13 +138,7 @@ class PodLog:
 
 
 def wait_for(what: str, cond, timeout: float, env: dict) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            pods = kubectl(env, "get", "pods", "-o", "wide").stdout
-            agent = (Path(env["DDPKIT_K8S_STATE"]) / "logs" / "node-agent.log").read_text()
-            pytest.fail(f"{what} not after {timeout}s\n{pods}\n{agent[-3000:]}")
-        time.sleep(0.5)
+    wait_until(what, cond, timeout, env, poll_s=0.5)
 
 
 def pod_json(env: dict, pod: str) -> dict:
