@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from ddpkit.train import places
 from ddpkit.train.config import TrainConfig
 from ddpkit.train.contract import RDZV_ROUND_ENV
 from ddpkit.train.preflight import check_world, world_from_env
@@ -58,6 +59,8 @@ def init(cfg: TrainConfig) -> World:
             dist.init_process_group(
                 backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
             )
+    if size > 1:  # for a collective's diagnosis (ddpkit.train.fault): where each rank runs
+        places.publish(dist.distributed_c10d._get_default_store(), rank)
     return World(rank, size, local_rank, local_size, device, backend)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from ddpkit.train import contract
+from ddpkit.train import contract, places
 
 # SIGTERM: SLURM preemption and time limits, Kubernetes pod deletion, docker stop, torchrun's
 # shutdown. SIGUSR1/SIGUSR2: what sites configure with `#SBATCH --signal` (submitit uses USR2).
@@ -140,6 +140,10 @@ def diagnose_collective_failure(
             f" Ranks {missing} never reached it (stuck, crashed, or on a different code path);"
             f" ranks {reported} did."
         )
+        store = _store()
+        where = places.published(store, missing) if store is not None else ""
+        if where:
+            msg += f" Where they ran: {where}."
     if blame:
         msg += f" The ranks took different paths: {blame}."
     msg += (

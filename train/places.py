@@ -64,6 +64,29 @@ def placed(text: str) -> str:
     return re.sub(r"\brank (\d+)\b(?! \()", lambda m: name(int(m.group(1))), text)
 
 
+_WORKER_KEY = "ddpkit/where/"
+
+
+def publish(store: Any, rank: int) -> None:
+    """A worker records its own place in its process group's store at start (best effort),
+    so a worker's collective diagnosis can place the ranks that never reached it."""
+    group_rank = int(os.environ.get("GROUP_RANK", "0") or 0)
+    with contextlib.suppress(Exception):
+        store.set(f"{_WORKER_KEY}{rank}", json.dumps([node_number(group_rank), host()]))
+
+
+def published(store: Any, ranks: list[int]) -> str:
+    """`rank 1 (node 1, host h), rank 3 (...)` for the ranks that published a place; ""
+    when none did (never waits: only keys already there are read)."""
+    found = []
+    for r in ranks:
+        with contextlib.suppress(Exception):
+            if store.check([f"{_WORKER_KEY}{r}"]):
+                node, host_ = json.loads(store.get(f"{_WORKER_KEY}{r}"))
+                found.append(name(r, int(node), str(host_)))
+    return ", ".join(found)
+
+
 def note(rank: int, group_rank: int) -> None:
     """A worker of this node starts (the launcher's Popen): its place, whatever the hook."""
     PLACES.setdefault(rank, (node_number(group_rank), host()))

@@ -172,6 +172,8 @@ def test_a_rank_missing_at_the_end_of_run_collectives_is_the_one_blamed(tmp_path
     if fault.startswith("hang"):
         assert "collective stop-signal all_reduce after the last step (4) failed on rank 0" in out
         assert "Ranks [1] never reached it" in out
+        # rank 0's own line places rank 1 too (each worker published its place at start)
+        assert f"Where they ran: rank 1 (node 0, host {socket.gethostname()})." in out, out
         assert last.startswith(
             f"ddpkit node: rank 1 (node 0, host {socket.gethostname()}) never reached the "
             "collective stop-signal all_reduce after the last step (4)"
