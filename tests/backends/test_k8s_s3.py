@@ -96,8 +96,13 @@ def test_a_job_with_no_volume_resumes_from_the_store_to_the_same_weights(
                    lambda n=name: finished(cluster, "pytorchjob", n), 900, cluster)  # fmt: skip
     watcher.join(timeout=1)
     assert deleted == ["s3cut-worker-0"], "s3cut-worker-0 was never deleted while training"
+    pods = Path(cluster["DDPKIT_K8S_STATE"]) / "node" / "pods"
     for name in ("s3cut", "s3ref"):
-        assert finished(cluster, "pytorchjob", name) == "Succeeded", name
+        if finished(cluster, "pytorchjob", name) != "Succeeded":  # every pod run's log says why
+            logs = "".join(f"== {f}\n{f.read_text()[-4000:]}" for f in
+                           sorted(pods.glob(f"default_{name}-*/pytorch.log")))  # fmt: skip
+            st = ddpkit(cluster, tmp_path, "status", "k8s", name)
+            pytest.fail(f"PyTorchJob {name} did not succeed\n{st.stdout}{st.stderr}\n{logs}")
     assert kubectl(cluster, "get", "pvc", "-o", "name").stdout.strip() == ""  # no claim at all
 
     fs = store.fs()
