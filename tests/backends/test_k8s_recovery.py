@@ -73,8 +73,11 @@ def jobs(cluster, tmp_path_factory):  # noqa: F811
     out: dict = {n: tmp_path_factory.mktemp(n) for n in ("ref", "kill", "gone", "loop")}
     extra = {
         "kill": ("--set", "env.DDPKIT_FAULT=kill@60:3"),
+        # train.timeout_s: once in CI the job took 597 s of wait_finished's 600, as if the
+        # master pod's ranks saw the killed peer only at the collective timeout (600 s by
+        # default; likely no FIN reached them, the pod's network torn down with it)
         "loop": ("--set", "env.DDPKIT_FAULT=kill@30:3", "--set", "max_restarts=0",
-                 "--set", "k8s.backoff_limit=1"),
+                 "--set", "k8s.backoff_limit=1", "--set", "train.timeout_s=120"),
     }  # fmt: skip
     for name in ("ref", "kill", "gone", "loop"):
         sub = ddpkit(cluster, out[name], "submit", "k8s", *job(name, *extra.get(name, ())))
