@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -54,11 +55,17 @@ def cluster(tmp_path_factory):
     env = {**os.environ, "DDPKIT_K8S_STATE": str(state / "s"), "DDPKIT_K8S_NODES": "2",
            "DDPKIT_K8S_BRIDGE": f"dkt{n}", "DDPKIT_K8S_POD_CIDR": f"10.245.{n % 250}.0/24",
            "DDPKIT_K8S_IMAGES": images, "DDPKIT_TEST_PROJECT": str(project)}  # fmt: skip
+    yield from running_cluster(env)
+
+
+def running_cluster(env: dict) -> Iterator[dict]:
+    """A module's control plane: k8s/local/up.sh with `env` (DDPKIT_K8S_STATE and its own
+    bridge, pod range, images), yielding env with KUBECONFIG; down.sh --purge after."""
     up = subprocess.run(["bash", str(LOCAL / "up.sh")], env=env, capture_output=True,
                         text=True, timeout=300)  # fmt: skip
     try:
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
-        yield {**env, "KUBECONFIG": str(state / "s" / "kubeconfig")}
+        yield {**env, "KUBECONFIG": str(Path(env["DDPKIT_K8S_STATE"]) / "kubeconfig")}
     finally:
         subprocess.run(["bash", str(LOCAL / "down.sh"), "--purge"], env=env,
                        capture_output=True, timeout=120)  # fmt: skip

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from tests.backends.test_k8s_real import (
-    LOCAL,
     VENV,
     _binaries_missing,
     finished,
     kubectl,
+    running_cluster,
     wait_until,
 )
 from tests.launch.test_torchft import NET_PY
@@ -92,14 +92,8 @@ def cluster(tmp_path_factory):
            "DDPKIT_K8S_PORT_OFFSET": str(_free_offset()),
            "DDPKIT_K8S_IMAGES": f"ftproj:*={VENV}:{project}"}  # fmt: skip
     env.pop("PYTHONPATH", None)
-    up = subprocess.run(["bash", str(LOCAL / "up.sh")], env=env, capture_output=True,
-                        text=True, timeout=300)  # fmt: skip
-    try:
-        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
-        yield {**env, "KUBECONFIG": str(state / "s" / "kubeconfig"), "PROJECT": str(project)}
-    finally:
-        subprocess.run(["bash", str(LOCAL / "down.sh"), "--purge"], env=env,
-                       capture_output=True, timeout=120)  # fmt: skip
+    for running in running_cluster(env):
+        yield {**running, "PROJECT": str(project)}
 
 
 class PodLog:
