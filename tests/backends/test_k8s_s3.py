@@ -102,7 +102,19 @@ def test_a_job_with_no_volume_resumes_from_the_store_to_the_same_weights(
             logs = "".join(f"== {f}\n{f.read_text()[-4000:]}" for f in
                            sorted(pods.glob(f"default_{name}-*/pytorch.log")))  # fmt: skip
             st = ddpkit(cluster, tmp_path, "status", "k8s", name)
-            pytest.fail(f"PyTorchJob {name} did not succeed\n{st.stdout}{st.stderr}\n{logs}")
+            # Last, as CI shows a failure's tail: the operator's reason and each pod's restarts.
+            job = kubectl(cluster, "get", "pytorchjob", name, "-o", "json").stdout
+            conds = json.loads(job or "{}").get("status", {}).get("conditions", [])
+            said = "\n".join(f"{c['type']}={c['status']} {c.get('reason')}: {c.get('message')}"
+                             for c in conds)  # fmt: skip
+            listing = kubectl(cluster, "get", "pods", "-o", "wide").stdout
+            daemons = sorted((Path(cluster["DDPKIT_K8S_STATE"]) / "logs").glob("*.log"))
+            agent = "".join(f"{f.name}: {line}\n" for f in daemons
+                            for line in f.read_text().splitlines()[-4000:] if name in line)  # fmt: skip
+            agent = "\n".join(agent.splitlines()[-60:])
+            pytest.fail(f"PyTorchJob {name} did not succeed\n{logs}\n{st.stdout}{st.stderr}\n"
+                        f"== the daemons' lines naming it (last 60)\n{agent}\n"
+                        f"== pods\n{listing}\n== {name}'s conditions\n{said}")  # fmt: skip
     assert kubectl(cluster, "get", "pvc", "-o", "name").stdout.strip() == ""  # no claim at all
 
     fs = store.fs()

@@ -127,3 +127,28 @@ def test_quick_bench_writes_well_formed_results(tmp_path):
     fresh, resumed = resume["runs"]
     assert fresh["resumed_from"] is None and resumed["resumed_from"].endswith("step-2")
     assert _finite_positive(resumed["resume_load_s"])
+
+
+ABORT_AFTER = """\
+import os, signal, sys
+for r in sys.argv[1:]:
+    open(f"done-{r}", "w").close()
+sys.stderr.write("exitcode  : -6 (pid: 1)  (SIGABRT)\\n")
+os.kill(os.getpid(), signal.SIGABRT)
+"""
+
+
+@pytest.mark.parametrize(("ranks_done", "redone"), [(("0", "1"), True), (("0",), False)])
+def test_a_launch_is_redone_only_when_every_rank_finished_before_the_abort(
+    tmp_path, ranks_done, redone
+):
+    """The launch bench tells torch's exit-time abort (every rank wrote its done file, then
+    SIGABRT: the pair is redone and counted) from a launch that failed (the bench stops)."""
+    from bench import launch_overhead as lo
+
+    (tmp_path / "done-1").write_text("")  # a previous launch's file does not count
+    argv = [sys.executable, "-c", ABORT_AFTER, *ranks_done]
+    with pytest.raises(lo.BenchError) as got:
+        lo.timed(argv, tmp_path)
+    assert isinstance(got.value, lo.AbortedAtExit) is redone, got.value
+    assert "SIGABRT" in str(got.value)
