@@ -28,6 +28,7 @@ from tests.backends.test_k8s_real import cluster, ddpkit, finished, kubectl, wai
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 STEPS = 200
 BUCKET = "k8s"
+HOLD_S = 15  # under torchrun's 30 s shutdown timeout: the SIGTERM save still fits after it
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,12 @@ def test_a_job_with_no_volume_resumes_from_the_store_to_the_same_weights(
     assert "persistentVolumeClaim" not in manifest and "kind: PersistentVolumeClaim" not in manifest
     assert "secretKeyRef" in manifest and not any(k.decode() in manifest for k in keys)
     for name in ("s3ref", "s3cut"):  # the uninterrupted run and the one cut, side by side
-        sub = ddpkit(cluster, tmp_path, "submit", "k8s", *job_args(name, store.endpoint))
+        # The cut job's rank 3 sleeps HOLD_S at step 45 (the weights are the same): the job sits
+        # just past the step-40 line the watcher waits for, so the deletion lands there however
+        # slowly kubectl answers. Without it, on a loaded machine it landed as late as the
+        # step-100 save (200 steps take ~8 s): the job then restarted from step 0.
+        hold = ["--set", f"env.DDPKIT_FAULT=hang@45:3:{HOLD_S}"] if name == "s3cut" else []
+        sub = ddpkit(cluster, tmp_path, "submit", "k8s", *job_args(name, store.endpoint), *hold)
         assert sub.returncode == 0, sub.stdout + sub.stderr
         assert not any(k.decode() in sub.stdout + sub.stderr for k in keys)
 
@@ -122,7 +128,7 @@ def test_a_job_with_no_volume_resumes_from_the_store_to_the_same_weights(
     ref = json.loads(fs.cat_file(f"{BUCKET}/s3ref/summary.json"))
     assert cut["world_size"] == 4 and cut["steps"] == STEPS, cut
     step = int(str(cut["resumed_from"]).rsplit("-", 1)[-1])
-    assert cut["resumed_from"] == f"s3://{BUCKET}/s3cut/step-{step}" and 40 <= step < STEPS, cut
+    assert cut["resumed_from"] == f"s3://{BUCKET}/s3cut/step-{step}" and 45 <= step < 100, cut
     assert ref["resumed_from"] is None
     assert cut["param_digest"] == ref["param_digest"]
     assert fs.exists(f"{BUCKET}/s3cut/step-{STEPS}/.complete")
