@@ -146,7 +146,7 @@ def test_a_job_with_no_volume_resumes_from_the_store_to_the_same_weights(
     # the step stays incomplete (never taken) and the job starts again from the last complete
     # one. Seen in 2 of 11 runs (one of them CI). Every check above holds either way.
     if cut["resumed_from"] is None:
-        pages = {f.name: f.read_text()[-2000:] for f in pod_logs if "s3cut-master" in str(f)}
+        pages = {f.parent.name: f.read_text()[-2000:] for f in pod_logs if "s3cut-master" in str(f)}
         print(json.dumps(pages, indent=1)[-6000:])  # the master's side, for whoever looks next
         pytest.xfail("the SIGTERM save of a deleted pod's job did not complete (issue 33)")
     step = int(str(cut["resumed_from"]).rsplit("-", 1)[-1])
