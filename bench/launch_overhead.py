@@ -108,7 +108,13 @@ def measure(pairs: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ddpkit-bench-launch-") as tmp:
         proj = project(Path(tmp))
         ways = {
-            "plain": [bin_of("torchrun"), "--standalone", "--nproc-per-node", "2", "train.py"],
+            "plain": [
+                bin_of("torchrun"),
+                "--standalone",
+                "--nproc-per-node",
+                str(RANKS),
+                "train.py",
+            ],
             "kit": [bin_of("ddpkit"), "run"],
         }
         aborted: list[str] = []

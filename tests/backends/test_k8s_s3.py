@@ -115,9 +115,9 @@ def test_a_job_with_no_volume_resumes_from_the_store_to_the_same_weights(
                              for c in conds)  # fmt: skip
             listing = kubectl(cluster, "get", "pods", "-o", "wide").stdout
             daemons = sorted((Path(cluster["DDPKIT_K8S_STATE"]) / "logs").glob("*.log"))
-            agent = "".join(f"{f.name}: {line}\n" for f in daemons
-                            for line in f.read_text().splitlines()[-4000:] if name in line)  # fmt: skip
-            agent = "\n".join(agent.splitlines()[-60:])
+            naming = [f"{f.name}: {line}" for f in daemons
+                      for line in f.read_text().splitlines()[-4000:] if name in line]  # fmt: skip
+            agent = "\n".join(naming[-60:])
             pytest.fail(f"PyTorchJob {name} did not succeed\n{logs}\n{st.stdout}{st.stderr}\n"
                         f"== the daemons' lines naming it (last 60)\n{agent}\n"
                         f"== pods\n{listing}\n== {name}'s conditions\n{said}")  # fmt: skip
@@ -144,7 +144,7 @@ def test_a_job_with_no_volume_resumes_from_the_store_to_the_same_weights(
     # machine the deleted pod's ranks write their shards of the agreed save, the master's ranks
     # never write theirs, and the deleted pod's ranks are killed at torchrun's shutdown timeout;
     # the step stays incomplete (never taken) and the job starts again from the last complete
-    # one. Seen in 2 of 11 runs (one of them CI). Every check above holds either way.
+    # one. Seen in 2 of 12 runs (one of them CI). Every check above holds either way.
     if cut["resumed_from"] is None:
         pages = {f.parent.name: f.read_text()[-2000:] for f in pod_logs if "s3cut-master" in str(f)}
         print(json.dumps(pages, indent=1)[-6000:])  # the master's side, for whoever looks next

@@ -237,7 +237,9 @@ def test_an_unknown_preset_through_the_ddpkit_command(one_line_error):
     assert "unknown interconnect 'pcie9'" in one_line_error(proc)
 
 
-FACTOR = 8  # loose: gloo ranks share 2 loaded cores and the model prices no CPU contention (6.5x seen in CI beside the k8s lane; the ratio itself belongs to bench.steptime_accuracy)
+# Loose: gloo ranks share 2 loaded cores and the model prices no CPU contention (6.5x seen in CI
+# beside the k8s lane); the ratio itself is bench.steptime_accuracy's.
+FACTOR = 8
 
 
 @pytest.mark.slow
