@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import ipaddress
 import os
 import subprocess
@@ -34,6 +35,12 @@ class Network:
             return
         self.down()
         self.ip("link", "add", self.bridge, "type", "bridge")
+        # An address of its own, set once: a bridge left to the kernel takes the lowest MAC of
+        # its ports, so a pod's veth coming or going changes the gateway's MAC under every
+        # other pod, whose ARP entry then points at nobody for up to a minute (seen: a pod's
+        # S3 uploads to the host stalled past torchrun's shutdown timeout when another job's
+        # pods ended). Locally administered, derived from the name: one per bridge.
+        self.ip("link", "set", self.bridge, "address", bridge_mac(self.bridge))
         self.ip("addr", "add", f"{self.gateway}/{self.net.prefixlen}", "dev", self.bridge)
         self.ip("link", "set", self.bridge, "up")
         log.info("pod network %s on bridge %s (one netns per pod)", self.net, self.bridge)
@@ -75,3 +82,9 @@ class Network:
         self.ip("netns", "del", ns, check=False)  # takes its end of the veth pair along
         with self.lock:
             self.free.append(addr)
+
+
+def bridge_mac(bridge: str) -> str:
+    """A fixed, locally administered unicast MAC for the bridge `bridge` (02:xx:..)."""
+    tail = hashlib.sha1(bridge.encode()).digest()[:5]
+    return ":".join(f"{b:02x}" for b in (0x02, *tail))
