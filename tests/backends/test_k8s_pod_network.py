@@ -36,7 +36,7 @@ def network() -> Iterator[object]:
         from nodeagent.network import Network
     finally:
         sys.path.remove(str(LOCAL))
-    net = Network("netns", f"dkn{os.getpid() % 0xFFFF:04x}", "10.251.7.0/24")
+    net = Network("netns", f"dkn{os.getpid() % 0xFFFF:04x}", f"10.251.{os.getpid() % 250}.0/24")
     net.up()
     try:
         yield net
