@@ -30,7 +30,7 @@ EXIT_REQUEUE = 75
 EXIT_INTERRUPTED = 130
 
 # --- files in the run dir / checkpoint dir ----------------------------------------------------
-REQUEUE_MARKER = "requeue.json"  # rank 0 writes it after a preemption save (torchrun exits 1)
+REQUEUE_MARKER = "requeue.json"  # each node's local rank 0 writes it after a preemption save
 SUMMARY_FILE = "summary.json"  # rank 0 writes it when a run ends (with the launch id)
 CONFIG_FILE = "config.json"  # rank 0 writes the run's resolved TrainConfig at start-up
 METRICS_FILE = "metrics.jsonl"  # rank 0 appends one JSON line per logged step and eval

@@ -7,7 +7,7 @@
         ...                                 # one training step
         if preempt.stop_requested():        # the same answer on every rank? see below
             save_checkpoint(step)           # your own save; you have preempt.seconds_left()
-            preempt.request_requeue(step=step)   # rank 0 writes the marker; others no-op
+            preempt.request_requeue(step=step)   # local rank 0 writes the marker; others no-op
             break                           # then exit normally
 
 The contract (the same under every backend, set by the node launcher, train/node.py):
@@ -82,11 +82,14 @@ def seconds_left() -> float:
 
 
 def request_requeue(**info: Any) -> Path | None:
-    """Ask the launcher to requeue this job (call after your checkpoint is saved). Only rank
-    0 writes; returns the marker path, or None on other ranks, outside the ddpkit launcher,
-    or when the signal received is a cancel here (SIGTERM on SLURM: not its --signal)."""
+    """Ask the launcher to requeue this job (call after your checkpoint is saved, on every
+    rank). One process per node writes (local rank 0: each node's launcher reads its own
+    run dir, which need not be shared, e.g. a Kubernetes pod without a claim); returns the
+    marker path, or None on other ranks, outside the ddpkit launcher, or when the signal
+    received is a cancel here (SIGTERM on SLURM: not its --signal)."""
     run_dir = os.environ.get(RUN_DIR_ENV)
-    if os.environ.get("RANK", "0") != "0" or not run_dir:
+    local = os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))
+    if local != "0" or not run_dir:
         return None
     if _received and not asks_requeue(received_signal()):
         return None

@@ -43,7 +43,7 @@ def main() -> None:
             if rank == 0:
                 torch.save({"model": model.state_dict(), "step": step}, ckpt)
             dist.barrier()
-            preempt.request_requeue(step=step)  # rank 0 writes the marker
+            preempt.request_requeue(step=step)  # each node's local rank 0 writes the marker
             print(f"rank {rank}: stop at step {step}, {preempt.seconds_left():.0f} s left")
             dist.destroy_process_group()
             return

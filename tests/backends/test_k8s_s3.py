@@ -140,6 +140,11 @@ def test_a_job_with_no_volume_resumes_from_the_store_to_the_same_weights(
     for blob in [stored.stdout.encode(), *(f.read_bytes() for f in logs)]:
         assert not any(k in blob for k in keys)
 
+    # Both nodes' launchers saw the save (each pod has a run dir of its own: every node's
+    # local rank 0 writes the requeue marker), none sent the user to the preemption docs.
+    cut_text = "".join(f.read_text() for f in pod_logs if f.parent.name.startswith("default_s3cut"))
+    assert cut_text.count("a checkpoint was saved on a stop signal; exit 75") == 2, cut_text
+    assert "without a requeue request" not in cut_text, cut_text
     # The resume is from the SIGTERM save (not the step-100 one, nor from scratch).
     assert cut["resumed_from"] is not None, f"s3cut started again from scratch: {cut}"
     step = int(str(cut["resumed_from"]).rsplit("-", 1)[-1])

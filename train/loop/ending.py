@@ -105,7 +105,12 @@ class RunEnd:
                 f"than the {budget:g} s shutdown timeout: raise torchrun's "
                 "--shutdown-timeout or the scheduler's grace time"
             )
-        if self.world.is_main:  # carries DDPKIT_LAUNCH_ID: only this launch's marker counts
+        # One writer per node (the marker carries DDPKIT_LAUNCH_ID: only this launch's counts):
+        # each node's launcher reads its own run dir, which only a shared filesystem makes one
+        # (a Kubernetes pod without a claim has its own; its launcher said "without a requeue
+        # request" and exited 143 after the save). On a shared dir the writes replace
+        # atomically.
+        if self.world.local_rank == 0:
             write_requeue_marker(
                 self.run_dir,
                 signal=name,
