@@ -135,6 +135,20 @@ def _release_requeued(job: str, restarts: int, *update: str) -> None:
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
 
 
+def _excluded(job: str, want: set[str], timeout_s: float = 120) -> set[str]:
+    """The job's ExcNodeList as node names, once it is `want` (or at the timeout): the
+    teardown's update lands just after its requeue."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        listed = scontrol(job).get("ExcNodeList", "(null)")
+        names = set() if listed == "(null)" else set(subprocess.run(
+            ["scontrol", "show", "hostnames", listed], capture_output=True, text=True,
+        ).stdout.split())  # fmt: skip
+        if names == want or time.monotonic() > deadline:
+            return names
+        time.sleep(1)
+
+
 def _kill_node(run: Path, step: int) -> None:
     drill = subprocess.run(
         [str(DDPKIT), "chaos", "--attach", str(run), "--inject", f"kill-node@step={step}:node=0"],
@@ -151,7 +165,8 @@ def test_a_node_that_fails_twice_is_excluded_and_the_job_ends_on_the_other(
     second requeues it with that node in ExcNodeList, and it finishes on the other node.
     The test pins the second attempt to the same node (ExcNodeList = the other one; the
     nodes here are shared, so a sleeping job could not hold the other); the kit's teardown
-    then sets ExcNodeList to the node that failed twice."""
+    then adds the node that failed twice to the job's ExcNodeList (kept: a user's --exclude
+    is never replaced), and the test lifts its own pin."""
     cfg = job_file(tmp_path, "rec-badnode")
     run = tmp_path / "rec-badnode"
     job = submit(cfg, "--nodes", "1")
@@ -162,7 +177,8 @@ def test_a_node_that_fails_twice_is_excluded_and_the_job_ends_on_the_other(
         _release_requeued(job, 1, f"ExcNodeList={other}")
         assert _wait_state(job, ("RUNNING",))["BatchHost"] == bad
         _kill_node(run, 200)  # second loss on the same node: requeued without it
-        _release_requeued(job, 2)
+        assert _excluded(job, {bad, other}) == {bad, other}  # added to the pin, not in its place
+        _release_requeued(job, 2, f"ExcNodeList={bad}")  # the test's pin lifted
         info = _wait_state(job, ("COMPLETED", "FAILED", "CANCELLED"), 400)
     finally:
         subprocess.run(["scancel", job], check=False)

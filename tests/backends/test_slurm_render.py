@@ -292,6 +292,33 @@ def test_teardown_requeues_only_for_this_attempt(tmp_path: Path) -> None:
     assert (tmp_path / "scontrol.json").exists()
 
 
+def test_the_teardown_adds_a_twice_failed_node_to_the_jobs_own_exclusions(tmp_path: Path) -> None:
+    """A user's `--exclude` (extra_sbatch) stays in ExcNodeList when the requeue adds the node
+    that failed twice (before, the update replaced it: the job could go back to a node its
+    user had left out)."""
+    run_dir = tmp_path / "runs" / "default"
+    for launch, t in (("ddpkit-42-0", 0), ("ddpkit-42-1", 10)):  # c2 lost twice: never ends
+        for node in ("c1", "c2"):
+            goodput.record(run_dir, "attempt", time=t, launch=launch, node=node)
+        goodput.record(run_dir, "end", time=t + 5, launch=launch, node="c1", rank=0, code=143)
+    calls = tmp_path / "calls"
+    FakeBin(tmp_path / "bin").add(
+        "scontrol",
+        f'#!/bin/sh\necho "$*" >> {calls}\n'
+        'if [ "$1" = show ]; then echo "JobId=42 JobState=RUNNING Requeue=1 Restarts=1 '
+        'ExcNodeList=gpu[7-8] NodeList=c2"; fi\n',
+    )
+    script = "(exit 137)\n" + slurm.teardown_script(load_spec(None, []))
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "42",
+           "SLURM_RESTART_COUNT": "1", "DDPKIT_LAUNCH_ID": "ddpkit-42-1",
+           "PYTHONPATH": str(REPO)}  # fmt: skip
+    out = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    assert "requeue 2 of 3, excluding c2" in out.stderr, out.stderr
+    said = calls.read_text().splitlines()
+    assert "requeue 42" in said and said[-1] == "update JobId=42 ExcNodeList=gpu[7-8],c2", said
+
+
 def test_a_cancelled_job_is_never_requeued_by_its_teardown(tmp_path: Path) -> None:
     """A plain scancel marks the job CANCELLED at once: even a step that exited 75 (a
     script that asked for a requeue on any signal) leaves it ended."""
