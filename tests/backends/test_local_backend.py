@@ -227,6 +227,26 @@ def test_fresh_requeue_marker_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert fresh_requeue_marker(tmp_path, "launch-b", since=500.0)
 
 
+def test_each_nodes_local_rank_0_asks_for_the_requeue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """request_requeue writes on each node's local rank 0, also where the global rank is not
+    0 (a node whose run dir is its own, like a pod without a claim); other ranks write nothing."""
+    from ddpkit.train import preempt
+    from ddpkit.train.contract import RUN_DIR_ENV
+
+    for rank, local, writes in (("2", "0", True), ("3", "1", False), ("0", "0", True)):
+        run = tmp_path / f"rank{rank}"
+        monkeypatch.setenv(RUN_DIR_ENV, str(run))
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("LOCAL_RANK", local)
+        got = preempt.request_requeue(step=7)
+        assert (got is not None) is writes and (run / REQUEUE_MARKER).exists() is writes
+    monkeypatch.delenv("LOCAL_RANK")  # outside torchrun: RANK alone decides
+    monkeypatch.setenv("RANK", "1")
+    assert preempt.request_requeue(step=7) is None
+
+
 STAMP = {"launch_id": "launch-a", "time": 1.7e9, "step": 3}
 STAMPS = cases(damaged(STAMP, {"launch_id": ("string", "null"), "time": ("number", "null")}))
 
