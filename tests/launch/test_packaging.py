@@ -11,7 +11,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-LOCAL = {"train", "tools", "bench", "tests", "docker"}
+# the repo's own top-level names (nodeagent: k8s/local/nodeagent, the local cluster's node agent)
+LOCAL = {"train", "tools", "bench", "tests", "docker", "nodeagent"}
 
 
 def _name(req: str) -> str:
