@@ -26,7 +26,8 @@ def _cannot() -> str | None:
     return None if probe.returncode == 0 else f"no `ip netns` here: {probe.stderr.strip()}"
 
 
-pytestmark = pytest.mark.skipif(_cannot() is not None, reason=str(_cannot()))
+_WHY_NOT = _cannot()  # probed once
+pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=str(_WHY_NOT))
 
 
 @pytest.fixture
@@ -52,7 +53,7 @@ def mac(link: str, ns: str | None = None) -> str:
 
 
 def test_the_gateway_keeps_its_mac_while_pods_come_and_go(network) -> None:
-    from nodeagent.network import bridge_mac  # noqa: PLC0415 (on sys.modules since the fixture)
+    from nodeagent.network import bridge_mac  # on sys.modules since the fixture
 
     bridge = network.bridge
     first = mac(bridge)
