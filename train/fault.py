@@ -276,7 +276,9 @@ class Fault:
     signal (send SIGNAME to the torchrun agent, or to itself without torchrun), nan (that
     rank's loss becomes NaN for that step: its gradients, all-reduced, poison every rank),
     usererror (a ConfigError on that rank only), killupload (SIGKILL itself in the upload of
-    step N's checkpoint to an object store, its data files up, the marker not). `step` "end": after the last step, before
+    step N's checkpoint to an object store, its data files up, the marker not), hangsave
+    (sleep arg seconds in its write of step N's checkpoint, its files written, before DCP
+    gathers the ranks' results: its peers wait in the save's collective). `step` "end": after the last step, before
     the end-of-run collectives (the stop check, final save, evaluation, summary, barrier).
     Fires once per job: only in the first torchrun attempt (TORCHELASTIC_RESTART_COUNT=0)."""
 
@@ -340,6 +342,18 @@ def kill_in_upload(step: int, rank: int) -> None:
             flush=True,
         )
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hang_in_save(step: int, rank: int) -> None:
+    """The hangsave fault's point: a rank stalled inside a checkpoint save (see Fault)."""
+    fault = Fault.from_env()
+    if fault is not None and fault.kind == "hangsave" and (fault.step, fault.rank) == (step, rank):
+        print(
+            f"[fault injection] hangsave on rank {rank} at step {step}",
+            file=sys.stderr,
+            flush=True,
+        )
+        time.sleep(float(fault.arg or 3600))
 
 
 def stop_check_every(target_s: float, step_time_s: float) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -181,6 +182,46 @@ def test_a_rank_missing_at_the_end_of_run_collectives_is_the_one_blamed(tmp_path
     else:  # torchrun SIGTERMs rank 0 at once: its diagnosis or its watchdog, whichever is first
         assert last.startswith("ddpkit node: rank 1 "), out
     assert "Traceback" not in out, out
+    assert elapsed < 240, elapsed  # start-up + the 5 s timeout + teardown, not the 900 s stall
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("ckpt_async", [False, True])
+def test_a_rank_stalled_inside_a_checkpoint_save_is_named_within_the_timeout(tmp_path, ckpt_async):
+    """Rank 1 stalls in its write of step 4's checkpoint (its files written, before DCP
+    gathers the ranks' results): rank 0 waits in the save's collective, on the checkpoint's
+    own gloo group. It fails within --timeout-s naming rank 1 (it waited out torch's 30-min
+    default before: a chaos drill's SIGSTOP at a save step held its job past CI's limit), and
+    no marker goes down for the half-written step."""
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-m", "ddpkit.train.node", "--standalone", "--nproc-per-node", "2",
+         "--", "-m", "ddpkit.train", "--steps", "8", "--ckpt-interval", "4", "--no-eval",
+         "--timeout-s", "5", "--progress", "plain", "--run-dir", "runs/t",
+         *(["--ckpt-async"] if ckpt_async else [])],
+        cwd=tmp_path, env=clean_env(DDPKIT_FAULT="hangsave@4:1:900"), capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    elapsed = time.monotonic() - t0
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "[fault injection] hangsave on rank 1 at step 4" in out, out
+    # async: the save runs on in the background while the loop goes on; its failure comes
+    # out at a later step's poll or at the next save, which waits for it (step 8)
+    phase = (
+        r"async checkpoint save of step 4 at step [5-8]" if ckpt_async
+        else r"checkpoint save at step 4"
+    )  # fmt: skip
+    assert re.search(rf"collective {phase} failed on rank 0 of 2 \(--timeout-s 5\)", out), out
+    assert "Ranks [1] never reached it" in out, out
+    assert re.match(
+        rf"ddpkit node: rank 1 \(node 0, host {re.escape(socket.gethostname())}\) never "
+        rf"reached the collective {phase} ",
+        r.stderr.splitlines()[-1],
+    ), out
+    assert "Traceback" not in out, out
+    assert not list(tmp_path.glob("runs/t/**/step-4/*.json")), out  # no marker
     assert elapsed < 240, elapsed  # start-up + the 5 s timeout + teardown, not the 900 s stall
 
 

@@ -194,8 +194,13 @@ class HashingWriter(FileSystemWriter):
         self.file_sums: dict[str, dict[str, Any]] = {}
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        from ddpkit.train.ckpt.store import step_number
+        from ddpkit.train.fault import hang_in_save
+
         with _zip_crc32_off():
             results = super().write_data(plan, planner).wait()  # DCP's own is already done
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        hang_in_save(step_number(Path(self.path).name) or -1, rank)
         sums = WriteResult(
             MetadataIndex(SUMS_KEY), size_in_bytes=0, storage_data=dict(self.fs.sums)
         )

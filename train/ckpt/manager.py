@@ -19,6 +19,7 @@ DCP metadata is pickled: load checkpoints only from storage you trust.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import shutil
@@ -98,12 +99,23 @@ def _tensor_bytes(tree: Any) -> int:
     return 0
 
 
+def _timeout(seconds: float | None) -> datetime.timedelta | None:
+    return None if seconds is None else datetime.timedelta(seconds=seconds)
+
+
 class UnusableCheckpoint(Exception):
     """A complete-looking checkpoint that fails verification or loading (message: why)."""
 
 
 class Checkpointer:
-    def __init__(self, ckpt_dir: str, keep: int, use_async: bool, log: Any):
+    def __init__(
+        self,
+        ckpt_dir: str,
+        keep: int,
+        use_async: bool,
+        log: Any,
+        timeout_s: float | None = None,
+    ):
         # A remote dir (s3://...) is staged here and mirrored there (ckpt.store).
         self.remote = Remote(ckpt_dir) if is_remote(ckpt_dir) else None
         self.dir = local_dir(ckpt_dir)
@@ -112,8 +124,10 @@ class Checkpointer:
         self.log = log
         self.rank = dist.get_rank()
         # Checkpoint collectives get their own gloo group: an async save talks from a
-        # background thread while training collectives run on the default group.
-        self.pg = dist.new_group(backend="gloo")
+        # background thread while training collectives run on the default group. A new
+        # group does not inherit the default group's timeout (torch gives it 30 min): with
+        # the job's own, a rank that stops mid-save is named within --timeout-s.
+        self.pg = dist.new_group(backend="gloo", timeout=_timeout(timeout_s))
         self._pending: tuple[Any, Path, dict[str, Any], float, Any] | None = None
         self._staging: Any = None  # CUDA: the device-to-host copy still running
         self._stager: Any = None
@@ -248,6 +262,11 @@ class Checkpointer:
         if self._stager is not None:
             self._stager.close()
             self._stager = None
+
+    @property
+    def in_flight(self) -> int | None:
+        """The step of the async save still running, if any."""
+        return None if self._pending is None else step_of(self._pending[1])
 
     def poll(self) -> None:
         """Mark a finished async save complete (cheap; call at step boundaries)."""

@@ -4,6 +4,7 @@ ends (summary, signal, divergence) is its base class, ending.RunEnd."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import time
 from pathlib import Path
 from typing import Any
@@ -95,8 +96,13 @@ class Trainer(RunEnd):
         self.locks = claim_run_dirs(cfg, world)
         self.lock = self.locks[0]
         self.barrier("start-up barrier", when="at start-up")
-        # Control messages (the stop flag) go over gloo on the CPU: no GPU sync per step.
-        self.control_pg = dist.new_group(backend="gloo") if world.backend != "gloo" else None
+        # Control messages (the stop flag) go over gloo on the CPU: no GPU sync per step;
+        # with the job's timeout (a new group gets torch's 30 min otherwise).
+        self.control_pg = (
+            dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=cfg.timeout_s))
+            if world.backend != "gloo"
+            else None
+        )
         self.stop_every = 1  # steps between stop-signal agreements; set at each logging step
         self.stop = StopRequest(boundary_timeout_s=cfg.timeout_s)
         self.fault = Fault.from_env()
@@ -111,7 +117,9 @@ class Trainer(RunEnd):
         self.profiler = StepProfiler(
             profile_range(cfg.profile_steps), self.run_dir, world.rank, world.device
         )
-        self.ckpt = Checkpointer(cfg.ckpt_dir, cfg.ckpt_keep, cfg.ckpt_async, self.reporter.info)
+        self.ckpt = Checkpointer(
+            cfg.ckpt_dir, cfg.ckpt_keep, cfg.ckpt_async, self.reporter.info, cfg.timeout_s
+        )
         self.scaler = (
             torch.amp.GradScaler(world.device.type) if cfg.mixed_precision == "fp16" else None
         )
@@ -266,9 +274,13 @@ class Trainer(RunEnd):
                 timer_t, timer_step = time.perf_counter(), self.step
             if self.cfg.eval_interval and self.step % self.cfg.eval_interval == 0:
                 self.log_eval(self.evaluate(force=True))
-            self.ckpt.poll()
+            # A save's collectives (and an async one's, finished here) fail within
+            # --timeout-s when a rank stops mid-save, diagnosed as a training step's are.
+            if self.ckpt.in_flight is not None:
+                self.phase = f"async checkpoint save of step {self.ckpt.in_flight}"
+                self.guarded(self.ckpt.poll, when=f"at step {self.step}")
             if self.cfg.ckpt_interval and self.step % self.cfg.ckpt_interval == 0:
-                self.save()
+                self.guarded(self.save, when=f"at step {self.step}")
             if self.step % self.stop_every == 0:
                 self.phase = "stop-signal all_reduce"
                 signum = self.stop.agreed(self.control_pg)
@@ -419,6 +431,9 @@ class Trainer(RunEnd):
     # --- checkpoints and resume (the ends of a run: ending.py) ----------------------------
 
     def save(self, force_sync: bool = False) -> float:
+        if self.ckpt.in_flight is not None:  # one save at a time: the last one ends first
+            self.phase = f"async checkpoint save of step {self.ckpt.in_flight}"
+            self.ckpt.wait()
         self.phase = "checkpoint save"
         self.health.check()  # never save (nor prune for) a non-finite state
         self.last_saved = self.step
