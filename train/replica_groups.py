@@ -55,8 +55,20 @@ def group_argv(node_argv: list[str], group: int, run_dir: str, ckpt_dir: str | N
     """One group's node launcher command: its own run dir (and checkpoint dir) for the node
     launcher and, when it runs the kit's trainer, for the trainer (a later flag wins)."""
     i = node_argv.index("ddpkit.train.node") + 1
+    end = node_argv.index("--", i)
     own = ["--run-dir", group_dir(run_dir, group)]
-    argv = [*node_argv[:i], *own, *node_argv[i:]]
+    # The job's own --run-dir among the node launcher's flags goes: a later flag wins, and
+    # with it every group's launcher wrote its goodput records and report into the job's dir
+    # (each counted the others' attempts as its own restarts).
+    flags, k = [], i
+    while k < end:
+        if node_argv[k] == "--run-dir":
+            k += 2
+            continue
+        if not node_argv[k].startswith("--run-dir="):
+            flags.append(node_argv[k])
+        k += 1
+    argv = [*node_argv[:i], *own, *flags, *node_argv[end:]]
     entry = argv[argv.index("--") + 1 :]
     if entry[:2] == ["-m", "ddpkit.train"]:
         argv += own

@@ -23,14 +23,28 @@ def test_a_group_id_outside_the_groups_is_named(gid, n):
         ReplicaGroup.from_env(env)
 
 
-def test_the_kits_trainer_gets_the_groups_own_run_and_checkpoint_dirs():
-    argv = group_argv([*NODE, "-m", "ddpkit.train", "--run-dir", "runs/x"], 1, "runs/x", "ck")
-    # the node launcher's flag right after its module (a later --run-dir wins in argparse)
-    assert argv[3:5] == ["--run-dir", "runs/x/group-1"]
+def _launcher_run_dir(argv: list[str]) -> str:
+    """The run dir the node launcher itself takes from its flags (its own parser)."""
+    from ddpkit.train.node_flags import parse_flags, split_argv
+
+    flags, entry = split_argv(argv[argv.index("ddpkit.train.node") + 1 :])
+    return parse_flags(flags, entry)[0].run_dir
+
+
+@pytest.mark.parametrize("job_flag", [["--run-dir", "runs/x"], ["--run-dir=runs/x"], []])
+def test_the_kits_trainer_gets_the_groups_own_run_and_checkpoint_dirs(job_flag):
+    node = ["py", "-m", "ddpkit.train.node", *job_flag, "--standalone", "--"]
+    argv = group_argv([*node, "-m", "ddpkit.train", "--run-dir", "runs/x"], 1, "runs/x", "ck")
+    # the launcher's own run dir is the group's: the job's went (a later --run-dir wins in
+    # argparse, and every group's launcher wrote its goodput into the job's dir)
+    assert _launcher_run_dir(argv) == "runs/x/group-1"
+    assert argv[argv.index("ddpkit.train.node") + 1 : argv.index("--")] == [
+        "--run-dir", "runs/x/group-1", "--standalone"
+    ]  # fmt: skip
     assert argv[-4:] == ["--run-dir", "runs/x/group-1", "--ckpt-dir", "ck/group-1"]
 
 
 def test_a_users_script_gets_only_the_node_launchers_run_dir():
     argv = group_argv([*NODE, "train.py", "--steps", "5"], 0, "runs/x", None)
-    assert argv[3:5] == ["--run-dir", "runs/x/group-0"]
+    assert _launcher_run_dir(argv) == "runs/x/group-0"
     assert argv[-3:] == ["train.py", "--steps", "5"]
