@@ -124,9 +124,14 @@ def kit_wheel(dest: Path) -> Path:
     return wheel
 
 
-# The extras the nodes need beside torch: s3 (fsspec + s3fs) for ckpt_dir = "s3://...".
-NODE_EXTRAS = ("s3",)
+# The extras the nodes need beside torch: s3 (fsspec + s3fs) for ckpt_dir = "s3://...", ft
+# (torchft) for fault_tolerance = "torchft".
+NODE_EXTRAS = ("s3", "ft")
+# What the base image brings (Dockerfile: torch >= 2.9 checked): never staged, never
+# reinstalled (stage_wheels).
+BASE_HAS = frozenset({"torch", "numpy"})
 NODE_REQUIREMENTS = "docker/node-requirements.txt"  # staged; the Dockerfile installs it
+NODE_REQUIREMENTS_NO_DEPS = "docker/node-requirements-nodeps.txt"  # those on the base's torch
 NODE_WHEELS = "node-wheels"  # staged wheels of NODE_REQUIREMENTS (best effort)
 
 
@@ -148,19 +153,60 @@ def node_requirements() -> list[str]:
     return out
 
 
+def _name(req: str) -> str:
+    import re
+
+    return re.split(r"[\s\[<>=!~;(]", req.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def _wheel_requires(wheel: Path) -> list[str]:
+    """A wheel's own dependencies (its METADATA's Requires-Dist, less those of its extras)."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = zf.read(meta).decode().splitlines()
+    reqs = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Requires-Dist:")]
+    return [r for r in reqs if "extra ==" not in r]
+
+
+def stage_wheels(dest: Path, reqs: list[str]) -> tuple[list[str], list[str]]:
+    """Best effort: the wheels of `reqs` for this machine's Python, so the build installs
+    them without an index. Returns (installed with their dependencies, installed without):
+    a requirement on the base image's packages (torchft on torch) is installed without its
+    dependencies, and those of its own beyond the base image join the first list: pip would
+    otherwise resolve torch's own dependencies again, and staging them would pull a 1-3 GB
+    torch wheel. A requirement pip cannot get here stays in the first list."""
+    pip = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(dest)]
+    plain: list[str] = []
+    bare: list[str] = []
+    for req in reqs:
+        got = set(dest.glob("*.whl"))
+        subprocess.run([*pip, "--no-deps", req], capture_output=True, timeout=600)
+        wheel = next(iter(set(dest.glob("*.whl")) - got), None)
+        deps = _wheel_requires(wheel) if wheel is not None else []
+        if any(_name(d) in BASE_HAS for d in deps):
+            bare.append(req)
+            plain.extend(d for d in deps if _name(d) not in BASE_HAS)
+        else:
+            plain.append(req)
+    if plain:
+        subprocess.run([*pip, *plain], capture_output=True, timeout=600)
+    return plain, bare
+
+
 def stage_kit_context(ctx: Path) -> None:
     """The ddpkit image's build context: its Dockerfile and entrypoint, the example job
     files, the node requirements and the ddpkit wheel (nothing else of the checkout or the
     workspace)."""
     (ctx / "docker").mkdir(parents=True)
-    reqs = node_requirements()
-    (ctx / NODE_REQUIREMENTS).write_text("\n".join(reqs) + "\n")
     # Their wheels for this machine's Python, when its pip can get them: a build with no
     # index inside (a proxy, a CA bundle only the host has) installs these; an image whose
     # Python differs falls back to the index.
     (ctx / NODE_WHEELS).mkdir()
-    pip = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d"]
-    subprocess.run([*pip, str(ctx / NODE_WHEELS), *reqs], capture_output=True, timeout=600)
+    plain, bare = stage_wheels(ctx / NODE_WHEELS, node_requirements())
+    (ctx / NODE_REQUIREMENTS).write_text("".join(f"{r}\n" for r in plain))
+    (ctx / NODE_REQUIREMENTS_NO_DEPS).write_text("".join(f"{r}\n" for r in bare))
     for name in ("Dockerfile", "entrypoint.sh"):
         shutil.copyfile(KIT_DIR / "docker" / name, ctx / "docker" / name)
     # Executable whatever mode the installed copy kept (a wheel's data files need not).

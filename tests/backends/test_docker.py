@@ -77,25 +77,35 @@ def test_the_image_context_holds_the_dockerfile_entrypoint_configs_and_the_wheel
     assert tops == {"ddpkit", next(t for t in tops if t.endswith(".dist-info"))}
 
 
-def test_the_image_installs_the_s3_extra_for_a_store_ckpt_dir(tmp_path):
-    """ckpt_dir = "s3://..." needs fsspec + s3fs on the nodes: the context stages the kit's
-    own `s3` extra (pyproject.toml, one home) and its wheels for this Python when pip can get
-    them, and the Dockerfile installs them, then fails the build unless fsspec serves s3://
-    (the staged wheels installed with --network none in the test image: checked by hand)."""
+def test_the_image_installs_the_s3_and_ft_extras(tmp_path):
+    """ckpt_dir = "s3://..." needs fsspec + s3fs on the nodes, fault_tolerance = "torchft"
+    torchft: the context stages the kit's own `s3` and `ft` extras (pyproject.toml, one home)
+    and their wheels for this Python when pip can get them, never torch (the base image's;
+    torchft depends on it), and the Dockerfile installs them, then fails the build unless
+    fsspec serves s3:// and torchft imports (the staged wheels installed with --network none
+    in the test image: checked by hand)."""
     import tomllib
 
     docker.stage_kit_context(tmp_path / "ctx")
     extra = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
-    want = extra["optional-dependencies"]["s3"]
-    staged = (tmp_path / "ctx" / "docker" / "node-requirements.txt").read_text().split()
-    assert staged == want and any(r.startswith("s3fs") for r in staged)
+    want = extra["optional-dependencies"]["s3"] + extra["optional-dependencies"]["ft"]
+    plain = (tmp_path / "ctx" / "docker" / "node-requirements.txt").read_text().splitlines()
+    bare = (tmp_path / "ctx" / "docker" / "node-requirements-nodeps.txt").read_text().splitlines()
+    assert set(want) <= set(plain + bare) and len(plain + bare) == len(set(plain + bare))
+    if bare:  # torchft's wheel came (its dependencies read from it): no torch reinstalled
+        assert bare == [r for r in want if r.startswith("torchft")]
+        assert any(r.startswith("opentelemetry-sdk") for r in plain)
+    assert not [r for r in plain if re.match(r"(torch|numpy)\b", r)], plain
     text = DOCKERFILE.read_text()
-    assert "COPY docker/node-requirements.txt /tmp/node-requirements.txt" in text
+    assert "COPY docker/node-requirements.txt docker/node-requirements-nodeps.txt /tmp/" in text
+    assert "--no-deps -r /tmp/node-requirements-nodeps.txt" in text
     assert "COPY node-wheels/ /tmp/node-wheels/" in text  # offline first, then the index
     assert "--no-index --find-links /tmp/node-wheels" in text
     wheels = {p.name.split("-")[0] for p in (tmp_path / "ctx" / "node-wheels").glob("*.whl")}
     assert not wheels or {"s3fs", "fsspec", "aiobotocore"} <= wheels  # best effort: offline
-    assert """fsspec.filesystem("s3")""" in text
+    assert not wheels or {"torchft", "opentelemetry_sdk"} <= wheels
+    assert not {"torch", "numpy"} & wheels and not any(w.startswith("nvidia") for w in wheels)
+    assert """fsspec.filesystem("s3"); import torchft""" in text
     # before the kit's wheel: a new kit revision reuses the installed extras' layer
     assert text.index("node-requirements") < text.index("COPY wheels/")
 
@@ -580,4 +590,72 @@ def test_container_trains_is_preempted_and_resumes(image, tmp_path):
     final = out / name / "checkpoints" / f"step-{saved + 4}"
     assert (final / ".complete").exists()
     assert final.stat().st_uid == uid != 0  # written by the non-root container user
+    shutil.rmtree(out, ignore_errors=True)
+
+
+@container
+@pytest.mark.container
+@pytest.mark.slow
+def test_container_runs_torchft_groups_and_a_killed_group_rejoins(image, tmp_path):
+    """fault_tolerance = "torchft" in the container: the lighthouse and 2 replica groups
+    (one gloo rank each) inside it. Group 1's torchrun is SIGKILLed (`exec` in the running
+    container): the supervisor starts it again while group 0 trains on, it heals from group 0,
+    and both finish every step with equal parameters."""
+    import threading
+
+    out = tmp_path / "runs"
+    out.mkdir()
+    uid = int(_engine("run", "--rm", "--entrypoint", "id", image, "-u").stdout)
+    if os.geteuid() == 0:
+        os.chown(out, uid, uid)
+    name = f"ddpkit-ft-{os.getpid()}"
+    sets = [
+        "accelerator=cpu", f"image={image}", f"docker.out_dir={out}", f"name={name}",
+        "fault_tolerance=torchft", "replica_groups=2", "nproc_per_node=1",
+        "env.TORCHFT_QUORUM_TIMEOUT_SEC=20",
+    ]  # fmt: skip
+    # mlp-deep (30M parameters): ~0.45 s a step here, so the run outlasts group 1's restart
+    steps = 300
+    train = ["--model", "mlp-deep", "--batch-size", "16", "--steps", str(steps),
+             "--log-interval", "5", "--no-eval", "--ckpt-interval", "100"]  # fmt: skip
+    p = subprocess.Popen(
+        harness.adapt_run_argv(docker.run_argv(_spec(*sets, train_args=train))),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(p.stdout), daemon=True).start()
+
+    def wait_for(pattern: str, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while not any(re.search(pattern, line) for line in list(lines)):
+            if p.poll() is not None or time.time() > deadline:
+                pytest.fail(f"no {pattern!r} (rc {p.poll()}):\n{''.join(lines)[-4000:]}")
+            time.sleep(0.5)
+
+    try:
+        wait_for(r"^\[group 1\] step\s+10/", timeout=400)
+        status = json.loads((out / name / "replica_groups.json").read_text())
+        pid = status["groups"][1]["pid"]  # the container's own pid namespace
+        r = _engine("exec", name, "python", "-c", f"import os; os.kill({pid}, 9)")
+        killed = time.time()
+        assert r.returncode == 0, r.stderr
+        wait_for(r"^\[group 1\] torchft: replica group 1 healed", timeout=300)
+        print(f"group 1 rejoined {time.time() - killed:.1f} s after its kill", file=sys.stderr)
+        rc = p.wait(timeout=600)
+    finally:  # never leave a container training
+        if p.poll() is None:
+            _engine("rm", "-f", name)
+            p.kill()
+    log = "".join(lines)
+    assert rc == 0, log[-4000:]
+    status = json.loads((out / name / "replica_groups.json").read_text())
+    assert [g["restarts"] for g in status["groups"]] == [0, 1], status
+    assert status["groups"][1]["exits"][0] == -9, status
+    survivor = [int(m.group(1)) for m in re.finditer(r"^\[group 0\] step\s+(\d+)/", log, re.M)]
+    assert survivor == sorted(survivor) and survivor[-1] == steps  # never went back
+    summaries = [
+        json.loads((out / name / f"group-{g}" / "summary.json").read_text()) for g in (0, 1)
+    ]
+    assert [s["steps"] for s in summaries] == [steps, steps]
+    assert summaries[0]["param_digest"] == summaries[1]["param_digest"]
     shutil.rmtree(out, ignore_errors=True)

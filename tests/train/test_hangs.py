@@ -107,6 +107,33 @@ def test_the_launchers_check_refuses_a_live_owner_and_waits_for_one_leaving(tmp_
             owner.kill()
 
 
+@pytest.mark.timeout(30)
+def test_a_lock_whose_owner_is_a_zombie_is_taken_over(tmp_path):
+    """An owner killed but never reaped (a container whose PID 1 reaps no orphans: the
+    kit's own launcher there) is dead: its lock is taken over, not refused as in use (a
+    torchft group restarted in a container found its killed rank's lock held)."""
+    owner = subprocess.Popen(["sleep", "300"])
+    try:
+        owner.kill()
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{owner.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "never became a zombie"
+            time.sleep(0.05)
+        (tmp_path / ".lock").write_text(
+            json.dumps({"host": socket.gethostname(), "pid": owner.pid})
+        )
+        said: list[str] = []
+        run_lock = RunLock(tmp_path, log=said.append)
+        run_lock.acquire()
+        try:
+            assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
+            assert len(said) == 1 and "taking over the stale lock" in said[0], said
+        finally:
+            run_lock.release()
+    finally:
+        owner.wait()  # reaped only now
+
+
 def test_a_directory_in_place_of_the_lock_is_refused_in_one_line(tmp_path):
     lock = _lock_of(tmp_path, None)
     with pytest.raises(ConfigError, match="is a directory, not a lock file") as e:

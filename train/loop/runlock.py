@@ -56,13 +56,21 @@ def _me() -> dict[str, Any]:
 
 
 def _alive(pid: int) -> bool:
+    """Whether the process runs. A zombie does not: in a container whose PID 1 reaps no
+    orphans (the kit's own launcher there), a killed worker stays one, and its lock with it
+    (a torchft group restarted in the container found its own dead rank's lock held)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # "pid (comm) state ...": comm may hold spaces
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): signal 0 is the answer
+    return state not in ("Z", "X")
 
 
 def _read(path: Path) -> tuple[dict[str, Any] | None, float, str]:
