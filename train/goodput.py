@@ -493,10 +493,17 @@ def note_done(run_dir: str | Path, step: int) -> Report | None:
 
 def status_lines(run_dir: str | Path) -> list[str]:
     """What `ddpkit status` adds for a run whose run dir is on this machine: the goodput so
-    far and one line per failure (kind, rank, node, attempt, seconds lost)."""
+    far and one line per failure (kind, rank, node, attempt, seconds lost). A torchft job
+    (fault_tolerance = "torchft") keeps them per replica group, in <run dir>/group-<g>: one
+    block per group, each headed by its name."""
     rep = report(run_dir, now=time.time())
     if rep is None:
-        return []
+        out: list[str] = []
+        groups = [g for g in Path(run_dir).glob("group-*") if g.name[6:].isdigit()]
+        for g in sorted(groups, key=lambda g: int(g.name[6:])):
+            if lines := status_lines(g):
+                out += [f"  {g.name}:", *(f"  {line}" for line in lines)]
+        return out
     out = [f"  {rep.line()} (wall {rep.wall_s:.0f} s, {rep.attempts} attempt(s))"]
     from ddpkit.train import places
 

@@ -90,6 +90,23 @@ def test_a_rank_that_left_before_the_failure_is_named_and_placed(tmp_path):
     assert (crash.kind, crash.rank, crash.node_number) == ("signal SIGABRT", 1, 0)
 
 
+def test_a_torchft_jobs_status_has_a_block_per_replica_group(tmp_path):
+    """fault_tolerance = "torchft": each group's launcher keeps its records in its own
+    group-<g> dir (group 1 restarted once by the supervisor); status shows both, in order."""
+    for g in (0, 1, 10):
+        _at(tmp_path / f"group-{g}", "attempt", 0, f"g{g}")
+        _at(tmp_path / f"group-{g}", "ready", 2, f"g{g}", step=0, load_s=0)
+    _at(tmp_path / "group-1", "end", 5, "g1", rank=0, code=-signal.SIGKILL)
+    _at(tmp_path / "group-1", "attempt", 7, "g1b")
+    (tmp_path / "group-x").mkdir()  # not a group's dir
+    lines = goodput.status_lines(tmp_path)
+    heads = [line for line in lines if not line.startswith("    ")]
+    assert heads == ["  group-0:", "  group-1:", "  group-10:"], lines
+    block = lines[lines.index("  group-1:") + 1 :]
+    assert block[0].startswith("    goodput ") and "1 failure" in block[0]
+    assert block[1].startswith("    failure: killed rank 0"), lines
+
+
 def test_a_script_that_notes_nothing_gets_failures_and_no_figure(tmp_path):
     _at(tmp_path, "attempt", 0, "a")
     _at(tmp_path, "end", 5, "a", rank=0, code=1)
