@@ -278,7 +278,8 @@ class Fault:
     usererror (a ConfigError on that rank only), killupload (SIGKILL itself in the upload of
     step N's checkpoint to an object store, its data files up, the marker not), hangsave
     (sleep arg seconds in its write of step N's checkpoint, its files written, before DCP
-    gathers the ranks' results: its peers wait in the save's collective). `step` "end": after the last step, before
+    gathers the ranks' results: its peers wait in the save's collective), hangload (the same
+    in its read of step N's checkpoint on resume). `step` "end": after the last step, before
     the end-of-run collectives (the stop check, final save, evaluation, summary, barrier).
     Fires once per job: only in the first torchrun attempt (TORCHELASTIC_RESTART_COUNT=0)."""
 
@@ -344,12 +345,13 @@ def kill_in_upload(step: int, rank: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def hang_in_save(step: int, rank: int) -> None:
-    """The hangsave fault's point: a rank stalled inside a checkpoint save (see Fault)."""
+def hang_in(kind: str, step: int, rank: int) -> None:
+    """The hangsave and hangload faults' points: a rank stalled inside a checkpoint's save
+    or load (see Fault)."""
     fault = Fault.from_env()
-    if fault is not None and fault.kind == "hangsave" and (fault.step, fault.rank) == (step, rank):
+    if fault is not None and fault.kind == kind and (fault.step, fault.rank) == (step, rank):
         print(
-            f"[fault injection] hangsave on rank {rank} at step {step}",
+            f"[fault injection] {kind} on rank {rank} at step {step}",
             file=sys.stderr,
             flush=True,
         )

@@ -252,6 +252,39 @@ def test_a_rank_stalled_inside_a_checkpoint_save_is_named_within_the_timeout(tmp
     assert elapsed < 240, elapsed  # start-up + the 5 s timeout + teardown, not the 900 s stall
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_rank_stalled_inside_the_resume_is_named_within_the_timeout(tmp_path):
+    """Rank 1 stalls in its read of step 4's checkpoint on resume: rank 0 waits in the load's
+    collectives (the checkpoint's gloo group). It fails naming rank 1 and the start-up load,
+    within the timeout (the load was not under the diagnosis: a bare gloo traceback)."""
+    base = [sys.executable, "-m", "ddpkit.train.node", "--standalone", "--nproc-per-node", "2",
+            "--", "-m", "ddpkit.train", "--no-eval", "--timeout-s", "5", "--progress", "plain",
+            "--run-dir", "runs/t"]  # fmt: skip
+    first = subprocess.run(
+        [*base, "--steps", "4"], cwd=tmp_path, env=clean_env(), capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stdout + first.stderr
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [*base, "--steps", "8"], cwd=tmp_path, env=clean_env(DDPKIT_FAULT="hangload@4:1:900"),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    elapsed = time.monotonic() - t0
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "[fault injection] hangload on rank 1 at step 4" in out, out
+    assert "collective checkpoint load at start-up failed on rank 0 of 2 (--timeout-s 5)" in out
+    assert "Ranks [1] never reached it" in out, out
+    assert r.stderr.splitlines()[-1].startswith(
+        f"ddpkit node: rank 1 (node 0, host {socket.gethostname()}) never reached the "
+        "collective checkpoint load at start-up"
+    ), out
+    assert "Traceback" not in out, out
+    assert elapsed < 240, elapsed
+
+
 # --- fit() twice in one process ---------------------------------------------------------------
 
 TWO_FITS = """

@@ -248,7 +248,8 @@ class Trainer(RunEnd):
         self.reporter.info(self.world_line())
         if self.ft:
             self.reporter.info(self.ft.line())
-        self.maybe_resume()
+        # its collectives (on the checkpoint's group) are diagnosed as a step's
+        self.guarded(self.maybe_resume, when="at start-up")
         self.phase = "stop-signal all_reduce"
         signum = self.stop.agree_now(self.control_pg)  # one that came during start-up
         if signum and self.step < self.total_steps:
