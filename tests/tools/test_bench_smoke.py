@@ -152,3 +152,29 @@ def test_a_launch_is_redone_only_when_every_rank_finished_before_the_abort(
         lo.timed(argv, tmp_path)
     assert isinstance(got.value, lo.AbortedAtExit) is redone, got.value
     assert "SIGABRT" in str(got.value)
+
+
+def test_torchft_goodput_figures_from_timed_lines():
+    """bench.torchft_goodput's arithmetic on made-up timed lines: plain redoes the steps
+    since its resume point; torchft's survivor goes on, the killed group heals later."""
+    from bench.torchft_goodput import figures
+
+    clean = {"wall_s": 30.0}
+    plain = {"killed_at": 10.0, "wall_s": 50.0, "lines": [
+        (9.0, "step     59/160 loss 1"), (9.9, "step     60/160 loss 1"),
+        (10.5, "step     61/160 loss 1"),  # logged before the kill's effect
+        (25.0, "resumed from runs/x/checkpoints/step-50 at step 50 (epoch 0, ...)"),
+        (26.0, "step     51/160 loss 1"), (31.0, "step     62/160 loss 1"),
+    ]}  # fmt: skip
+    f = figures("plain", plain, clean)
+    assert (f["kill_step"], f["steps_redone"], f["lost_s"]) == (60, 10, 20.0)
+    assert f["return_s"] == 0.5 and f["stall_s"] == 0.5  # step 61 came after the kill
+    assert f["longest_gap_s"] == 15.5  # 10.5 -> 26.0
+    ft = {"killed_at": 10.0, "wall_s": 33.0, "lines": [
+        (9.5, "[group 0] step     60/160 loss 1"), (9.6, "[group 1] step     60/160 loss 1"),
+        (13.0, "[group 0] step     61/160 loss 1"), (14.0, "[group 0] step     62/160 loss 1"),
+        (19.0, "[group 1] torchft: replica group 1 healed from a peer"),
+    ]}  # fmt: skip
+    f = figures("torchft", ft, clean)
+    assert (f["kill_step"], f["steps_redone"], f["stall_s"]) == (60, 0, 3.0)
+    assert (f["longest_gap_s"], f["return_s"], f["lost_s"]) == (3.0, 9.0, 3.0)
