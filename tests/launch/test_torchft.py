@@ -17,35 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from bench.torchft_goodput import NET_PY
+
 DDPKIT = Path(sys.executable).with_name("ddpkit")
 QUORUM_TIMEOUT_S = 20  # the survivors' bound (torchft's TORCHFT_QUORUM_TIMEOUT_SEC)
 
 # A user's model whose forward takes at least 50 ms (a stand-in for real compute): the run
 # then lasts long enough, whatever the machine's speed, for the killed group to come back.
-NET_PY = """\
-import time
-import torch
-
-class Slow(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
-                                       torch.nn.Linear(16, 2))
-
-    def forward(self, x):
-        time.sleep(0.05)
-        return self.net(x)
-
-def build(cfg):
-    return Slow()
-
-def data(cfg):
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(512, 8, generator=g)
-    y = (x.sum(1) > 0).long()
-    pairs = list(zip(x, y))
-    return pairs[:448], pairs[448:]
-"""
+# The same as bench.torchft_goodput's.
 JOB = f"""\
 name = "ft"
 nproc_per_node = 1  # 2 x 1: the shared 2-core machine (load ~20) starts 2 x 2 too slowly to rejoin in 30 s
