@@ -89,10 +89,26 @@ def main(
 _USER_ERROR_KEY = "ddpkit/user_error"
 
 
+# How long a rank other than 0 waits, after a bad config, for rank 0 to say it (see below).
+_LET_RANK_0_SAY_S = 5.0
+
+
 def _before_group(e: ConfigError) -> int:
-    """Every rank checks the same config the same way: rank 0 says it, once per job."""
+    """Every rank checks the same config the same way: rank 0 says it, once per job.
+
+    The others leave only after rank 0 had time to: under a plain torchrun the first worker
+    to exit makes the agent stop the rest, and a rank 1 that parsed faster than rank 0 got
+    rank 0 stopped before its line (seen in CI, on a loaded machine: the job exited 2 with
+    no word why). They wait up to _LET_RANK_0_SAY_S, or until the agent's stop signal,
+    which comes once rank 0 has exited: no wait at all when rank 0 was first."""
     if os.environ.get("RANK", "0") == "0":
         print(f"error: {e}", file=sys.stderr, flush=True)
+    elif "TORCHELASTIC_RUN_ID" in os.environ:
+        import time
+
+        deadline = time.monotonic() + _LET_RANK_0_SAY_S
+        while time.monotonic() < deadline and startup_signals.received() is None:
+            time.sleep(0.05)
     return EXIT_BAD_INPUT
 
 

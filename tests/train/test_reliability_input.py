@@ -131,3 +131,35 @@ def test_a_run_dir_where_nothing_can_be_created(tmp_path):
     _one_line(
         _train("--run-dir", "/proc/x"), r"--run-dir /proc/x: cannot create directories in /proc"
     )
+
+
+def test_a_rank_other_than_0_leaves_its_bad_config_to_rank_0(monkeypatch, capsys):
+    """Under torchrun the first worker out makes the agent stop the rest: a rank that found
+    the bad config before rank 0 waits for rank 0 to say it (up to a bound), and leaves at
+    once when the agent's stop signal comes (rank 0 has exited); rank 0 does not wait."""
+    import threading
+    import time
+
+    from ddpkit.train import __main__ as entry
+    from ddpkit.train.config import ConfigError
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "t")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(entry, "_LET_RANK_0_SAY_S", 0.5)
+    monkeypatch.setattr(entry.startup_signals, "received", lambda: None)
+    t0 = time.monotonic()
+    assert entry._before_group(ConfigError("bad")) == 2
+    assert 0.5 <= time.monotonic() - t0 < 3 and capsys.readouterr().err == ""
+
+    stopped: list[int] = []  # the agent's SIGTERM, recorded 0.2 s in
+    monkeypatch.setattr(entry.startup_signals, "received", lambda: (15, 0.0) if stopped else None)
+    monkeypatch.setattr(entry, "_LET_RANK_0_SAY_S", 60)
+    threading.Timer(0.2, stopped.append, args=(15,)).start()
+    t0 = time.monotonic()
+    assert entry._before_group(ConfigError("bad")) == 2
+    assert time.monotonic() - t0 < 10
+
+    monkeypatch.setenv("RANK", "0")
+    t0 = time.monotonic()
+    assert entry._before_group(ConfigError("bad")) == 2
+    assert time.monotonic() - t0 < 1 and capsys.readouterr().err == "error: bad\n"
