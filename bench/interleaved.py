@@ -44,6 +44,13 @@ def kit_steps(variants: list[str], cycles: int, block: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The exit waits for gloo's threads, as the kit's does (train/teardown.py): under torch
+    # 2.14 a rank of a plain gloo loop sometimes aborted at exit ("terminate called without
+    # an active exception", SIGABRT) after its last step, failing the launch (CI, ci9). It
+    # changes nothing before the exit, so the step times compared stay a plain loop's.
+    from ddpkit.train import teardown
+
+    teardown.install()
     p = argparse.ArgumentParser(prog="python -m bench.interleaved")
     p.add_argument("--out", required=True)
     p.add_argument("--block", type=int, default=10)
