@@ -345,11 +345,17 @@ def kill_in_upload(step: int, rank: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def hang_in(kind: str, step: int, rank: int) -> None:
+def hang_in(kind: str, step_dir: str) -> None:
     """The hangsave and hangload faults' points: a rank stalled inside a checkpoint's save
-    or load (see Fault)."""
+    or load of `step_dir` (see Fault)."""
     fault = Fault.from_env()
-    if fault is not None and fault.kind == kind and (fault.step, fault.rank) == (step, rank):
+    if fault is None or fault.kind != kind:
+        return
+    from ddpkit.train.ckpt.store import step_number
+
+    step = step_number(os.path.basename(os.path.normpath(step_dir))) or -1
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if (fault.step, fault.rank) == (step, rank):
         print(
             f"[fault injection] {kind} on rank {rank} at step {step}",
             file=sys.stderr,

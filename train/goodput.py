@@ -499,8 +499,12 @@ def status_lines(run_dir: str | Path) -> list[str]:
     rep = report(run_dir, now=time.time())
     if rep is None:
         out: list[str] = []
-        groups = [g for g in Path(run_dir).glob("group-*") if g.name[6:].isdigit()]
-        for g in sorted(groups, key=lambda g: int(g.name[6:])):
+        groups = {
+            int(n): g
+            for g in Path(run_dir).glob("group-*")
+            if (n := g.name.removeprefix("group-")).isdigit()
+        }
+        for _, g in sorted(groups.items()):
             if lines := status_lines(g):
                 out += [f"  {g.name}:", *(f"  {line}" for line in lines)]
         return out

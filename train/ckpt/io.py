@@ -194,13 +194,11 @@ class HashingWriter(FileSystemWriter):
         self.file_sums: dict[str, dict[str, Any]] = {}
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        from ddpkit.train.ckpt.store import step_number
         from ddpkit.train.fault import hang_in
 
         with _zip_crc32_off():
             results = super().write_data(plan, planner).wait()  # DCP's own is already done
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        hang_in("hangsave", step_number(Path(self.path).name) or -1, rank)
+        hang_in("hangsave", str(self.path))
         sums = WriteResult(
             MetadataIndex(SUMS_KEY), size_in_bytes=0, storage_data=dict(self.fs.sums)
         )
@@ -332,11 +330,9 @@ class VerifyingReader(FileSystemReader):
         # In file order, each file is hashed in one pass without reading back.
         plan = dataclasses.replace(plan, items=sorted(plan.items, key=where))
         fut = super().read_data(plan, planner)
-        from ddpkit.train.ckpt.store import step_number
         from ddpkit.train.fault import hang_in
 
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        hang_in("hangload", step_number(Path(self.path).name) or -1, rank)
+        hang_in("hangload", str(self.path))
         for name, rec in sorted(self.fs.expected.items()):
             if name in self.fs.verified:
                 continue

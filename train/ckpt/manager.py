@@ -99,10 +99,6 @@ def _tensor_bytes(tree: Any) -> int:
     return 0
 
 
-def _timeout(seconds: float | None) -> datetime.timedelta | None:
-    return None if seconds is None else datetime.timedelta(seconds=seconds)
-
-
 class UnusableCheckpoint(Exception):
     """A complete-looking checkpoint that fails verification or loading (message: why)."""
 
@@ -114,7 +110,7 @@ class Checkpointer:
         keep: int,
         use_async: bool,
         log: Any,
-        timeout_s: float | None = None,
+        timeout: datetime.timedelta | None = None,
     ):
         # A remote dir (s3://...) is staged here and mirrored there (ckpt.store).
         self.remote = Remote(ckpt_dir) if is_remote(ckpt_dir) else None
@@ -127,7 +123,7 @@ class Checkpointer:
         # background thread while training collectives run on the default group. A new
         # group does not inherit the default group's timeout (torch gives it 30 min): with
         # the job's own, a rank that stops mid-save is named within --timeout-s.
-        self.pg = dist.new_group(backend="gloo", timeout=_timeout(timeout_s))
+        self.pg = dist.new_group(backend="gloo", timeout=timeout)
         self._pending: tuple[Any, Path, dict[str, Any], float, Any] | None = None
         self._staging: Any = None  # CUDA: the device-to-host copy still running
         self._stager: Any = None

@@ -96,12 +96,11 @@ class Trainer(RunEnd):
         self.locks = claim_run_dirs(cfg, world)
         self.lock = self.locks[0]
         self.barrier("start-up barrier", when="at start-up")
-        # Control messages (the stop flag) go over gloo on the CPU: no GPU sync per step;
-        # with the job's timeout (a new group gets torch's 30 min otherwise).
+        # The job's timeout for the groups made here: a new group gets torch's 30 min.
+        timeout = datetime.timedelta(seconds=cfg.timeout_s)
+        # Control messages (the stop flag) go over gloo on the CPU: no GPU sync per step.
         self.control_pg = (
-            dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=cfg.timeout_s))
-            if world.backend != "gloo"
-            else None
+            dist.new_group(backend="gloo", timeout=timeout) if world.backend != "gloo" else None
         )
         self.stop_every = 1  # steps between stop-signal agreements; set at each logging step
         self.stop = StopRequest(boundary_timeout_s=cfg.timeout_s)
@@ -118,7 +117,7 @@ class Trainer(RunEnd):
             profile_range(cfg.profile_steps), self.run_dir, world.rank, world.device
         )
         self.ckpt = Checkpointer(
-            cfg.ckpt_dir, cfg.ckpt_keep, cfg.ckpt_async, self.reporter.info, cfg.timeout_s
+            cfg.ckpt_dir, cfg.ckpt_keep, cfg.ckpt_async, self.reporter.info, timeout
         )
         self.scaler = (
             torch.amp.GradScaler(world.device.type) if cfg.mixed_precision == "fp16" else None
@@ -277,9 +276,7 @@ class Trainer(RunEnd):
                 self.log_eval(self.evaluate(force=True))
             # A save's collectives (and an async one's, finished here) fail within
             # --timeout-s when a rank stops mid-save, diagnosed as a training step's are.
-            if self.ckpt.in_flight is not None:
-                self.phase = f"async checkpoint save of step {self.ckpt.in_flight}"
-                self.guarded(self.ckpt.poll, when=f"at step {self.step}")
+            self.guarded(self.end_async_save, False, when=f"at step {self.step}")
             if self.cfg.ckpt_interval and self.step % self.cfg.ckpt_interval == 0:
                 self.guarded(self.save, when=f"at step {self.step}")
             if self.step % self.stop_every == 0:
@@ -431,10 +428,18 @@ class Trainer(RunEnd):
 
     # --- checkpoints and resume (the ends of a run: ending.py) ----------------------------
 
-    def save(self, force_sync: bool = False) -> float:
-        if self.ckpt.in_flight is not None:  # one save at a time: the last one ends first
+    def end_async_save(self, block: bool) -> None:
+        """The async save in flight, if any: marked complete once done (block: waited for),
+        its collectives' failure named as that save's."""
+        if self.ckpt.in_flight is not None:
             self.phase = f"async checkpoint save of step {self.ckpt.in_flight}"
-            self.ckpt.wait()
+            if block:
+                self.ckpt.wait()
+            else:
+                self.ckpt.poll()
+
+    def save(self, force_sync: bool = False) -> float:
+        self.end_async_save(block=True)  # one save at a time: the last one ends first
         self.phase = "checkpoint save"
         self.health.check()  # never save (nor prune for) a non-finite state
         self.last_saved = self.step
