@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -19,13 +20,16 @@ from typing import Any, Literal, get_type_hints
 
 from ddpkit.train import dataclass_fields, resolve
 from ddpkit.train.contract import (
+    CKPT_DIR_ENV,
     EXIT_BAD_INPUT,
     EXIT_REQUEUE,
+    RUN_DIR_ENV,
     default_ckpt_dir,
     default_run_dir,
     is_remote,
 )
 from ddpkit.train.errors import CliParser, ConfigError
+from ddpkit.train.ft_env import LIGHTHOUSE_ENV
 from ddpkit.train.preflight import check_packages, check_world, world_from_env
 
 
@@ -413,9 +417,23 @@ def validate(cfg: TrainConfig, local_paths: bool = True) -> None:
     if not cfg.name.strip():
         cfg.name = entry_name()
     if cfg.run_dir is None:
+        replica_group_dirs(cfg)
+    if cfg.run_dir is None:
         cfg.run_dir = default_run_dir(cfg.name)
     if cfg.ckpt_dir is None:
         cfg.ckpt_dir = default_ckpt_dir(cfg.run_dir)
+
+
+def replica_group_dirs(cfg: TrainConfig, env: dict[str, str] | None = None) -> None:
+    """A torchft replica group's run that names no run dir writes into its group's own (the
+    supervisor's runs/<job>/group-<g>, DDPKIT_RUN_DIR; its checkpoint dir likewise). Without
+    it every group of a user's fit() script took the same runs/<name>, and all but the first
+    found it locked. (The kit's trainer gets --run-dir from the supervisor instead.)"""
+    env = os.environ if env is None else env
+    if env.get(LIGHTHOUSE_ENV) and env.get(RUN_DIR_ENV):
+        cfg.run_dir = env[RUN_DIR_ENV]
+        if cfg.ckpt_dir is None and env.get(CKPT_DIR_ENV):
+            cfg.ckpt_dir = env[CKPT_DIR_ENV]
 
 
 def entry_name(argv0: str | None = None) -> str:

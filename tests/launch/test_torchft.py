@@ -179,6 +179,41 @@ def test_the_users_own_torchft_script_runs_as_replica_groups(tmp_path):
     assert results[0]["weights"] == results[1]["weights"]
 
 
+FIT_PY = """\
+import sys
+
+from ddpkit.train import fit
+
+if __name__ == "__main__":
+    sys.exit(fit("mlp", "synthetic", steps=30, batch_size=8, log_interval=10, ckpt_interval=15,
+                 eval=False))
+"""
+
+
+@pytest.mark.slow
+def test_a_users_fit_script_runs_each_group_in_its_own_run_dir(tmp_path):
+    """A user's train.py calling fit() (no run dir named) as 2 replica groups: each group
+    trains in its own runs/<job>/group-<g>, not both in runs/train (the second was refused
+    its lock there), and both end with the same weights."""
+    (tmp_path / "train.py").write_text(FIT_PY)
+    (tmp_path / "ddpkit.toml").write_text(
+        'name = "fitft"\nscript = "train.py"\nnproc_per_node = 1\naccelerator = "cpu"\n'
+        'fault_tolerance = "torchft"\nreplica_groups = 2\n'
+    )
+    r = subprocess.run(
+        [str(DDPKIT), "run"], cwd=tmp_path, env=env(), capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    runs = tmp_path / "runs"
+    summaries = [json.loads((runs / f"fitft/group-{g}/summary.json").read_text()) for g in (0, 1)]
+    assert [s["steps"] for s in summaries] == [30, 30]
+    assert summaries[0]["param_digest"] == summaries[1]["param_digest"]
+    for g in (0, 1):
+        assert (runs / f"fitft/group-{g}/checkpoints/step-30").is_dir()
+    assert not (runs / "train").exists()
+
+
 def test_docker_renders_the_lighthouse_and_groups_inside_the_container(tmp_path):
     project(tmp_path)
     r = subprocess.run(
