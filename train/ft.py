@@ -2,9 +2,12 @@
 
 The job is split into replica groups, each its own torchrun (its own rendezvous, so one group
 can die and be restarted while the others go on). Inside a group the job's strategy runs as
-usual (DDP over the group's ranks). Across groups, rank r of every group averages its
-gradients with rank r of the others through torchft's Manager, which agrees on the live
-groups with the lighthouse before every step (the quorum).
+usual over the group's ranks: DDP, or FSDP2 with any sharding (then the job is HSDP whose
+replicate dimension is the replica groups, made fault tolerant). Across groups, rank r of
+every group averages its gradients with rank r of the others through torchft's Manager,
+which agrees on the live groups with the lighthouse before every step (the quorum). Every
+group has the same size and the same mesh, so rank r holds the same shard in every group:
+under FSDP the cross-group average, and a heal, move each rank's local shards only.
 
 What this module decides (docs/fault-tolerance.md says it to users):
 - Data: the job's global order is cut for ALL groups (data world = groups x group size; group
@@ -55,11 +58,6 @@ def attach(trainer: Trainer) -> FaultTolerance | None:
         raise ConfigError(str(e)) from None
     if group is None:
         return None
-    if trainer.cfg.parallel != "ddp":
-        raise ConfigError(
-            f"fault_tolerance = torchft replicates DDP groups; --parallel {trainer.cfg.parallel} "
-            "inside a group is not supported yet: use --parallel ddp"
-        )
     return FaultTolerance(trainer, group)
 
 
@@ -197,10 +195,12 @@ class FaultTolerance:
         return self.committed
 
     def average_gradients(self) -> None:
-        """After backward (DDP averaged inside the group): the mean over the live groups, in
-        parameter order. Not in a DDP comm hook: DDP re-lays its buckets after the first
-        step, so a group that just healed would pair its buckets with a peer's other ones."""
-        grads = [p.grad for p in self.t.model.parameters() if p.grad is not None]
+        """After backward (DDP averaged, or FSDP reduce-scattered, inside the group): the mean
+        over the live groups, in parameter order; under FSDP of this rank's gradient shards.
+        Not in a DDP comm hook or FSDP's all-reduce hook: DDP re-lays its buckets after the
+        first step, so a group that just healed would pair its buckets with a peer's other
+        ones; and one flat all-reduce a step costs one round trip, not one per block."""
+        grads = [_local(p.grad) for p in self.t.model.parameters() if p.grad is not None]
         if not grads:
             return
         self.t.phase = "torchft gradient all_reduce across replica groups"
@@ -213,9 +213,9 @@ class FaultTolerance:
 
     def _state(self) -> dict[str, Any]:
         t = self.t
-        return {
-            "model": t.states["model"].state_dict(),
-            "optim": t.states["optim"].state_dict(),
+        return {  # under FSDP, each DTensor as this rank's shard: see _local_tree
+            "model": _local_tree(t.states["model"].state_dict()),
+            "optim": _local_tree(t.states["optim"].state_dict()),
             "sampler": t.sampler.state_dict(),
             "step": t.step,
             "first_loss": t.first_loss,
@@ -223,8 +223,11 @@ class FaultTolerance:
 
     def _load(self, state: dict[str, Any]) -> None:
         t = self.t
-        t.states["model"].load_state_dict(state["model"])
-        t.states["optim"].load_state_dict(state["optim"])
+        sharded = t.cfg.parallel == "fsdp"  # a DDP group's state has no DTensor to rebuild
+        for part in ("model", "optim"):
+            mine = t.states[part]
+            like = mine.state_dict() if sharded else None
+            mine.load_state_dict(_as_dtensors(like, state[part]))
         t.sampler.load_state_dict(state["sampler"])
         before, t.step = t.step, int(state["step"])
         if t.first_loss is None:
@@ -264,6 +267,49 @@ class CommittingOptimizer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optim.load_state_dict(state)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (its storage, not a copy); a plain tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _local_tree(tree: Any) -> Any:
+    """A state dict with every DTensor replaced by this rank's shard of it. torchft's HTTP
+    transport pickles what it is given, and a DTensor carries its device mesh (process groups
+    that do not pickle); rank r of the peer group holds the same shard, so the shard is all a
+    rank needs to send. A DDP group's state has no DTensor and passes through."""
+    if isinstance(tree, dict):
+        return {k: _local_tree(v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_local_tree(v) for v in tree)
+    return _local(tree) if isinstance(tree, torch.Tensor) else tree
+
+
+def _as_dtensors(template: Any, shards: Any) -> Any:
+    """The peer's shards (from _local_tree) as DTensors laid out like this rank's own
+    state (`template`: the same mesh, placements and global shape), for DCP's set_*_state_dict.
+    No collective: every rank wraps its own shard."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(shards, dict) and isinstance(template, dict):
+        return {k: _as_dtensors(template.get(k), v) for k, v in shards.items()}
+    if isinstance(shards, list | tuple) and isinstance(template, list | tuple):
+        if len(shards) == len(template):
+            return type(shards)(_as_dtensors(a, b) for a, b in zip(template, shards, strict=True))
+        return shards
+    if isinstance(template, DTensor) and isinstance(shards, torch.Tensor):
+        return DTensor.from_local(
+            shards.to(template.device),
+            template.device_mesh,
+            template.placements,
+            run_check=False,
+            shape=template.shape,
+            stride=template.stride(),
+        )
+    return shards
 
 
 def _cross_group_pg(device: torch.device, timeout: datetime.timedelta):

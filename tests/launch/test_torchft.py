@@ -140,11 +140,78 @@ def test_a_killed_group_rejoins_from_a_peer_while_the_other_trains_on(tmp_path):
     assert (proj / "runs/ft/group-1/checkpoints/step-600").is_dir()
 
 
+def fsdp_project(root: Path, steps: int, torchft: bool) -> Path:
+    """NET_PY under FSDP2: 2 groups x 2 ranks with torchft, or the same 4 ranks as one job."""
+    project(root)
+    shape = (
+        'nproc_per_node = 2\nfault_tolerance = "torchft"\nreplica_groups = 2\n'
+        if torchft
+        else "nproc_per_node = 4\n"
+    )
+    (root / "ddpkit.toml").write_text(
+        f'name = "ft"\naccelerator = "cpu"\n{shape}[env]\n'
+        f'TORCHFT_QUORUM_TIMEOUT_SEC = "{QUORUM_TIMEOUT_S}"\n[train]\n'
+        'model = "mymodels.net:build"\ndataset = "mymodels.net:data"\nparallel = "fsdp"\n'
+        f"batch_size = 8\nsteps = {steps}\nlog_interval = 1\nckpt_interval = 20\neval = false\n"
+    )
+    return root
+
+
+@pytest.mark.slow
+def test_fsdp_groups_train_as_the_same_job_without_torchft(tmp_path):
+    """FSDP2 inside each group, torchft across them (HSDP with a fault-tolerant replicate
+    dimension): 2 groups x 2 ranks end at the weights of one 4-rank FSDP job over the same
+    data order, up to float summation order (each rank averages its own gradient shard with
+    the same rank of the other group)."""
+    digests = []
+    for torchft in (True, False):
+        proj = fsdp_project(tmp_path / str(torchft), 30, torchft)
+        r = subprocess.run(
+            [str(DDPKIT), "run"], cwd=proj, env=env(), capture_output=True, text=True,
+            timeout=600,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+        dirs = ["runs/ft/group-0", "runs/ft/group-1"] if torchft else ["runs/ft"]
+        digests += [
+            json.loads((proj / d / "summary.json").read_text())["param_digest"] for d in dirs
+        ]
+        assert "FSDP2 FULL_SHARD" in r.stdout
+    g0, g1, plain = digests
+    assert g0 == g1
+    assert g0["sum"] == pytest.approx(plain["sum"], rel=1e-5)
+    assert g0["l2"] == pytest.approx(plain["l2"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_a_killed_fsdp_group_heals_its_shards_from_a_peer(tmp_path):
+    """Group 1 (2 FSDP ranks) SIGKILLed mid-run: group 0 trains on, group 1 restarts, each
+    of its ranks receives its own shard of the model and optimizer from the same rank of
+    group 0, and both groups end with the same parameters."""
+    proj = fsdp_project(tmp_path, 1000, torchft=True)
+    run = Watched(proj)
+    try:
+        run.wait_for(r"^\[group 1\] step\s+20/", timeout=300)
+        status = json.loads((proj / "runs/ft/replica_groups.json").read_text())
+        os.kill(status["groups"][1]["pid"], signal.SIGKILL)
+        run.wait_for(r"^\[group 1\] torchft: replica group 1 healed", timeout=300)
+        rc = run.proc.wait(timeout=600)
+    finally:
+        if run.proc.poll() is None:
+            run.proc.kill()
+    out = run.text()
+    assert rc == 0, out[-4000:]
+    numbers = [n for _, n in run.steps(0)]
+    assert numbers == sorted(numbers) and numbers[-1] == 1000
+    summaries = [json.loads((proj / f"runs/ft/group-{g}/summary.json").read_text()) for g in (0, 1)]
+    assert [s["steps"] for s in summaries] == [1000, 1000]
+    assert summaries[0]["param_digest"] == summaries[1]["param_digest"]
+
+
 @pytest.mark.parametrize(
     "sets, says",
     [
         (["replica_groups=1"], "needs 2 or more"),
-        (["train.parallel=fsdp"], "parallel = fsdp inside a group is not supported yet"),
+        (["replica_groups=3", "fault_tolerance=none"], 'is for fault_tolerance = "torchft"'),
     ],
 )
 def test_a_combination_torchft_cannot_run_is_one_line_at_render(tmp_path, sets, says):

@@ -291,13 +291,6 @@ def _validate_fault_tolerance(spec: JobSpec) -> None:
             f"{spec.groups} replica groups of whole nodes; set replica_groups to a divisor "
             f"of {spec.nodes}"
         )
-    parallel = spec.train.get("parallel", "ddp")
-    if spec.default_entry and parallel != "ddp":
-        raise SpecError(
-            f"fault_tolerance = torchft replicates DDP groups; train.parallel = {parallel} "
-            'inside a group is not supported yet: set parallel = "ddp" (or '
-            'fault_tolerance = "none")'
-        )
 
 
 BUILTIN_JOB = "builtin:default"  # the kit's own default job (configs/default.toml in the kit)
