@@ -2,7 +2,8 @@
 
     .venv/bin/python -m bench.torchft_overhead --reps 3 --steps 300 --out out/bench/torchft.json
 
-Two jobs with the same data world (2 data ranks, per-rank batch 64, the built-in mlp job), run
+Two jobs with the same data world (2 data ranks, per-rank batch 64, the built-in mlp job, or
+`--model mlp-deep`), run
 through `ddpkit run` from a scratch project, alternating A B A B ... so both see the same
 background load:
   plain    one torchrun with 2 ranks, DDP (no fault tolerance)
@@ -32,13 +33,13 @@ VARIANTS = {
 }
 
 
-def run(variant: str, steps: int, log_every: int, where: Path) -> float:
+def run(variant: str, steps: int, log_every: int, where: Path, model: str = "mlp") -> float:
     run_dir = where / variant
     where.mkdir(parents=True, exist_ok=True)
     argv = [
         DDPKIT, "run", "--set", "accelerator=cpu", *VARIANTS[variant], "--",
         "--steps", str(steps), "--log-interval", str(log_every), "--ckpt-interval", "0",
-        "--no-eval", "--run-dir", str(run_dir),
+        "--no-eval", "--run-dir", str(run_dir), "--model", model,
     ]  # fmt: skip
     t0 = time.perf_counter()
     r = subprocess.run(argv, cwd=where, capture_output=True, text=True, timeout=1800)
@@ -58,13 +59,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--out", default="out/bench/torchft.json")
+    p.add_argument(
+        "--model",
+        default="mlp",
+        help="a built-in model (mlp-deep: a step long against the "
+        "quorum's milliseconds, as a real model's is)",
+    )
     args = p.parse_args(argv)
     pairs = []
     with tempfile.TemporaryDirectory(prefix="ddpkit-bench-ft-") as tmp:
         for rep in range(args.reps):
             print(f"repetition {rep + 1} of {args.reps}", flush=True)
             order = ["plain", "torchft"] if rep % 2 == 0 else ["torchft", "plain"]
-            got = {v: run(v, args.steps, args.log_every, Path(tmp) / str(rep)) for v in order}
+            where = Path(tmp) / str(rep)
+            got = {v: run(v, args.steps, args.log_every, where, args.model) for v in order}
             pairs.append(got)
     ratios = [p["torchft"] / p["plain"] for p in pairs]
     result = {

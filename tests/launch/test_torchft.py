@@ -140,9 +140,25 @@ def test_a_killed_group_rejoins_from_a_peer_while_the_other_trains_on(tmp_path):
     assert (proj / "runs/ft/group-1/checkpoints/step-600").is_dir()
 
 
-def fsdp_project(root: Path, steps: int, torchft: bool) -> Path:
-    """NET_PY under FSDP2: 2 groups x 2 ranks with torchft, or the same 4 ranks as one job."""
+# A model whose large weights are all-reduced across groups where they lie and whose biases
+# go in train/ft.py's flat buffer (IN_PLACE_NUMEL): the 1024 x 1024 weight is 524,288
+# elements a rank even when FSDP shards it over 2 ranks.
+WIDE_PY = """\
+import torch
+
+def build(cfg):
+    return torch.nn.Sequential(torch.nn.Linear(8, 1024), torch.nn.ReLU(),
+                               torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                               torch.nn.Linear(1024, 2))
+"""
+
+
+def groups_project(
+    root: Path, steps: int, torchft: bool, parallel: str = "fsdp", model: str = "net:build"
+) -> Path:
+    """2 groups x 2 ranks with torchft, or the same 4 ranks as one job."""
     project(root)
+    (root / "mymodels" / "wide.py").write_text(WIDE_PY)
     shape = (
         'nproc_per_node = 2\nfault_tolerance = "torchft"\nreplica_groups = 2\n'
         if torchft
@@ -151,21 +167,22 @@ def fsdp_project(root: Path, steps: int, torchft: bool) -> Path:
     (root / "ddpkit.toml").write_text(
         f'name = "ft"\naccelerator = "cpu"\n{shape}[env]\n'
         f'TORCHFT_QUORUM_TIMEOUT_SEC = "{QUORUM_TIMEOUT_S}"\n[train]\n'
-        'model = "mymodels.net:build"\ndataset = "mymodels.net:data"\nparallel = "fsdp"\n'
+        f'model = "mymodels.{model}"\ndataset = "mymodels.net:data"\nparallel = "{parallel}"\n'
         f"batch_size = 8\nsteps = {steps}\nlog_interval = 1\nckpt_interval = 20\neval = false\n"
     )
     return root
 
 
 @pytest.mark.slow
-def test_fsdp_groups_train_as_the_same_job_without_torchft(tmp_path):
-    """FSDP2 inside each group, torchft across them (HSDP with a fault-tolerant replicate
-    dimension): 2 groups x 2 ranks end at the weights of one 4-rank FSDP job over the same
-    data order, up to float summation order (each rank averages its own gradient shard with
-    the same rank of the other group)."""
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_replica_groups_train_as_the_same_job_without_torchft(tmp_path, parallel):
+    """2 groups x 2 ranks end at the weights of one 4-rank job over the same data order, up
+    to float summation order: torchft's mean across groups after the group's own (DDP's
+    all-reduce, FSDP's reduce-scatter: HSDP with a fault-tolerant replicate dimension, each
+    rank averaging its own gradient shard with the same rank of the other group)."""
     digests = []
     for torchft in (True, False):
-        proj = fsdp_project(tmp_path / str(torchft), 30, torchft)
+        proj = groups_project(tmp_path / str(torchft), 20, torchft, parallel, "wide:build")
         r = subprocess.run(
             [str(DDPKIT), "run"], cwd=proj, env=env(), capture_output=True, text=True,
             timeout=600,
@@ -175,7 +192,7 @@ def test_fsdp_groups_train_as_the_same_job_without_torchft(tmp_path):
         digests += [
             json.loads((proj / d / "summary.json").read_text())["param_digest"] for d in dirs
         ]
-        assert "FSDP2 FULL_SHARD" in r.stdout
+        assert ("FSDP2 FULL_SHARD" if parallel == "fsdp" else ", DDP;") in r.stdout
     g0, g1, plain = digests
     assert g0 == g1
     assert g0["sum"] == pytest.approx(plain["sum"], rel=1e-5)
@@ -187,7 +204,7 @@ def test_a_killed_fsdp_group_heals_its_shards_from_a_peer(tmp_path):
     """Group 1 (2 FSDP ranks) SIGKILLed mid-run: group 0 trains on, group 1 restarts, each
     of its ranks receives its own shard of the model and optimizer from the same rank of
     group 0, and both groups end with the same parameters."""
-    proj = fsdp_project(tmp_path, 1000, torchft=True)
+    proj = groups_project(tmp_path, 1000, torchft=True)
     run = Watched(proj)
     try:
         run.wait_for(r"^\[group 1\] step\s+20/", timeout=300)
