@@ -97,20 +97,28 @@ class Watched:
         return "\n".join(line for _, line in self.lines)
 
 
-@pytest.mark.slow
-def test_a_killed_group_rejoins_from_a_peer_while_the_other_trains_on(tmp_path):
-    proj = project(tmp_path)
+def run_killing_group_1(proj: Path, heal_timeout: float) -> tuple[Watched, int, float, float]:
+    """`ddpkit run` with group 1's torchrun (its node launcher) SIGKILLed once it logged step
+    20; waits for group 1's heal and the run's end: (the run, its exit status, when the kill
+    was sent, when the heal line came)."""
     run = Watched(proj)
     try:
         run.wait_for(r"^\[group 1\] step\s+20/", timeout=300)
         status = json.loads((proj / "runs/ft/replica_groups.json").read_text())
         killed_at = time.monotonic()
-        os.kill(status["groups"][1]["pid"], signal.SIGKILL)  # group 1's torchrun (node launcher)
-        healed_at = run.wait_for(r"^\[group 1\] torchft: replica group 1 healed", timeout=120)
+        os.kill(status["groups"][1]["pid"], signal.SIGKILL)
+        healed_at = run.wait_for(r"^\[group 1\] torchft: replica group 1 healed", heal_timeout)
         rc = run.proc.wait(timeout=600)
     finally:
         if run.proc.poll() is None:
             run.proc.kill()
+    return run, rc, killed_at, healed_at
+
+
+@pytest.mark.slow
+def test_a_killed_group_rejoins_from_a_peer_while_the_other_trains_on(tmp_path):
+    proj = project(tmp_path)
+    run, rc, killed_at, healed_at = run_killing_group_1(proj, heal_timeout=120)
     out = run.text()
     assert rc == 0, out[-4000:]
     # The issue's bound is 30 s. A rejoin is a group's cold start (torchrun, imports, model,
@@ -205,18 +213,8 @@ def test_a_killed_fsdp_group_heals_its_shards_from_a_peer(tmp_path):
     of its ranks receives its own shard of the model and optimizer from the same rank of
     group 0, and both groups end with the same parameters."""
     proj = groups_project(tmp_path, 1000, torchft=True)
-    run = Watched(proj)
-    try:
-        run.wait_for(r"^\[group 1\] step\s+20/", timeout=300)
-        status = json.loads((proj / "runs/ft/replica_groups.json").read_text())
-        os.kill(status["groups"][1]["pid"], signal.SIGKILL)
-        run.wait_for(r"^\[group 1\] torchft: replica group 1 healed", timeout=300)
-        rc = run.proc.wait(timeout=600)
-    finally:
-        if run.proc.poll() is None:
-            run.proc.kill()
-    out = run.text()
-    assert rc == 0, out[-4000:]
+    run, rc, _, _ = run_killing_group_1(proj, heal_timeout=300)
+    assert rc == 0, run.text()[-4000:]
     numbers = [n for _, n in run.steps(0)]
     assert numbers == sorted(numbers) and numbers[-1] == 1000
     summaries = [json.loads((proj / f"runs/ft/group-{g}/summary.json").read_text()) for g in (0, 1)]

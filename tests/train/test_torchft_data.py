@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.test_torchft import DDPKIT, NET_PY, Watched, env
+from tests.launch.test_torchft import DDPKIT, NET_PY, Watched, env, run_killing_group_1
 
 pytestmark = pytest.mark.slow
 SAMPLES, BATCH = 448, 8  # NET_PY's training set; 2 data ranks: 28 steps an epoch
@@ -60,16 +60,7 @@ def test_each_sample_is_trained_once_per_epoch_but_a_lost_groups_share_is_skippe
     trace.mkdir()
     steps = 1200  # with 600, group 0 finished before group 1 was back twice (load ~15)
     proj = project(tmp_path / "proj", steps, 400, trace)
-    run = Watched(proj)
-    try:
-        run.wait_for(r"^\[group 1\] step\s+20/", timeout=300)
-        status = json.loads((proj / "runs/ft/replica_groups.json").read_text())
-        os.kill(status["groups"][1]["pid"], signal.SIGKILL)
-        run.wait_for(r"^\[group 1\] torchft: replica group 1 healed", timeout=180)
-        rc = run.proc.wait(timeout=600)
-    finally:
-        if run.proc.poll() is None:
-            run.proc.kill()
+    run, rc, _, _ = run_killing_group_1(proj, heal_timeout=180)
     assert rc == 0, run.text()[-4000:]
     g0, g1 = committed(trace, 0), committed(trace, 1)
     # group 0 was never lost: every step committed once, in order
