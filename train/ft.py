@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import queue
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -51,6 +53,18 @@ INIT_SYNC = False
 # A gradient of this many elements or more is all-reduced across groups where it lies (1 MiB
 # in fp32); the smaller ones are copied into one flat buffer and sent together.
 IN_PLACE_NUMEL = 1 << 18
+
+
+def buckets_across_groups(cfg: Any, world: Any) -> bool:
+    """Whether this rank's cross-group all-reduce runs inside backward, bucket by bucket, in
+    DDP's comm hook (CpuBuckets below): a DDP group on the CPU under torchft. DDP must then
+    keep its first bucket layout (parallel.apply_ddp). FSDP groups, and DDP on GPUs (not
+    tested here: no GPU), all-reduce after backward (average_gradients)."""
+    try:
+        group = ReplicaGroup.from_env()
+    except ValueError:
+        return False  # attach() says why, in one line
+    return group is not None and cfg.parallel == "ddp" and world.device.type == "cpu"
 
 
 def attach(trainer: Trainer) -> FaultTolerance | None:
@@ -90,6 +104,9 @@ class FaultTolerance:
             lighthouse_addr=group.lighthouse,
         )
         self.manager.register_state_dict_fn("ddpkit", self._load, self._state)
+        self.in_backward = buckets_across_groups(cfg, world)
+        if self.in_backward:
+            trainer.model.register_comm_hook(None, CpuBuckets(self.manager, world.size).hook)
         trainer.optimizer = CommittingOptimizer(self, trainer.optimizer)
         self.committed = True
         self.stale = False  # the data position moved under the batch iterator
@@ -207,6 +224,8 @@ class FaultTolerance:
         wait. Flattening them all cost more than the all-reduce itself on a 29M-parameter
         model (bench/torchft_overhead.py --model mlp-deep: 56 ms to flatten, 12 ms to copy
         back, 111 ms to all-reduce, in a 500 ms step)."""
+        if self.in_backward:
+            return  # done bucket by bucket in DDP's comm hook (CpuBuckets)
         grads = [_local(p.grad) for p in self.t.model.parameters() if p.grad is not None]
         if not grads:
             return
@@ -282,6 +301,47 @@ class CommittingOptimizer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optim.load_state_dict(state)
+
+
+class CpuBuckets:
+    """DDP's comm hook for a DDP group on the CPU under torchft: each gradient bucket is
+    averaged inside the group, then across the live groups, while backward goes on computing
+    the next buckets (as plain DDP overlaps its own all-reduce). The hook only starts the
+    group's all-reduce and hands the bucket to one thread, which waits for it and runs the
+    cross-group all-reduce, buckets in order; DDP waits for every bucket's future before
+    backward returns. The order pairs up across groups because every group keeps DDP's
+    first bucket layout (parallel.apply_ddp). A failed cross-group all-reduce is torchft's
+    to report (the step is then not committed); a failed in-group one fails backward, as
+    under plain DDP."""
+
+    def __init__(self, manager: Any, group_size: int) -> None:
+        self.manager, self.group_size = manager, group_size
+        self.todo: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="ddpkit-torchft-buckets", daemon=True).start()
+
+    def hook(self, _state, bucket):  # unannotated: DDP checks the annotations it is given
+        """DDP's comm hook: a bucket's gradients in, a future of their mean out."""
+        import torch.distributed as dist
+
+        buf = bucket.buffer()
+        inner = None
+        if self.group_size > 1:
+            buf.div_(self.group_size)
+            inner = dist.all_reduce(buf, async_op=True)
+        done: torch.futures.Future = torch.futures.Future()
+        self.todo.put((inner, buf, done))
+        return done
+
+    def _serve(self) -> None:
+        while True:
+            inner, buf, done = self.todo.get()
+            try:
+                if inner is not None:
+                    inner.wait()
+                self.manager.allreduce(buf).wait()  # torchft divides by the participants
+                done.set_result(buf)
+            except BaseException as e:  # to backward, which raises it
+                done.set_exception(e)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -69,15 +69,29 @@ def apply_fsdp(
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
 
 
-def apply_ddp(model: nn.Module, world: World) -> nn.Module:
+def apply_ddp(model: nn.Module, world: World, stable_buckets: bool = False) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ids = [world.local_rank] if world.device.type == "cuda" else None
-    return DDP(model, device_ids=ids)
+    if not stable_buckets:
+        return DDP(model, device_ids=ids)
+    # DDP re-lays its gradient buckets in ready order after the first backward, unless it
+    # looks for unused parameters (its one switch for that): then the layout of the first
+    # step is kept for good. torchft's replica groups all-reduce bucket by bucket across
+    # groups (train/ft.py), and a group that restarts must lay its buckets out as the
+    # groups that never did. The graph walk that costs per step is small; its warning that
+    # no parameter was unused is expected here.
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*find_unused_parameters=True was specified")
+    return DDP(model, device_ids=ids, find_unused_parameters=True)
 
 
-def parallelize(model: nn.Module, cfg: TrainConfig, world: World) -> tuple[nn.Module, nn.Module]:
-    """Returns (the module to train, the unwrapped model whose parameter names are canonical)."""
+def parallelize(
+    model: nn.Module, cfg: TrainConfig, world: World, stable_buckets: bool = False
+) -> tuple[nn.Module, nn.Module]:
+    """Returns (the module to train, the unwrapped model whose parameter names are canonical).
+    stable_buckets: DDP's bucket layout never changes (torchft's groups, see apply_ddp)."""
     from ddpkit.train.resolve import find_blocks
 
     blocks = find_blocks(model)
@@ -88,7 +102,8 @@ def parallelize(model: nn.Module, cfg: TrainConfig, world: World) -> tuple[nn.Mo
         apply_compile(blocks)
     model.to(world.device)
     if cfg.parallel == "ddp":
-        return apply_ddp(model, world), model  # DDP broadcasts rank 0's replica itself
+        # DDP broadcasts rank 0's replica itself
+        return apply_ddp(model, world, stable_buckets), model
     broadcast_replica(model, world)
     apply_fsdp(model, blocks, cfg, build_mesh(cfg, world))
     return model, model

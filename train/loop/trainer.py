@@ -40,6 +40,7 @@ from ddpkit.train.fault import (
     stop_check_every,
 )
 from ddpkit.train.ft import attach as attach_ft
+from ddpkit.train.ft import buckets_across_groups
 from ddpkit.train.loop.ending import RunEnd
 from ddpkit.train.loop.evaluate import held_out
 from ddpkit.train.loop.rundir import claim_run_dirs
@@ -72,7 +73,9 @@ class Trainer(RunEnd):
         self.num_params = sum(p.numel() for p in model.parameters())
         flops = self.spec.flops_per_token
         self.flops_per_token = flops(cfg, model) if flops else None
-        self.model, self.raw_model = parallelize(model, cfg, world)
+        self.model, self.raw_model = parallelize(
+            model, cfg, world, stable_buckets=buckets_across_groups(cfg, world)
+        )
         self.optimizer = self._build_optimizer()
         # Per-rank seed from here on: dropout and augmentation differ across ranks.
         torch.manual_seed(cfg.seed + 1 + world.rank)
@@ -511,8 +514,8 @@ class Trainer(RunEnd):
         first step would round differently. Two discarded forward/backward passes here (no optimizer
         step, RNG restored) puts the buckets where the uninterrupted run has them.
         """
-        if self.cfg.parallel != "ddp" or self.world.size <= 2:
-            return
+        if self.cfg.parallel != "ddp" or self.world.size <= 2 or self.ft:
+            return  # (torchft's groups keep DDP's first layout: train/parallel.py apply_ddp)
         rng = torch.get_rng_state()
         x, y = next(self._batches())
         for _ in range(2):  # DDP rebuilds its buckets at the start of the second forward
