@@ -115,27 +115,33 @@ def run_killing_group_1(proj: Path, heal_timeout: float) -> tuple[Watched, int, 
     return run, rc, killed_at, healed_at
 
 
+def assert_the_bounds(run: Watched, killed_at: float, healed_at: float, steps: int) -> None:
+    """Issue 35's bounds: group 0's step counter never went back and it finished; its longest
+    step gap after the kill stayed under the quorum timeout plus two steps; group 1 healed
+    within 30 s of its kill. A rejoin is a group's cold start (torchrun, imports, model, data)
+    plus the heal, and on the shared 2-core machine at a load of ~20 a cold start alone takes
+    30-50 s: the bound is 30 s or this run's own first start of group 1 plus 10 s."""
+    out = run.text()
+    cold = run.wait_for(r"^\[group 1\] world:", timeout=1) - run.started
+    rejoin = healed_at - killed_at
+    assert rejoin < max(30, cold + 10), (rejoin, cold, out[-4000:])
+    survivor = run.steps(0)
+    numbers = [n for _, n in survivor]
+    assert numbers == sorted(numbers) and numbers[-1] == steps  # never went back, finished
+    times = [t for t, _ in survivor]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    typical = statistics.median(gaps)
+    after_kill = [g for g, t in zip(gaps, times[1:], strict=True) if t > killed_at]
+    assert max(after_kill) < QUORUM_TIMEOUT_S + 2 * typical, (max(after_kill), typical)
+
+
 @pytest.mark.slow
 def test_a_killed_group_rejoins_from_a_peer_while_the_other_trains_on(tmp_path):
     proj = project(tmp_path)
     run, rc, killed_at, healed_at = run_killing_group_1(proj, heal_timeout=120)
     out = run.text()
     assert rc == 0, out[-4000:]
-    # The issue's bound is 30 s. A rejoin is a group's cold start (torchrun, imports, model,
-    # data) plus the heal, and on the shared 2-core machine at a load of ~20 a cold start alone
-    # takes 30-50 s: the bound is 30 s or this run's own first start of group 1 plus 10 s.
-    cold = run.wait_for(r"^\[group 1\] world:", timeout=1) - run.started
-    rejoin = healed_at - killed_at
-    assert rejoin < max(30, cold + 10), (rejoin, cold, out[-4000:])
-
-    survivor = run.steps(0)
-    numbers = [n for _, n in survivor]
-    assert numbers == sorted(numbers) and numbers[-1] == 600  # never went back, finished
-    times = [t for t, _ in survivor]
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    typical = statistics.median(gaps)
-    after_kill = [g for g, t in zip(gaps, times[1:], strict=True) if t > killed_at]
-    assert max(after_kill) < QUORUM_TIMEOUT_S + 2 * typical, (max(after_kill), typical)
+    assert_the_bounds(run, killed_at, healed_at, steps=600)
 
     status = json.loads((proj / "runs/ft/replica_groups.json").read_text())
     assert [g["restarts"] for g in status["groups"]] == [0, 1]
@@ -213,10 +219,9 @@ def test_a_killed_fsdp_group_heals_its_shards_from_a_peer(tmp_path):
     of its ranks receives its own shard of the model and optimizer from the same rank of
     group 0, and both groups end with the same parameters."""
     proj = groups_project(tmp_path, 1000, torchft=True)
-    run, rc, _, _ = run_killing_group_1(proj, heal_timeout=300)
+    run, rc, killed_at, healed_at = run_killing_group_1(proj, heal_timeout=300)
     assert rc == 0, run.text()[-4000:]
-    numbers = [n for _, n in run.steps(0)]
-    assert numbers == sorted(numbers) and numbers[-1] == 1000
+    assert_the_bounds(run, killed_at, healed_at, steps=1000)  # as for 2 x 1 DDP above
     summaries = [json.loads((proj / f"runs/ft/group-{g}/summary.json").read_text()) for g in (0, 1)]
     assert [s["steps"] for s in summaries] == [1000, 1000]
     assert summaries[0]["param_digest"] == summaries[1]["param_digest"]
