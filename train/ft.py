@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from ddpkit.train.ckpt import RngState
 from ddpkit.train.data import GlobalBatchSampler, iterate_batches
 from ddpkit.train.data.loader import _trace_file
@@ -215,26 +216,26 @@ class FaultTolerance:
         return self.committed
 
     def average_gradients(self) -> None:
-        """After backward (DDP averaged, or FSDP reduce-scattered, inside the group): the mean
-        over the live groups, in parameter order; under FSDP of this rank's gradient shards.
-        Not in a DDP comm hook or FSDP's all-reduce hook: DDP re-lays its buckets after the
-        first step, so a group that just healed would pair its buckets with a peer's other
-        ones. A large gradient is all-reduced where it lies; the small ones share one flat
-        buffer (one round trip, not one each); every all-reduce is issued before the first
-        wait. Flattening them all cost more than the all-reduce itself on a 29M-parameter
-        model (bench/torchft_overhead.py --model mlp-deep: 56 ms to flatten, 12 ms to copy
-        back, 111 ms to all-reduce, in a 500 ms step)."""
+        """After backward (FSDP reduce-scattered, or DDP on a GPU averaged, inside the group):
+        the mean over the live groups, in parameter order; under FSDP of this rank's gradient
+        shards. (A DDP group on the CPU did it inside backward: CpuBuckets.) A large gradient
+        is all-reduced where it lies; the small ones share one flat buffer (one round trip,
+        not one each); every all-reduce is issued before the first wait. Flattening them all
+        cost more than the all-reduce itself on a 29M-parameter model
+        (bench/torchft_overhead.py --model mlp-deep: 56 ms to flatten, 12 ms to copy back,
+        111 ms to all-reduce, in a 500 ms step)."""
         if self.in_backward:
             return  # done bucket by bucket in DDP's comm hook (CpuBuckets)
         grads = [_local(p.grad) for p in self.t.model.parameters() if p.grad is not None]
         if not grads:
             return
         self.t.phase = "torchft gradient all_reduce across replica groups"
-        large = [g for g in grads if g.numel() >= IN_PLACE_NUMEL and g.is_contiguous()]
-        small = [g for g in grads if not (g.numel() >= IN_PLACE_NUMEL and g.is_contiguous())]
+        large, small = [], []
+        for g in grads:
+            (large if g.numel() >= IN_PLACE_NUMEL and g.is_contiguous() else small).append(g)
         flat = torch._utils._flatten_dense_tensors(small) if small else None
-        # torchft divides by the participants
-        works = [self.manager.allreduce(g) for g in (*large, *([flat] if small else []))]
+        sent = large + [flat] if flat is not None else large
+        works = [self.manager.allreduce(g) for g in sent]  # torchft divides by the participants
         for w in works:
             w.wait()
         if flat is not None:
@@ -321,8 +322,6 @@ class CpuBuckets:
 
     def hook(self, _state, bucket):  # unannotated: DDP checks the annotations it is given
         """DDP's comm hook: a bucket's gradients in, a future of their mean out."""
-        import torch.distributed as dist
-
         buf = bucket.buffer()
         inner = None
         if self.group_size > 1:
