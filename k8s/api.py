@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ddpkit.k8s import crds as k8s_crds
+from ddpkit.k8s import exclude
 from ddpkit.k8s.crds import NODE as TRAINJOB_CONTAINER
 from ddpkit.k8s.crds import PYTORCH_CONTAINER, PYTORCHJOB, TRAINJOB
 from ddpkit.tools.backends import JobState, JobStatus, last_job, record_job
@@ -230,6 +231,8 @@ def submit(spec: JobSpec, docs: list[dict[str, Any]], opts: Any) -> int:
                 if "already exists" not in str(e):
                     raise
                 print(f"persistentvolumeclaim/{name} exists; reusing it", file=sys.stderr)
+        elif doc["kind"] in RBAC_KINDS:
+            _create_rbac(core, doc, api, ns)
         else:
             what = f"{kind} {spec.name}"
             job = _call(
@@ -248,6 +251,38 @@ def submit(spec: JobSpec, docs: list[dict[str, Any]], opts: Any) -> int:
         _create_lighthouse(core, owned, job, api, ns)
     record_job("k8s", spec.name, namespace=ns, api=api)
     return 0
+
+
+RBAC_KINDS = ("ServiceAccount", "Role", "RoleBinding")  # k8s.exclude_failed_nodes
+
+
+def _rbac_calls(core: Any, kind: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """(create, delete) of a namespaced ServiceAccount, Role or RoleBinding."""
+    from kubernetes import client
+
+    if kind == "ServiceAccount":
+        return core.create_namespaced_service_account, core.delete_namespaced_service_account
+    rbac = client.RbacAuthorizationV1Api(core.api_client)
+    if kind == "Role":
+        return rbac.create_namespaced_role, rbac.delete_namespaced_role
+    return rbac.create_namespaced_role_binding, rbac.delete_namespaced_role_binding
+
+
+def _create_rbac(core: Any, doc: dict[str, Any], api: str, ns: str) -> None:
+    """The service account and the rights the pods need to keep a failing node out of their
+    job (k8s/render.py rbac_objects), before the job; kept when it exists (the same job's
+    name gives the same objects). A user without the right to create them gets the line."""
+    name, kind = doc["metadata"]["name"], doc["kind"]
+    try:
+        _call(_rbac_calls(core, kind)[0], f"{kind} {name}", api, ns, ns, doc)
+        print(f"created {kind.lower()}/{name}", file=sys.stderr)
+    except SpecError as e:
+        if "already exists" not in str(e):
+            raise SpecError(
+                f"{e} (k8s.exclude_failed_nodes needs them; set it false where you may not "
+                "create service accounts, roles and role bindings)"
+            ) from None
+        print(f"{kind.lower()}/{name} exists; reusing it", file=sys.stderr)
 
 
 def _create_lighthouse(
@@ -370,6 +405,8 @@ def status(job: str | None, opts: Any) -> int:
         print(f"  pod {pod.metadata.name}: {pod.status.phase} (restarts {restarts})")
     for line in _goodput_lines(core, [p.metadata.name for p in pods.items], ns, api):
         print(f"  {line}")
+    if bad := exclude.excluded(obj):
+        print(f"  excluded nodes: {', '.join(bad)} (failed twice; kept out by node affinity)")
     return 0
 
 
@@ -519,7 +556,22 @@ def cancel(job: str | None, opts: Any) -> int:
     )  # fmt: skip
     print(f"deleted {kind.lower()}/{name} in namespace {ns} (checkpoint PVCs are kept)")
     _delete_lighthouse(core, name, ns)
+    _delete_rbac(core, name, ns)
     return 0
+
+
+def _delete_rbac(core: Any, job: str, ns: str) -> None:
+    """The job's own service account and rights (k8s.exclude_failed_nodes); none: nothing."""
+    from kubernetes.client.exceptions import ApiException
+
+    name = f"{job}-ddpkit"
+    for kind in RBAC_KINDS:
+        try:
+            _rbac_calls(core, kind)[1](name, ns)
+            print(f"deleted {kind.lower()}/{name} in namespace {ns}")
+        except ApiException as e:
+            if e.status != 404:
+                raise SpecError(f"{kind} {name}: {e.reason}; delete it with kubectl") from None
 
 
 def _delete_lighthouse(core: Any, job: str, ns: str) -> None:

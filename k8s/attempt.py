@@ -90,6 +90,15 @@ def verdict(run_dir: str, launch_id: str, rc: int, restarts: int, limit: int) ->
     return (EXIT_RESTART_POD if again else EXIT_FAILED), line
 
 
+def failing_nodes(run_dir: str) -> list[str]:
+    """The nodes with two failures or more in the run's goodput records (the SLURM requeue
+    excludes the same ones)."""
+    from ddpkit.train import goodput
+
+    rep = goodput.report(run_dir, ended=True)
+    return rep.failing_nodes() if rep else []
+
+
 def failure_lines(run_dir: str) -> list[str]:
     """The run's failures so far, one line each, for the host pod's log: `ddpkit status k8s`
     shows them (the client cannot read the claim; the launcher's goodput line comes first)."""
@@ -133,6 +142,12 @@ def main(argv: list[str]) -> int:
             print(text, file=sys.stderr, flush=True)
     if line:
         print(f"{PREFIX}: {line} (exit {code})", file=sys.stderr, flush=True)
+    if code == EXIT_RESTART_POD and (bad := failing_nodes(run_dir)):
+        # Before the exit: the operator recreates the pods from the job's templates then.
+        from ddpkit.k8s import exclude
+
+        if os.environ.get(exclude.JOB_ENV) or os.environ.get("PET_NODE_RANK") == "0":
+            print(f"{PREFIX}: {exclude.keep_off(bad)}", file=sys.stderr, flush=True)
     if code < EXIT_RESTART_POD and code != EXIT_OK:
         forget_attempts(run_dir)
     return code

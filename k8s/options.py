@@ -43,6 +43,11 @@ class K8sOptions:
     backoff_limit: int = 3  # runPolicy.backoffLimit: pod restarts before the job fails
     ttl_seconds_after_finished: int | None = 86400  # runPolicy: delete the job this long after
     clean_pod_policy: Literal["None", "Running", "All"] = "Running"  # pods deleted at the end
+    # A node on which the job failed twice is kept out of the recreated pods (required node
+    # affinity the pods add to their own job: k8s/exclude.py). Renders a Role and RoleBinding
+    # (and a ServiceAccount unless service_account names one) giving the pods get and patch
+    # on their PyTorchJob: off by default, since not every namespace lets its users create them.
+    exclude_failed_nodes: bool = False
     # Environment from Kubernetes Secrets: NAME = "secret/key" (secretKeyRef), so the value is
     # never written into the manifest, e.g. WANDB_API_KEY = "wandb/api-key".
     secret_env: dict[str, str] = field(default_factory=dict)

@@ -9,7 +9,7 @@ import posixpath
 from pathlib import PurePosixPath
 from typing import Any
 
-from ddpkit.k8s import attempt
+from ddpkit.k8s import attempt, exclude
 from ddpkit.k8s import crds as k8s_crds
 from ddpkit.k8s.checks import check
 from ddpkit.k8s.crds import PYTORCH_CONTAINER as CONTAINER
@@ -110,6 +110,10 @@ def env(spec: JobSpec) -> list[dict[str, Any]]:
         {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
         for name, path in (("NODE_NAME", "spec.nodeName"), ("POD_UID", "metadata.uid"))
     ]
+    if spec.k8s.exclude_failed_nodes:  # the pods patch their own job (k8s/exclude.py)
+        values[exclude.JOB_ENV] = spec.name
+        downward.append({"name": exclude.NAMESPACE_ENV,
+                         "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}})  # fmt: skip
     plain = [{"name": k, "value": str(v)} for k, v in sorted(values.items())]
     secrets = [
         {"name": k, "valueFrom": {"secretKeyRef": {"name": ref.partition("/")[0],
@@ -279,12 +283,54 @@ def pod_template(spec: JobSpec) -> dict[str, Any]:
         "nodeSelector": dict(k.node_selector) or None,
         "tolerations": [dict(t) for t in k.tolerations] or None,
         "priorityClassName": k.priority_class,
-        "serviceAccountName": k.service_account,
+        "serviceAccountName": service_account(spec),
         "imagePullSecrets": [{"name": s} for s in k.image_pull_secrets] or None,
         "schedulerName": k.scheduler,
     }
     pod.update({key: value for key, value in optional.items() if value is not None})
     return {"metadata": {"labels": labels(spec, "training")}, "spec": pod}
+
+
+def service_account(spec: JobSpec) -> str | None:
+    """The pods' service account: the user's, else with exclude_failed_nodes one of the job's
+    own (rbac_objects), else the namespace's default (None)."""
+    if spec.k8s.service_account or not spec.k8s.exclude_failed_nodes:
+        return spec.k8s.service_account
+    return f"{spec.name}-ddpkit"
+
+
+def rbac_objects(spec: JobSpec) -> list[dict[str, Any]]:
+    """exclude_failed_nodes: the rights the pods need to keep a failing node out of their own
+    job (get and patch on this PyTorchJob only), given to their service account, and that
+    account when the user names none. Created before the job: a pod naming a service account
+    that does not exist is refused."""
+    if not spec.k8s.exclude_failed_nodes:
+        return []
+    sa, ns = str(service_account(spec)), spec.k8s.namespace
+    name = f"{spec.name}-ddpkit"
+    meta = {"name": name, "namespace": ns, "labels": labels(spec, "rbac")}
+    out: list[dict[str, Any]] = []
+    if not spec.k8s.service_account:
+        out.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta})
+    rule = {"apiGroups": [exclude.GROUP], "resources": [exclude.PLURAL],
+            "resourceNames": [spec.name], "verbs": ["get", "patch"]}  # fmt: skip
+    out.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
+                "rules": [rule]})  # fmt: skip
+    out.append({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}],
+    })  # fmt: skip
+    return out
+
+
+def validate_exclusion(spec: JobSpec) -> None:
+    if spec.k8s.exclude_failed_nodes and restart_policy(spec) != "ExitCode":
+        raise SpecError(
+            "k8s.exclude_failed_nodes works where the operator recreates the pods: a fixed-size "
+            "PyTorchJob with a claim (k8s.pvc or k8s.pvc_size), not elastic, not torchft, not "
+            "a TrainJob; set it false or change those"
+        )
 
 
 def metadata(spec: JobSpec, component: str) -> dict[str, Any]:
@@ -481,15 +527,17 @@ def validate_torchft(spec: JobSpec) -> None:
 
 
 def manifests(spec: JobSpec) -> list[dict[str, Any]]:
-    """The objects `submit` creates, in order (the PVC first; with torchft the lighthouse's
-    Deployment and Service before the job)."""
+    """The objects `submit` creates, in order (the PVC first; with exclude_failed_nodes the
+    service account and its rights; with torchft the lighthouse's Deployment and Service
+    before the job)."""
     validate_k8s(spec)  # pure, like render: a bad spec renders nothing
     check(spec)
     validate_torchft(spec)
+    validate_exclusion(spec)
     job = trainjob(spec) if spec.k8s.api == "trainjob" else pytorchjob(spec)
     claim = pvc(spec)
     ft = lighthouse_objects(spec) if spec.fault_tolerance == "torchft" else []
-    return [*([claim] if claim else []), *ft, job]
+    return [*([claim] if claim else []), *rbac_objects(spec), *ft, job]
 
 
 def render(spec: JobSpec) -> str:

@@ -2,7 +2,8 @@
 
     ddpkit chaos [--config FILE] [--set KEY=VALUE ...] [--backend local|slurm]
                  --inject KIND@WHEN[:TARGET] [--inject ...] [--seed N]
-    ddpkit chaos --attach RUN_DIR --inject ...     (a job running already, on this machine)
+    ddpkit chaos --attach RUN_DIR --inject ...     (a job running already, on this machine:
+                                                    its run dir as this machine sees it)
 
 KIND      kill-rank  SIGKILL one worker (an OOM kill, a crashed process)
           kill-node  SIGKILL every process of one node: its workers and their launcher
@@ -17,7 +18,9 @@ attempt started). Every injection is a record in the run's goodput log (its true
 the report can say how long detection took). At the end the goodput table is printed.
 
 The processes are found in this machine's /proc by the run dir their launcher gave them
-(DDPKIT_RUN_DIR): the local backend, the local SLURM cluster, a container run here. On a
+(DDPKIT_RUN_DIR, read inside the process's own mount namespace, so the directory matches
+wherever it is mounted): the local backend, the local SLURM cluster, a container run here,
+the local Kubernetes cluster's pods (attach to the claim's directory). On a
 real cluster, run the drill's injections on the node itself, inside the allocation (`srun
 --overlap --jobid JOB -w NODE ddpkit chaos --attach RUN_DIR ...`).
 """
@@ -28,6 +31,7 @@ import argparse
 import contextlib
 import json
 import os
+import posixpath
 import random
 import signal
 import subprocess
@@ -95,7 +99,7 @@ class Proc:
 def workers(run_dir: Path) -> list[Proc]:
     """The live workers of the run on this machine: torchrun set RANK and GROUP_RANK for
     them, and the node launcher DDPKIT_RUN_DIR (their /proc environ, as exec'd)."""
-    want = str(run_dir.resolve())
+    want = _identity(run_dir)
     out = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -108,9 +112,7 @@ def workers(run_dir: Path) -> list[Proc]:
         env = dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
         if "RANK" not in env or "GROUP_RANK" not in env or RUN_DIR_ENV not in env:
             continue
-        rd = env[RUN_DIR_ENV]
-        cwd = os.readlink(entry / "cwd") if (entry / "cwd").exists() else "/"
-        if str((Path(cwd) / rd).resolve()) != want:
+        if _run_dir_of(entry, env[RUN_DIR_ENV]) != want:
             continue
         state = stat.rsplit(")", 1)[1].split()
         if state[0] in ("Z", "X"):
@@ -125,6 +127,32 @@ def workers(run_dir: Path) -> list[Proc]:
             )
         )
     return out
+
+
+def _identity(path: Path) -> tuple[int, int] | str:
+    """A directory as (device, inode), which names it across mount namespaces; its resolved
+    path where it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return str(path.resolve())
+    return st.st_dev, st.st_ino
+
+
+def _run_dir_of(proc: Path, rd: str) -> tuple[int, int] | str:
+    """The run dir a process was given, as _identity says it: the path is read inside the
+    process's own mount namespace through /proc/PID/root, so a worker in a container or a
+    pod (its run dir a bind mount at another path) matches the directory this machine sees."""
+    try:
+        cwd = os.readlink(proc / "cwd")
+    except OSError:
+        cwd = "/"
+    inside = posixpath.normpath(posixpath.join(cwd, rd))
+    try:
+        st = os.stat(f"{proc}/root{inside}")
+        return st.st_dev, st.st_ino
+    except OSError:
+        return str(Path(inside).resolve())
 
 
 def logged_step(run_dir: Path) -> int:
@@ -224,6 +252,22 @@ def drill(
         t0 = time.monotonic()
 
 
+def _attached(run_dir: Path) -> Callable[[], bool]:
+    """Whether a job chaos did not start still runs: the trainer has not noted its last step
+    (a `done` record) and its workers were seen in the last ATTACH_WAIT_S (between attempts
+    there are none: a restart in place, a requeue, recreated pods)."""
+    seen = [time.monotonic()]
+
+    def alive() -> bool:
+        if any(r["kind"] == "done" for r in goodput.read(run_dir)):
+            return False
+        if workers(run_dir):
+            seen[0] = time.monotonic()
+        return time.monotonic() - seen[0] < ATTACH_WAIT_S
+
+    return alive
+
+
 def build_parser() -> argparse.ArgumentParser:
     class _Parser(CliParser):
         error_class = ChaosError
@@ -247,7 +291,10 @@ def main(argv: list[str] | None = None) -> int:
         deadline = time.monotonic() + ATTACH_WAIT_S
         while not workers(run_dir) and time.monotonic() < deadline:
             time.sleep(0.5)  # a queued job: wait for its workers to start
-        drill(run_dir, plan, alive=lambda: bool(workers(run_dir)))
+        alive = _attached(run_dir)
+        drill(run_dir, plan, alive=alive)
+        while workers(run_dir) and alive():
+            time.sleep(1)  # the report once the job's last attempt ended
         return _report(run_dir, 0)
     from ddpkit.tools.jobspec import load_spec
     from ddpkit.tools.jobspec.load import default_job_file

@@ -198,3 +198,65 @@ def test_a_failure_on_every_attempt_stops_at_the_restart_budget(cluster, jobs): 
     assert logs.count(LAUNCHER_LINE) == 4, logs[-3000:]  # 2 pods x (1 + backoffLimit 1)
     assert "the pod restart limit (1) is reached: not restarted (exit 1)" in logs, logs[-3000:]
     assert not list((claim_run(cluster, "loop") / "k8s-attempts").iterdir())  # the next job's
+
+
+FLAKY_PY = """\
+import os, signal, time
+from pathlib import Path
+
+node = os.environ["NODE_NAME"]
+mark = Path(os.environ["DDPKIT_RUN_DIR"]) / "bad-node"  # on the claim: outlives the pods
+if not mark.exists():
+    mark.write_text(node)  # the node of the first attempt is the bad one
+if node == mark.read_text():
+    print(f"flaky.py: dying on {node}", flush=True)
+    time.sleep(1)
+    os.kill(os.getpid(), signal.SIGKILL)  # no exception: a node fault, not the user's code
+print(f"flaky.py: done on {node}", flush=True)
+"""
+
+FLAKY_JOB = """\
+name = "flaky"
+image = "myproj:1"
+script = "flaky.py"
+max_restarts = 0
+[k8s]
+pvc_size = "1Gi"
+exclude_failed_nodes = true
+"""
+
+
+def test_a_node_that_fails_twice_is_kept_out_of_the_recreated_pods(cluster):  # noqa: F811
+    """A user's script whose process dies on one node (SIGKILL, every time it runs there) and
+    succeeds elsewhere. The node agent places a recreated pod of an otherwise idle cluster
+    where its predecessor was (least loaded, first by name), so the job fails on its node
+    twice; the second time the pod adds `kubernetes.io/hostname NotIn [node]` to its own
+    PyTorchJob before it exits, through the service account and Role that submit created,
+    and the third pod runs on the other node and succeeds."""
+    project = Path(cluster["DDPKIT_TEST_PROJECT"])
+    (project / "flaky.py").write_text(FLAKY_PY)
+    (project / "flaky.toml").write_text(FLAKY_JOB)
+    sub = ddpkit(cluster, project, "submit", "k8s", "--config", "flaky.toml", "--nodes", "1",
+                 "--gpus", "1")  # fmt: skip
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    for kind in ("serviceaccount", "role", "rolebinding"):
+        assert f"created {kind}/flaky-ddpkit" in sub.stderr, sub.stderr
+    assert wait_finished(cluster, "flaky") == "Succeeded"
+    bad = (claim_run(cluster, "flaky") / "bad-node").read_text()
+    got = kubectl(cluster, "get", "pytorchjob", "flaky", "-o", "json")
+    spec = json.loads(got.stdout)["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms == {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [bad]}]}]}  # fmt: skip
+    logs = pod_logs(cluster, "flaky")
+    assert logs.count(f"flaky.py: dying on {bad}") == 2, logs[-3000:]
+    assert "flaky.py: done on " in logs and f"flaky.py: done on {bad}" not in logs, logs[-3000:]
+    assert f"ddpkit: node {bad} failed twice: kept out of PyTorchJob flaky's next pods" in logs
+    assert launches(cluster, "flaky") == {"k8s-0", "k8s-1", "k8s-2"}
+    done = kubectl(cluster, "get", "pods", "-l", "training.kubeflow.org/job-name=flaky", "-o",
+                   "jsonpath={.items[*].spec.nodeName}").stdout.split()  # fmt: skip
+    assert done and bad not in done, done
+    st = ddpkit(cluster, project, "status", "k8s", "flaky")
+    assert f"excluded nodes: {bad} (failed twice" in st.stdout, st.stdout + st.stderr
+    gone = ddpkit(cluster, project, "cancel", "k8s", "flaky")
+    assert gone.returncode == 0 and "deleted rolebinding/flaky-ddpkit" in gone.stdout, gone.stdout

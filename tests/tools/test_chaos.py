@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,36 @@ def test_random_times_follow_the_seed():
     a = Injection.parse("preempt@random=10-20", random.Random(7))
     b = Injection.parse("preempt@random=10-20", random.Random(7))
     assert a == b and a.when == "time" and 10 <= a.at <= 20
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/usr/bin/unshare").exists(),
+    reason="a mount namespace of its own needs root and unshare",
+)
+def test_a_worker_is_found_by_its_run_dir_inside_its_own_mount_namespace(tmp_path):
+    """A pod's or a container's worker got its run dir at another path (a bind mount in its
+    own mount namespace): the drill finds it by the directory, read through /proc/PID/root,
+    not by the path string, so `--attach` to the claim's directory reaches a pod's ranks."""
+    from ddpkit.tools import chaos
+
+    run = tmp_path / "claim" / "runs" / "j"  # what this machine sees
+    run.mkdir(parents=True)
+    inside = tmp_path / "ws"  # where the worker sees it: <ws>/runs/j, a bind mount
+    (inside / "runs" / "j").mkdir(parents=True)
+    script = (
+        f"mount --bind {run} {inside}/runs/j && cd {inside} && "
+        "exec env RANK=1 GROUP_RANK=0 DDPKIT_RUN_DIR=runs/j sleep 30"
+    )
+    p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "bash", "-c", script])
+    try:
+        for _ in range(100):
+            found = [w for w in chaos.workers(run) if w.pid == p.pid]
+            if found:
+                break
+            time.sleep(0.1)
+        assert [(w.rank, w.node_rank) for w in found] == [(1, 0)]
+        # the same path string on this machine is an empty dir, not the run dir: not matched
+        assert not [w for w in chaos.workers(inside / "runs" / "j") if w.pid == p.pid]
+    finally:
+        p.kill()
+        p.wait()

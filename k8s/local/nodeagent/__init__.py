@@ -17,8 +17,12 @@ copied to /workspace), volumes are local dirs bind-mounted at their mountPaths
 names -> pod IPs, and the command runs as the securityContext's user where that
 user can start the environment's Python (else as root, with a warning).
 
-What a kubelet does and this does not: real images, resource limits, probes,
-DNS, PVC binding, node-selector / affinity / taint checks when binding.
+Binding honours the pod's nodeSelector and required node affinity and picks the
+least loaded node that fits (schedule.py); pods get the API server as a kubelet
+and kube-proxy give it (KUBERNETES_SERVICE_HOST, a relay from the pod network to
+the API server on loopback, the service account's token in its projected volume:
+incluster.py). What a kubelet and a scheduler do and this does not: real images,
+resource limits, probes, DNS, PVC binding, taints, preferred affinity, token refresh.
 
 usage: python k8s/local/node_agent.py --kubeconfig K [--nodes 2] [--gpus 8] [--state DIR]
 
@@ -31,6 +35,8 @@ Modules, one concern each:
            registration and heartbeats (NodeStatus)
   pod      PodRunner: one pod's processes and restart policy, SIGTERM/grace/SIGKILL
   hosts    the hosts file standing in for cluster DNS (HostsFile)
+  schedule which node a pending pod goes to (nodeSelector, node affinity, least loaded)
+  incluster the API server as pods reach it: env, relay, service account token (ApiAccess)
   logs     the kubelet log endpoint that `kubectl logs` reaches (LogServer)
   agent    Agent: the API client, binding, the pod sync loop, graceful deletion
   cli      the command line (python k8s/local/node_agent.py, python -m nodeagent)

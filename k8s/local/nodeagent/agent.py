@@ -13,8 +13,10 @@ import time
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from . import schedule
 from .common import log, parse_quantity
 from .hosts import HostsFile
+from .incluster import ApiAccess
 from .logs import LogServer
 from .network import Network
 from .pod import PodRunner
@@ -22,7 +24,7 @@ from .sandbox import Image
 from .status import NodeStatus
 
 
-class Agent(NodeStatus, HostsFile, LogServer):
+class Agent(NodeStatus, HostsFile, LogServer, ApiAccess):
     def __init__(self, args):
         config.load_kube_config(args.kubeconfig)
         self.core = client.CoreV1Api()
@@ -43,7 +45,7 @@ class Agent(NodeStatus, HostsFile, LogServer):
             f.write("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
         self.network = Network(args.network, args.bridge, args.pod_cidr)
         self.runners: dict[str, PodRunner] = {}
-        self.next_node = 0
+        self.unschedulable: set[str] = set()  # pods said to fit no node (said once)
         self.stop = threading.Event()
         os.makedirs(os.path.join(self.state, "pods"), exist_ok=True)
 
@@ -72,11 +74,19 @@ class Agent(NodeStatus, HostsFile, LogServer):
         return "0"
 
     # ---- pods ------------------------------------------------------------------
-    def bind(self, pod: client.V1Pod) -> None:
+    def bind(self, pod: client.V1Pod, load: dict[str, int]) -> None:
+        """Bind a pending pod to the node schedule.pick chooses (`load`: live pods per node,
+        counted up here so that pods bound in one pass spread)."""
         if pod.spec.scheduling_gates:
             return
-        node = self.nodes[self.next_node % len(self.nodes)]
-        self.next_node += 1
+        node = schedule.pick(pod, {n: self.node_labels(n) for n in self.nodes}, load)
+        if node is None:
+            if pod.metadata.uid not in self.unschedulable:
+                self.unschedulable.add(pod.metadata.uid)
+                log.info("%s/%s fits no node (nodeSelector, node affinity): left Pending",
+                         pod.metadata.namespace, pod.metadata.name)  # fmt: skip
+            return
+        load[node] = load.get(node, 0) + 1
         body = client.V1Binding(
             metadata=client.V1ObjectMeta(name=pod.metadata.name),
             target=client.V1ObjectReference(kind="Node", name=node, api_version="v1"),
@@ -93,12 +103,13 @@ class Agent(NodeStatus, HostsFile, LogServer):
 
     def sync(self) -> None:
         pods = self.core.list_pod_for_all_namespaces().items
+        load = schedule.live_load(pods)
         seen = set()
         for pod in pods:
             uid = pod.metadata.uid
             if not pod.spec.node_name:
                 if pod.metadata.deletion_timestamp is None and pod.status.phase == "Pending":
-                    self.bind(pod)
+                    self.bind(pod, load)
                 continue
             if pod.spec.node_name not in self.nodes:
                 continue
@@ -164,6 +175,7 @@ class Agent(NodeStatus, HostsFile, LogServer):
     # ---- main loop ------------------------------------------------------------------
     def run(self, cert: str | None, key: str | None) -> None:
         self.network.up()
+        self.serve_api()
         self.write_hosts([])
         self.register()
         if cert and key:

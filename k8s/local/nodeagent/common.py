@@ -26,6 +26,8 @@ class AgentView(Protocol):
 
     def resource_value(self, c: Any, resource: str) -> str: ...
 
+    def api_env(self) -> dict[str, str]: ...
+
 
 def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)

@@ -19,7 +19,7 @@ class HostsFile:
         host's. A Service with a selector stands for its first running pod, as kube-proxy's
         virtual IP would (a torchft job's lighthouse, `<job>-lighthouse`); its port is taken
         to be the pod's own (targetPort equal to port)."""
-        entries: dict[str, str] = {}
+        entries: dict[str, str] = dict(self.api_hosts())  # the API server (incluster.py)
         for r in list(self.runners.values()):
             if not r.addressed or r.done.is_set() or r.stopping.is_set():
                 continue

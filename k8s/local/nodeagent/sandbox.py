@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from . import incluster
 from .common import AgentView, expand, log
 
 
@@ -102,6 +103,7 @@ class Sandbox:
             "HOME": "/root" if not uid else os.path.join(self.dir, "home"),
             "HOSTNAME": self.pod.spec.hostname or self.name,
         }
+        env.update(self.agent.api_env())  # in-cluster config (a kubelet's service env)
         if img is not None:
             env["VIRTUAL_ENV"] = img.venv
         if uid:
@@ -175,16 +177,21 @@ class Sandbox:
             self.volumes[v.name] = path
 
     def fill(self, v: client.V1Volume, path: str) -> None:
-        """ConfigMap and Secret volumes as files; anything else (the service account's
-        projected token, ...) as an empty directory."""
+        """ConfigMap, Secret and projected volumes (the service account's token) as files;
+        anything else as an empty directory."""
         os.makedirs(path, exist_ok=True)
         data: dict = {}
         if v.config_map is not None:
             data = self.ref("configmap", v.config_map.name, None, bool(v.config_map.optional))
         elif v.secret is not None:
             data = self.ref("secret", v.secret.secret_name, None, bool(v.secret.optional))
-        elif v.projected is not None:
-            data = {"namespace": self.ns}
+        elif v.projected is not None:  # the service account's: token, CA, namespace
+            try:
+                data = incluster.token_files(self.agent.core, self.pod, v.projected, self.ref,
+                                             self.field)  # fmt: skip
+            except (ApiException, RuntimeError) as e:  # the pod runs on, without API access
+                log.warning("%s: volume %s: %s: namespace only", self.name, v.name, e)
+                data = {"namespace": self.ns}
         else:
             log.info(
                 "%s: volume %s has a type the agent does not serve: empty dir", self.name, v.name

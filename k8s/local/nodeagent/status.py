@@ -150,6 +150,12 @@ class NodeStatus:
             ],
         }
 
+    @staticmethod
+    def node_labels(name: str) -> dict[str, str]:
+        """The labels a node registers with (what nodeSelector and node affinity match)."""
+        return {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64"}  # fmt: skip
+
     def register(self) -> None:
         for name in self.nodes:
             body = {
@@ -157,11 +163,7 @@ class NodeStatus:
                 "kind": "Node",
                 "metadata": {
                     "name": name,
-                    "labels": {
-                        "kubernetes.io/hostname": name,
-                        "kubernetes.io/os": "linux",
-                        "kubernetes.io/arch": "amd64",
-                    },
+                    "labels": self.node_labels(name),
                 },
             }
             try:
