@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 from typing import Any
+
+from ddpkit.train.failclass import room_for
 
 JOB_ENV = "DDPKIT_K8S_JOB"  # the PyTorchJob's name (rendered when exclusion is on)
 NAMESPACE_ENV = "DDPKIT_K8S_NAMESPACE"  # its namespace (downward API)
@@ -78,6 +81,26 @@ def patch_for(job: dict[str, Any], nodes: list[str]) -> dict[str, Any] | None:
     return {"metadata": {"resourceVersion": version}, "spec": {"pytorchReplicaSpecs": replicas}}
 
 
+def ready_nodes(core: Any) -> set[str] | None:
+    """The cluster's Ready, schedulable nodes; None when the pod may not list nodes (a
+    cluster-scoped right the rendered Role cannot give: docs/kubernetes.md), and then no
+    node is held back for room."""
+    from kubernetes.client.rest import ApiException
+
+    try:
+        items = core.list_node().items
+    except ApiException as e:
+        if e.status in (401, 403):
+            return None
+        raise
+    out = set()
+    for n in items:
+        ready = any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+        if ready and not (n.spec and n.spec.unschedulable):
+            out.add(n.metadata.name)
+    return out
+
+
 def keep_off(nodes: list[str]) -> str:
     """Patch this pod's job (JOB_ENV, NAMESPACE_ENV) to keep `nodes` out of its next pods;
     the line that says what happened (never raises: the restart goes on either way)."""
@@ -94,8 +117,20 @@ def keep_off(nodes: list[str]) -> str:
 
         config.load_incluster_config()
         api = client.CustomObjectsApi()
+        usable = ready_nodes(client.CoreV1Api())
         for _ in range(RETRIES):
             job = api.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+            left: list[str] = []
+            if usable is not None:
+                need = int(os.environ.get("PET_NNODES", "1").split(":")[-1] or 1)
+                nodes, left = room_for(nodes, usable, excluded(job), need)
+                which = ", ".join(nodes)
+                if left:
+                    print(f"ddpkit: not excluding {', '.join(left)} (failed twice): fewer Ready "
+                          f"nodes than the job's {need} pods would be left", file=sys.stderr,
+                          flush=True)  # fmt: skip
+                if not nodes:
+                    return f"node {', '.join(left)} failed twice: left in, for room"
             body = patch_for(job, nodes)
             if body is None:
                 return f"node {which} failed twice: kept out of PyTorchJob {name}'s pods already"

@@ -230,7 +230,7 @@ def drill(
 ) -> None:
     """Fire `plan` in order against the run while `alive()` says the job runs."""
     t0 = time.monotonic()
-    for inj in plan:
+    for i, inj in enumerate(plan):
         while alive():
             if inj.when == "step" and logged_step(run_dir) >= inj.at:
                 break
@@ -247,6 +247,8 @@ def drill(
             return
         before = attempts(run_dir)
         say(f"chaos: {inj.kind}: {inject(run_dir, inj)}")
+        if i == len(plan) - 1:
+            return  # the last one: the caller waits for the job (or, attached, need not)
         while alive() and attempts(run_dir) <= before:
             time.sleep(0.2)  # recovered once a new attempt started (or the job ended)
         t0 = time.monotonic()

@@ -142,6 +142,20 @@ def requeue_verdict(
     return True, bad, line
 
 
+def room_for(
+    new: list[str], usable: set[str], excluded: list[str], need: int
+) -> tuple[list[str], list[str]]:
+    """(the failing nodes to exclude, those left in) so that the job keeps `need` usable nodes
+    besides those `excluded` already: excluding past that leaves it pending for good, which
+    only a person could undo (found by a drill on 3 SLURM nodes: a kill and a hang on one
+    node, two node losses on another, and the 2-node job had one node left). A node that is
+    not usable now costs no room. SLURM (slurm/room.py) and Kubernetes (k8s/exclude.py)."""
+    room = max(0, len(usable - set(excluded)) - need)
+    counted = [n for n in new if n in usable]
+    added = [n for n in new if n not in usable or n in counted[:room]]
+    return added, counted[room:]
+
+
 def main(argv: list[str]) -> int:
     """`python -m ddpkit.train.failclass RUN_DIR LAUNCH_ID RC RESTARTS LIMIT`: prints
     `requeue [NODE,...]` or `stop` on stdout, the reason on stderr."""

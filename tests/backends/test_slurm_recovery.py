@@ -163,10 +163,11 @@ def test_a_node_that_fails_twice_is_excluded_and_the_job_ends_on_the_other(
 ) -> None:
     """A 1-node job whose node loses every process twice: the first loss requeues it, the
     second requeues it with that node in ExcNodeList, and it finishes on the other node.
-    The test pins the second attempt to the same node (ExcNodeList = the other one; the
-    nodes here are shared, so a sleeping job could not hold the other); the kit's teardown
-    then adds the node that failed twice to the job's ExcNodeList (kept: a user's --exclude
-    is never replaced), and the test lifts its own pin."""
+    The test pins the second attempt to the same node (ReqNodeList; the nodes here are
+    shared, so a sleeping job could not hold the other, and an ExcNodeList pin of the other
+    would leave the kit no room to exclude: slurm/room.py); the kit's teardown then adds the
+    node that failed twice to the job's ExcNodeList, and the test lifts its own pin (a
+    user's --exclude kept beside it: test_slurm_render.py)."""
     cfg = job_file(tmp_path, "rec-badnode")
     run = tmp_path / "rec-badnode"
     job = submit(cfg, "--nodes", "1")
@@ -174,11 +175,11 @@ def test_a_node_that_fails_twice_is_excluded_and_the_job_ends_on_the_other(
         bad = _wait_state(job, ("RUNNING",))["BatchHost"]
         other = "node2" if bad == "node1" else "node1"
         _kill_node(run, 120)  # first loss: requeued
-        _release_requeued(job, 1, f"ExcNodeList={other}")
+        _release_requeued(job, 1, f"ReqNodeList={bad}")
         assert _wait_state(job, ("RUNNING",))["BatchHost"] == bad
         _kill_node(run, 200)  # second loss on the same node: requeued without it
-        assert _excluded(job, {bad, other}) == {bad, other}  # added to the pin, not in its place
-        _release_requeued(job, 2, f"ExcNodeList={bad}")  # the test's pin lifted
+        assert _excluded(job, {bad}) == {bad}
+        _release_requeued(job, 2, "ReqNodeList=")  # the test's pin lifted
         info = _wait_state(job, ("COMPLETED", "FAILED", "CANCELLED"), 400)
     finally:
         subprocess.run(["scancel", job], check=False)

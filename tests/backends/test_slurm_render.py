@@ -305,6 +305,7 @@ def test_the_teardown_adds_a_twice_failed_node_to_the_jobs_own_exclusions(tmp_pa
     FakeBin(tmp_path / "bin").add(
         "scontrol",
         f'#!/bin/sh\necho "$*" >> {calls}\n'
+        'if [ "$2" = hostnames ]; then echo gpu7; echo gpu8; exit 0; fi\n'
         'if [ "$1" = show ]; then echo "JobId=42 JobState=RUNNING Requeue=1 Restarts=1 '
         'ExcNodeList=gpu[7-8] NodeList=c2"; fi\n',
     )
@@ -317,6 +318,29 @@ def test_the_teardown_adds_a_twice_failed_node_to_the_jobs_own_exclusions(tmp_pa
     assert "requeue 2 of 3, excluding c2" in out.stderr, out.stderr
     said = calls.read_text().splitlines()
     assert "requeue 42" in said and said[-1] == "update JobId=42 ExcNodeList=gpu[7-8],c2", said
+
+
+def test_the_exclusion_leaves_the_job_room_in_its_partition(tmp_path: Path, monkeypatch) -> None:
+    """A 2-node job on a 3-node partition: a second node that failed twice is not excluded
+    (the job would stay pending for good, BadConstraints: found by a 15-minute drill); a node
+    that is down costs no room; without sinfo every bad node is added as before."""
+    from ddpkit.slurm import room
+
+    bin_ = FakeBin(tmp_path / "bin")
+    bin_.add("sinfo", '#!/bin/sh\n[ "$6" = gpu ] || exit 1\n'
+                      'printf "n1 idle\\nn2 mix\\nn3 alloc\\nn4 down*\\nn5 drain\\n"\n')  # fmt: skip
+    bin_.add("scontrol", '#!/bin/sh\nshift 2; echo "$@" | tr , "\\n"\n')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    monkeypatch.setenv("SLURM_JOB_PARTITION", "gpu")
+    assert room.usable_nodes("gpu") == {"n1", "n2", "n3"}
+    assert room.exclusion("(null)", ["n1"]) == ([], ["n1"], [])
+    assert room.exclusion("n1", ["n2"]) == (["n1"], [], ["n2"])  # one usable node would be left
+    assert room.exclusion("", ["n4", "n2", "n3"]) == ([], ["n4", "n2"], ["n3"])
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "1")
+    assert room.exclusion("n1", ["n2"]) == (["n1"], ["n2"], [])
+    monkeypatch.setenv("PATH", "/nonexistent")  # no SLURM commands: added as they are
+    assert room.exclusion("n1", ["n2", "n3"]) == (["n1"], ["n2", "n3"], [])
 
 
 def test_a_cancelled_job_is_never_requeued_by_its_teardown(tmp_path: Path) -> None:
