@@ -33,6 +33,9 @@ class SlurmOptions:
     grace_s: int | None = None
     # requeues after "saved, please requeue"; 0 = never requeue
     requeue_limit: int = field(default=3, metadata=checks(at_least(0)))
+    # A requeued job starts this long after its requeue instead of after SLURM's own hold
+    # (about 2 minutes of BeginTime on every requeue); unset: SLURM's hold.
+    requeue_delay_s: int | None = field(default=15, metadata=checks(at_least(0)))
     # default <run_dir>/slurm: batch and per-node logs
     log_dir: str | None = field(default=None, metadata=checks(plain_path("runs/mine/slurm")))
     # The Python on the nodes (container "none"): default the interpreter that ran `ddpkit

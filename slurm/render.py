@@ -328,6 +328,7 @@ def teardown_script(spec: JobSpec, array_prefix: str | None = None) -> str:
     return render_template(
         "slurm/teardown.sh.j2",
         requeue_limit=spec.slurm.requeue_limit,
+        requeue_delay_s=spec.slurm.requeue_delay_s,
         exit_requeue=EXIT_REQUEUE,
         marker_check=MARKER_CHECK,
         python=spec.slurm.python or "python3",

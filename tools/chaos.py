@@ -175,7 +175,7 @@ def inject(run_dir: Path, inj: Injection) -> str:
             raise ChaosError(f"no workers of {run_dir} on this machine to preempt")
         goodput.record(run_dir, "inject", what="preempted")
         for pid in launchers:
-            os.kill(pid, _preempt_signal())
+            os.kill(pid, _preempt_signal(pid))
         return f"preemption signal to launcher(s) {launchers}"
     if inj.kind == "kill-node":
         mine = [p for p in procs if p.node_rank == inj.target]
@@ -201,21 +201,29 @@ def _kill(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-def _node_of(pid: int) -> str | None:
-    """The node name the worker's records carry (goodput.node_name, read from its env)."""
+def _environ(pid: int) -> dict[str, str]:
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
     except OSError:
+        return {}
+    return dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
+
+
+def _node_of(pid: int) -> str | None:
+    """The node name the worker's records carry (goodput.node_name, read from its env)."""
+    env = _environ(pid)
+    if not env:
         return None
-    env = dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
     return env.get("SLURMD_NODENAME") or env.get("NODE_NAME") or os.uname().nodename
 
 
-def _preempt_signal() -> int:
-    """The signal that asks this job for a requeue (the node's DDPKIT_REQUEUE_SIGNALS)."""
+def _preempt_signal(launcher: int) -> int:
+    """The signal that asks this launcher's job for a requeue: its own DDPKIT_REQUEUE_SIGNALS
+    (a SLURM job's is its --signal, USR1 by default), not the drill's environment (found by a
+    drill: SIGTERM to a SLURM job read as a cancel, exit 143, not requeued)."""
     from ddpkit.train.contract import requeue_signals
 
-    return getattr(signal, requeue_signals()[0])
+    return getattr(signal, requeue_signals(_environ(launcher))[0])
 
 
 def attempts(run_dir: Path) -> int:

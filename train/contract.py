@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +60,10 @@ TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
 REQUEUE_SIGNALS_ENV = "DDPKIT_REQUEUE_SIGNALS"
 
 
-def requeue_signals() -> tuple[str, ...]:
-    """The stop signals (names, e.g. "SIGUSR1") that ask for a requeue on this launch."""
-    named = os.environ.get(REQUEUE_SIGNALS_ENV)
+def requeue_signals(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The stop signals (names, e.g. "SIGUSR1") that ask for a requeue on this launch (or on
+    the launch whose environment `env` is)."""
+    named = (os.environ if env is None else env).get(REQUEUE_SIGNALS_ENV)
     if named is None:
         return PREEMPT_SIGNALS
     return tuple(n for n in (x.strip() for x in named.split(",")) if n in PREEMPT_SIGNALS)

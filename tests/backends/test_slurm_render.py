@@ -255,14 +255,19 @@ def test_srun_gets_cpus_kill_on_bad_exit_and_a_wait_beyond_the_budget() -> None:
     assert "--shutdown-timeout 91" in text  # rounded up, never down to 0
 
 
-def run_teardown(tmp_path: Path, step_rc: int) -> tuple[int, str]:
+def run_teardown(tmp_path: Path, step_rc: int, *sets: str) -> tuple[int, str]:
     recording_fake(tmp_path, "scontrol")
-    script = f"(exit {step_rc})\n" + slurm.teardown_script(load_spec(None, []))
+    script = f"(exit {step_rc})\n" + slurm.teardown_script(load_spec(None, list(sets)))
     env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "42",
            "DDPKIT_LAUNCH_ID": "ddpkit-42-0", "PYTHONPATH": str(REPO)}  # fmt: skip
     out = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True,
                          text=True, check=False)  # fmt: skip
     return out.returncode, out.stderr
+
+
+# After a requeue (the update runs only once `scontrol requeue` succeeded): its start in
+# slurm.requeue_delay_s (default 15) instead of SLURM's hold of about 2 minutes.
+RELEASED = ["update", "JobId=42", "StartTime=now+15"]
 
 
 def test_teardown_requeues_only_for_this_attempt(tmp_path: Path) -> None:
@@ -280,9 +285,12 @@ def test_teardown_requeues_only_for_this_attempt(tmp_path: Path) -> None:
     rc, err = run_teardown(tmp_path, 137)
     assert rc == 137 and "step exit 137 (a lost node" in err and "requeue 1 of 3" in err, err
     assert "this attempt saved" not in err  # the stale marker fakes no save
-    assert json.loads((tmp_path / "scontrol.json").read_text())["argv"] == ["requeue", "42"]
+    assert json.loads((tmp_path / "scontrol.json").read_text())["argv"] == RELEASED
     rc, err = run_teardown(tmp_path, 75)
     assert rc == 75 and "requeue 1 of 3" in err
+    assert json.loads((tmp_path / "scontrol.json").read_text())["argv"] == RELEASED
+    rc, err = run_teardown(tmp_path, 75, "slurm.requeue_delay_s=none")  # SLURM's own hold
+    assert rc == 75 and "requeue 1 of 3" in err and "did not take" not in err, err
     assert json.loads((tmp_path / "scontrol.json").read_text())["argv"] == ["requeue", "42"]
     # srun killed a node after another exited 75: this attempt's marker still requeues
     (tmp_path / "scontrol.json").unlink()
@@ -317,7 +325,8 @@ def test_the_teardown_adds_a_twice_failed_node_to_the_jobs_own_exclusions(tmp_pa
                          text=True, check=False)  # fmt: skip
     assert "requeue 2 of 3, excluding c2" in out.stderr, out.stderr
     said = calls.read_text().splitlines()
-    assert "requeue 42" in said and said[-1] == "update JobId=42 ExcNodeList=gpu[7-8],c2", said
+    update = "update JobId=42 ExcNodeList=gpu[7-8],c2 StartTime=now+15"
+    assert said[-2:] == ["requeue 42", update], said
 
 
 def test_the_exclusion_leaves_the_job_room_in_its_partition(tmp_path: Path, monkeypatch) -> None:

@@ -121,3 +121,19 @@ def test_a_worker_is_found_by_its_run_dir_inside_its_own_mount_namespace(tmp_pat
     finally:
         p.kill()
         p.wait()
+
+
+def test_the_preemption_signal_is_the_target_jobs_own(monkeypatch):
+    """A SLURM job requeues on its --signal (USR1 by default) only: the drill sends the signal
+    the launcher's environment names, not its own default (SIGTERM read as a cancel)."""
+    from ddpkit.tools import chaos
+    from ddpkit.train.contract import REQUEUE_SIGNALS_ENV
+
+    monkeypatch.delenv(REQUEUE_SIGNALS_ENV, raising=False)
+    env = {**os.environ, REQUEUE_SIGNALS_ENV: "SIGUSR2"}
+    p = subprocess.Popen(["sleep", "30"], env=env)
+    try:
+        assert chaos._preempt_signal(p.pid) == signal.SIGUSR2
+    finally:
+        p.kill()
+        p.wait()
