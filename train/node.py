@@ -488,8 +488,10 @@ def main(argv: list[str] | None = None) -> int:
     elif stopped_by is not None and code == EXIT_OK and cancelled:
         code = 128 + stopped_by
         line = (
-            f"{PREFIX}: stopped by {signame(stopped_by)}, a cancel: exit {code}, not requeued "
-            f"(this job requeues on {'/'.join(requeue_signals())} only)"
+            f"{PREFIX}: stopped by {signame(stopped_by)} (a cancel, or the step ended after "
+            f"another node failed): exit {code}, no requeue asked by this node (this job "
+            f"requeues on {'/'.join(requeue_signals())}; a failed node's requeue is the batch "
+            "script's)"
         )
     elif stopped_by is not None and code == EXIT_OK:
         code = 128 + stopped_by
