@@ -41,6 +41,7 @@ from ddpkit.train.contract import (
 # 128 and above: the operator recreates the pod (IsRetryableExitCode). Above every
 # 128 + signal number, so it reads as the kit's request, not as a death by a signal.
 EXIT_RESTART_POD = 200
+STOPPED_BY_SIGTERM = 128 + 15  # the node launcher's status for a stop without a save
 ATTEMPTS_DIR = "k8s-attempts"  # <run dir>/k8s-attempts/<replica>.<pod uid>
 LIMIT_ENV = "DDPKIT_POD_RESTART_LIMIT"  # the job's backoffLimit (k8s/render.py sets it)
 PREFIX = "ddpkit"
@@ -81,10 +82,15 @@ def verdict(run_dir: str, launch_id: str, rc: int, restarts: int, limit: int) ->
     (0 = the first) under the budget `limit` (backoffLimit)."""
     if rc in (EXIT_OK, EXIT_BAD_INPUT, EXIT_DIVERGED):
         return rc, ""
-    if rc == EXIT_REQUEUE:  # saved on the pod's SIGTERM (deleted, evicted, its node drained)
+    if rc in (EXIT_REQUEUE, STOPPED_BY_SIGTERM):
+        # The pod's SIGTERM (deleted, evicted, its node drained), saved or not (its ranks may
+        # have been between attempts). Not a cancel, unlike SLURM's: deleting the job takes
+        # its pods with it, so a restart asked for then is never made (found by a drill: a
+        # worker pod stopped without a save exited 1 and failed the whole job).
+        how = "saved on SIGTERM" if rc == EXIT_REQUEUE else "stopped by SIGTERM without a save"
         if restarts >= limit:
-            return EXIT_FAILED, f"saved on SIGTERM; the pod restart budget ({limit}) is spent"
-        return EXIT_RESTART_POD, f"saved on SIGTERM: pod restart {restarts + 1} of {limit}"
+            return EXIT_FAILED, f"{how}; the pod restart budget ({limit}) is spent"
+        return EXIT_RESTART_POD, f"{how}: pod restart {restarts + 1} of {limit}"
     again, _, line = failclass.requeue_verdict(run_dir, launch_id, rc, restarts, limit)
     line = line.replace("not requeued", "not restarted").replace("requeue", "pod restart")
     return (EXIT_RESTART_POD if again else EXIT_FAILED), line

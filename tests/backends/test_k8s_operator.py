@@ -138,6 +138,12 @@ def test_a_pod_attempt_is_counted_on_the_claim_and_its_exit_read_by_exitcode(tmp
     assert attempt.verdict(str(run), "k8s-0", 2, 0, 3)[0] == 2  # bad input: the job fails
     assert attempt.verdict(str(run), "k8s-0", 75, 0, 3)[0] == restart >= 128  # saved on SIGTERM
     assert attempt.verdict(str(run), "k8s-0", 75, 3, 3)[0] == 1  # the budget is spent
+    # a pod's SIGTERM without a save (its ranks between attempts) is no cancel on Kubernetes
+    assert attempt.verdict(str(run), "k8s-0", 143, 0, 3) == (
+        restart,
+        "stopped by SIGTERM without a save: pod restart 1 of 3",
+    )
+    assert attempt.verdict(str(run), "k8s-0", 143, 3, 3)[0] == 1
     assert attempt.verdict(str(run), "k8s-0", 1, 0, 3)[0] == restart  # a killed worker
     code, line = attempt.verdict(str(run), "k8s-0", 1, 1, 1)
     assert code == 1 and "the pod restart limit (1) is reached: not restarted" in line
