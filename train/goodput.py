@@ -220,17 +220,21 @@ class Report:
         ]
         if self.failures:
             head = ("kind", "attempt", "rank", "node", "detect", "restart", "load", "redo", "lost")
-            rows.append("  " + "".join(f"{h:>10}" for h in head))
-            for f in self.failures:
-                cells = (
+            table = [head] + [
+                tuple(str(c) for c in (
                     f.kind,
                     f.attempt,
                     "-" if f.rank is None else f.rank,
                     f.node or "-",
                     *(f"{v:.1f}s" for v in (f.detect_s, f.restart_s, f.load_s, f.recompute_s)),
                     f"{f.lost_s:.1f}s",
-                )
-                rows.append("  " + "".join(f"{str(c)[:9]:>10}" for c in cells))
+                ))
+                for f in self.failures
+            ]  # fmt: skip
+            # columns as wide as their longest cell: a Kubernetes node's name is not cut
+            widths = [max(9, *(len(r[i]) for r in table)) + 1 for i in range(len(head))]
+            rows += ["  " + "".join(c.rjust(w) for c, w in zip(r, widths, strict=True))
+                     for r in table]  # fmt: skip
         return "\n".join(rows)
 
 

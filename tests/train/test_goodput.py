@@ -52,6 +52,11 @@ def test_report_splits_wall_time_by_failure_and_survives_a_requeue(tmp_path):
     assert preempt.restart_s == pytest.approx(70 - 50 - 1)  # the queue wait is lost time
     assert rep.line() == f"goodput {rep.goodput:.0%}: 2 failures, {rep.lost_s:.0f} s lost"
     assert "killed" in rep.table() and "preempted" in rep.table()
+    # a long node name (a Kubernetes node's) is printed whole, its column as wide
+    rep.failures[0].node = "ddpkit-node-1.example.internal"
+    lines = rep.table().splitlines()
+    assert "ddpkit-node-1.example.internal" in lines[3]
+    assert len({len(x) for x in lines[2:]}) == 1, lines
 
 
 def test_a_hang_blames_the_rank_waited_for_and_a_silent_node_is_lost(tmp_path):
