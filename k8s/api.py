@@ -564,7 +564,7 @@ def _delete_rbac(core: Any, job: str, ns: str) -> None:
     """The job's own service account and rights (k8s.exclude_failed_nodes); none: nothing."""
     from kubernetes.client.exceptions import ApiException
 
-    name = f"{job}-ddpkit"
+    name = exclude.rbac_name(job)
     for kind in RBAC_KINDS:
         try:
             _rbac_calls(core, kind)[1](name, ns)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -41,7 +42,7 @@ from ddpkit.train.contract import (
 # 128 and above: the operator recreates the pod (IsRetryableExitCode). Above every
 # 128 + signal number, so it reads as the kit's request, not as a death by a signal.
 EXIT_RESTART_POD = 200
-STOPPED_BY_SIGTERM = 128 + 15  # the node launcher's status for a stop without a save
+STOPPED_BY_SIGTERM = 128 + signal.SIGTERM  # the node launcher's status for a stop without a save
 ATTEMPTS_DIR = "k8s-attempts"  # <run dir>/k8s-attempts/<replica>.<pod uid>
 LIMIT_ENV = "DDPKIT_POD_RESTART_LIMIT"  # the job's backoffLimit (k8s/render.py sets it)
 PREFIX = "ddpkit"

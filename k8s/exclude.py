@@ -25,6 +25,11 @@ GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
 RETRIES = 5  # patches that lost a race with another pod's (409 Conflict)
 
 
+def rbac_name(job: str) -> str:
+    """The name of the job's own ServiceAccount, Role and RoleBinding (k8s/render.py)."""
+    return f"{job}-ddpkit"
+
+
 def _required(pod_spec: dict[str, Any]) -> dict[str, Any] | None:
     aff = (pod_spec.get("affinity") or {}).get("nodeAffinity") or {}
     return aff.get("requiredDuringSchedulingIgnoredDuringExecution")

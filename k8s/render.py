@@ -296,7 +296,7 @@ def service_account(spec: JobSpec) -> str | None:
     own (rbac_objects), else the namespace's default (None)."""
     if spec.k8s.service_account or not spec.k8s.exclude_failed_nodes:
         return spec.k8s.service_account
-    return f"{spec.name}-ddpkit"
+    return exclude.rbac_name(spec.name)
 
 
 def rbac_objects(spec: JobSpec) -> list[dict[str, Any]]:
@@ -307,7 +307,7 @@ def rbac_objects(spec: JobSpec) -> list[dict[str, Any]]:
     if not spec.k8s.exclude_failed_nodes:
         return []
     sa, ns = str(service_account(spec)), spec.k8s.namespace
-    name = f"{spec.name}-ddpkit"
+    name = exclude.rbac_name(spec.name)
     meta = {"name": name, "namespace": ns, "labels": labels(spec, "rbac")}
     out: list[dict[str, Any]] = []
     if not spec.k8s.service_account:

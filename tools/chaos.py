@@ -105,11 +105,10 @@ def workers(run_dir: Path) -> list[Proc]:
         if not entry.name.isdigit():
             continue
         try:
-            raw = (entry / "environ").read_bytes()
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        env = dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+        env = _environ(int(entry.name))
         if "RANK" not in env or "GROUP_RANK" not in env or RUN_DIR_ENV not in env:
             continue
         if _run_dir_of(entry, env[RUN_DIR_ENV]) != want:
