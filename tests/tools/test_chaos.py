@@ -133,6 +133,11 @@ def test_the_preemption_signal_is_the_target_jobs_own(monkeypatch):
     env = {**os.environ, REQUEUE_SIGNALS_ENV: "SIGUSR2"}
     p = subprocess.Popen(["sleep", "30"], env=env)
     try:
+        # Popen returns once exec has begun; the kernel fills the new image's environment a
+        # moment later (until then /proc/PID/environ reads empty: seen once in CI).
+        deadline = time.monotonic() + 10
+        while not chaos._environ(p.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert chaos._preempt_signal(p.pid) == signal.SIGUSR2
     finally:
         p.kill()
