@@ -352,21 +352,43 @@ def test_the_exclusion_leaves_the_job_room_in_its_partition(tmp_path: Path, monk
     assert room.exclusion("n1", ["n2", "n3"]) == (["n1"], ["n2", "n3"], [])
 
 
-def test_a_cancelled_job_is_never_requeued_by_its_teardown(tmp_path: Path) -> None:
-    """A plain scancel marks the job CANCELLED at once: even a step that exited 75 (a
-    script that asked for a requeue on any signal) leaves it ended."""
+@pytest.mark.parametrize(
+    "shown",
+    ["JobState=COMPLETING Reason=None Requeue=1",  # a plain scancel, as SLURM 22.05 shows it
+     "JobState=CANCELLED Reason=None Requeue=1",  # (from the batch shell: COMPLETING)
+     "JobState=COMPLETING Reason=None Requeue=0",  # `ddpkit cancel`: the flag cleared first
+     "JobState=RUNNING Reason=None Requeue=0"],
+)  # fmt: skip
+@pytest.mark.parametrize("rc", [75, 137])
+def test_a_cancelled_job_is_never_requeued_by_its_teardown(
+    tmp_path: Path, shown: str, rc: int
+) -> None:
+    """While the batch shell runs, a scancelled job shows COMPLETING (a CI run requeued one
+    whose teardown looked for CANCELLED): neither a step that saved and exited 75 nor one
+    that failed requeues it. The same step with the job still RUNNING does requeue."""
+    requeued = tmp_path / "requeued"
+    state = tmp_path / "state"
     FakeBin(tmp_path / "bin").add(
         "scontrol",
-        f'#!/bin/sh\nif [ "$1" = requeue ]; then touch {tmp_path / "requeued"}; exit; fi\n'
-        "echo 'JobId=42 JobName=x JobState=CANCELLED Reason=None Requeue=1 Restarts=0'\n",
+        f'#!/bin/sh\nif [ "$1" = requeue ]; then touch {requeued}; exit; fi\n'
+        f'[ "$1" = update ] && exit 0\necho "JobId=42 JobName=x $(cat {state}) Restarts=0"\n',
     )
-    script = "(exit 75)\n" + slurm.teardown_script(load_spec(None, []))
+    script = f"(exit {rc})\n" + slurm.teardown_script(load_spec(None, []))
     env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "42",
            "DDPKIT_LAUNCH_ID": "ddpkit-42-0", "PYTHONPATH": str(REPO)}  # fmt: skip
-    out = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, check=False)  # fmt: skip
-    assert "the job was cancelled, so it is not requeued" in out.stderr, out.stderr
-    assert not (tmp_path / "requeued").exists()
+
+    def teardown(job: str) -> str:
+        state.write_text(job)
+        requeued.unlink(missing_ok=True)
+        return subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, check=False).stderr  # fmt: skip
+
+    err = teardown(shown)
+    assert not requeued.exists(), err
+    if rc == 75:
+        assert "the job was cancelled, so it is not requeued" in err, err
+    err = teardown("JobState=RUNNING Reason=None Requeue=1")
+    assert requeued.exists(), err  # the control: a job nobody ended is requeued
 
 
 def test_only_the_kits_own_signal_asks_for_a_requeue_on_slurm(tmp_path: Path) -> None:
