@@ -10,8 +10,17 @@ below 128 fails the job at once (the user's code, bad input: never retried). But
 only the restarts of *running* pods to `backoffLimit` (pkg/core/job.go PastBackoffLimit), and
 an ExitCode restart recreates the pod, so the operator alone would restart forever. The kit
 counts instead: every pod start of the job leaves a file under <run dir>/k8s-attempts/ (the
-claim outlives the pods), and a replica started more than `backoffLimit` + 1 times, or a
-failure past that budget, exits 1 with its line: the job fails once, never loops.
+claim outlives the pods), and a job attempt past `backoffLimit`, or a failure past that budget,
+exits 1 with its line: the job fails once, never loops.
+
+One attempt number for the whole job, not one per pod. A static rendezvous meets only agents
+that start together: a pod recreated alone (its node lost, every process of it killed) starts
+torchrun's count at 0 while a surviving peer restarted in place waits at its own count's store
+keys, and the two never meet (found by a drill: the recreated pod's ranks crashed three times
+and the job lost 401 s). So a pod whose replica already started in the newest attempt opens
+the next one, a pod that has not joins it, the others' pods see a newer attempt and exit
+EXIT_RESTART_POD to join it, and a non-host pod starts its launcher only once the host pod
+(node rank 0, whose launcher holds the store) started in the same attempt.
 
 Exit status: the node launcher's 0, 2 (bad input) and 3 (diverged) as they are; its requeue
 (75: the pod's SIGTERM save) and a failure a restart may fix (a killed or crashed worker, a
@@ -25,7 +34,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -45,6 +56,8 @@ EXIT_RESTART_POD = 200
 STOPPED_BY_SIGTERM = 128 + signal.SIGTERM  # the node launcher's status for a stop without a save
 ATTEMPTS_DIR = "k8s-attempts"  # <run dir>/k8s-attempts/<replica>.<pod uid>
 LIMIT_ENV = "DDPKIT_POD_RESTART_LIMIT"  # the job's backoffLimit (k8s/render.py sets it)
+WAIT_ENV = "DDPKIT_RDZV_WAIT_S"  # launch.sh's wait for the rendezvous host, in seconds
+HOST_REPLICA = "node0"  # replica_name() of the pod whose launcher hosts the static store
 PREFIX = "ddpkit"
 
 
@@ -59,14 +72,106 @@ def run_dir_of(argv: list[str]) -> str | None:
     return None
 
 
-def count_start(run_dir: str | Path, replica: str, pod_uid: str) -> int:
-    """Note this pod's start and return how many pods of `replica` this job has started (1 on
-    the first). Every replica fails together (a peer's failure breaks the others' collectives),
-    so the counts stay in step and name the job's attempt on every pod alike."""
+def _starts(folder: Path) -> list[tuple[int, str, str]]:
+    """(attempt, replica, pod uid) of every pod start noted in `folder`."""
+    out = []
+    with contextlib.suppress(OSError):
+        for p in folder.iterdir():
+            head, _, rest = p.name.partition(".")
+            replica, _, uid = rest.rpartition(".")
+            if head.isdigit() and replica and uid:
+                out.append((int(head), replica, uid))
+    return out
+
+
+def join_attempt(run_dir: str | Path, replica: str, pod_uid: str) -> int:
+    """Note this pod's start and return the job attempt it belongs to (0 = the first): the
+    newest one, or the one after it when this replica already started in the newest (this
+    pod is a recreated one). The same pod's container again keeps its attempt. Two pods that
+    decide at once agree: both see the same newest attempt and whether their replica is in it."""
     folder = Path(run_dir) / ATTEMPTS_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{replica}.{pod_uid}").touch()
-    return sum(1 for p in folder.iterdir() if p.name.startswith(f"{replica}."))
+    starts = _starts(folder)
+    if mine := [a for a, _, uid in starts if uid == pod_uid]:
+        return mine[0]
+    top = max((a for a, _, _ in starts), default=0)
+    attempt = top + 1 if any(a == top and r == replica for a, r, _ in starts) else top
+    (folder / f"{attempt}.{replica}.{pod_uid}").touch()
+    return attempt
+
+
+def newest_attempt(run_dir: str | Path) -> int:
+    return max((a for a, _, _ in _starts(Path(run_dir) / ATTEMPTS_DIR)), default=0)
+
+
+def started_in(run_dir: str | Path, attempt: int, replica: str) -> bool:
+    return any(a == attempt and r == replica for a, r, _ in _starts(Path(run_dir) / ATTEMPTS_DIR))
+
+
+def _rejoin_line(replica: str, attempt: int, newer: int) -> str:
+    return (
+        f"{PREFIX}: {replica}: another pod of the job started attempt {newer} (this pod is in "
+        f"{attempt}); this pod is recreated to join it (exit {EXIT_RESTART_POD})"
+    )
+
+
+def wait_for_host(
+    run_dir: str, attempt: int, replica: str, wait_s: float, every: float = 1.0
+) -> int | None:
+    """A non-host pod: wait until the host pod started in this attempt, so that the
+    launcher does not meet the store of a host about to be replaced. None when it did; else
+    the exit status: EXIT_RESTART_POD when a newer attempt began meanwhile, EXIT_FAILED
+    after `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while not started_in(run_dir, attempt, HOST_REPLICA):
+        if (newer := newest_attempt(run_dir)) > attempt:
+            print(_rejoin_line(replica, attempt, newer), file=sys.stderr, flush=True)
+            return EXIT_RESTART_POD
+        if time.monotonic() >= deadline:
+            print(
+                f"{PREFIX}: the host pod (node rank 0) did not start attempt {attempt} within "
+                f"{wait_s:.0f} s: not restarted",
+                file=sys.stderr,
+                flush=True,
+            )
+            return EXIT_FAILED
+        time.sleep(every)
+    # The host's new pod may not resolve or listen yet, and torch fails at once on a name
+    # that does not resolve (launch.sh waited for the pod it replaced).
+    addr, port = os.environ.get("PET_MASTER_ADDR"), os.environ.get("PET_MASTER_PORT")
+    while addr and port and port.isdigit():
+        with contextlib.suppress(OSError):
+            socket.create_connection((addr, int(port)), timeout=5).close()
+            break
+        if time.monotonic() >= deadline:
+            break  # the launcher's own rendezvous says what is wrong, in its words
+        time.sleep(every)
+    return None
+
+
+def watch_for_newer(
+    run_dir: str, attempt: int, replica: str, every: float = 2.0
+) -> threading.Event:
+    """While the launcher runs: when another pod opens a newer attempt, end this pod (its
+    workers go with it: node.workers_die_with_launcher) so that it is recreated into that
+    attempt. Set the returned event once the launcher returned: its own exit decides then."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(every):
+            if (newer := newest_attempt(run_dir)) > attempt and not done.is_set():
+                print(_rejoin_line(replica, attempt, newer), file=sys.stderr, flush=True)
+                os._exit(EXIT_RESTART_POD)
+
+    threading.Thread(target=watch, name="ddpkit-attempt-watch", daemon=True).start()
+    return done
+
+
+def replica_name() -> str:
+    """This pod's replica: its node rank (the controller's PET_NODE_RANK; one per replica in a
+    fixed-size job), else the pod's name."""
+    rank = os.environ.get("PET_NODE_RANK")
+    return f"node{rank}" if rank else os.environ.get("POD_NAME", "pod")
 
 
 def forget_attempts(run_dir: str | Path) -> None:
@@ -118,13 +223,12 @@ def failure_lines(run_dir: str) -> list[str]:
 def main(argv: list[str]) -> int:
     run_dir = run_dir_of(argv)
     limit = int(os.environ.get(LIMIT_ENV, "3"))
-    replica = os.environ.get("POD_NAME", "pod")
+    replica = replica_name()
     if run_dir is None:  # not rendered by the kit: the node launcher as it is
         from ddpkit.train import node
 
         return node.main(argv)
-    started = count_start(run_dir, replica, os.environ.get("POD_UID") or f"{time.time_ns()}")
-    restarts = started - 1
+    restarts = join_attempt(run_dir, replica, os.environ.get("POD_UID") or f"{time.time_ns()}")
     # The same id on every pod of this attempt: the goodput records group by it, and a
     # requeue marker counts only with it (the controller sets no rendezvous id here).
     launch_id = f"k8s-{restarts}"
@@ -132,17 +236,27 @@ def main(argv: list[str]) -> int:
     os.environ["DDPKIT_POD_ATTEMPT"] = str(restarts)
     if restarts > limit:  # a pod lost outright (no exit of ours) past the budget
         print(
-            f"{PREFIX}: {replica} started {started} times; the pod restart budget "
+            f"{PREFIX}: the job's pods started {restarts + 1} times; the pod restart budget "
             f"(k8s.backoff_limit = {limit}) is spent: not restarted again",
             file=sys.stderr,
             flush=True,
         )
         forget_attempts(run_dir)
         return EXIT_FAILED
+    if replica != HOST_REPLICA:
+        wait_s = float(os.environ.get(WAIT_ENV) or 600)
+        if (code := wait_for_host(run_dir, restarts, replica, wait_s)) is not None:
+            if code == EXIT_FAILED:
+                forget_attempts(run_dir)
+            return code
+    watching = watch_for_newer(run_dir, restarts, replica)
     from ddpkit.train import node
     from ddpkit.train.errors import run_cli
 
-    rc = run_cli(lambda: node.main(argv))
+    try:
+        rc = run_cli(lambda: node.main(argv))
+    finally:
+        watching.set()
     code, line = verdict(run_dir, launch_id, rc, restarts, limit)
     if os.environ.get("PET_NODE_RANK") == "0":
         for text in failure_lines(run_dir):

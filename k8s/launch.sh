@@ -85,7 +85,9 @@ fi
 # A fixed-size PyTorchJob (restartPolicy ExitCode): ddpkit.k8s.attempt counts this pod's
 # start on the claim against the job's restart budget and maps the node launcher's exit
 # status to the operator's (128 and above: recreate the pod; below: the job fails).
+# It waits for the host pod of its attempt as long as this script waited for the endpoint.
 launcher=ddpkit.train.node
 [[ -n ${DDPKIT_POD_RESTART_LIMIT:-} ]] && launcher=ddpkit.k8s.attempt
+export DDPKIT_RDZV_WAIT_S=$wait_s
 echo "ddpkit: python -m $launcher ${extra[*]} $*" >&2
 exec python -m "$launcher" "${extra[@]}" "$@"

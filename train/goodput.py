@@ -308,6 +308,24 @@ def _place(group: list[dict[str, Any]], rank: int | None) -> tuple[int | None, s
     return None, None
 
 
+def _cut_short(order: list[list[dict[str, Any]]], i: int, injects: list[dict[str, Any]]) -> bool:
+    """Attempt `i` is an in-place restart cut short: its launcher restarted the workers after
+    the failure before it (the same launch), they never got ready nor ended on their own, no
+    drill fired in it, and the job went on as a new launch (Kubernetes: a peer's pod was
+    recreated, so this pod was too, ddpkit.k8s.attempt). Its time is that failure's
+    recovery, not a failure of its own."""
+    g, before, after = order[i], order[i - 1], order[i + 1]
+    launch = g[0].get("launch")
+    if before[0].get("launch") != launch or after[0].get("launch") == launch:
+        return False
+    if any(r["kind"] in ("ready", "stop", "done") for r in g):
+        return False
+    if any(r["kind"] == "end" and r.get("code") != 0 for r in g):
+        return False
+    start, end = g[0]["time"], after[0]["time"]
+    return not any(start <= r["time"] < end for r in injects)
+
+
 def report(run_dir: str | Path, now: float | None = None, ended: bool = False) -> Report | None:
     """The goodput of the run in `run_dir` from its records; None when there are none.
     ended: the job step is over (the batch shell asks before a requeue), so an attempt that
@@ -326,7 +344,10 @@ def report(run_dir: str | Path, now: float | None = None, ended: bool = False) -
     blocking = startup = 0.0
     losses: list[Loss] = []
     finished = False
+    cut_short = {i for i in range(1, len(order) - 1) if _cut_short(order, i, injects)}
     for i, g in enumerate(order):
+        if i in cut_short:
+            continue
         starts = [r["time"] for r in g if r["kind"] == "attempt"] or [g[0]["time"]]
         start = min(starts)
         ready = next((r for r in g if r["kind"] == "ready"), None)
@@ -353,7 +374,7 @@ def report(run_dir: str | Path, now: float | None = None, ended: bool = False) -
             kept_end = start
         if done is not None:
             continue
-        nxt = order[i + 1] if i + 1 < len(order) else None
+        nxt = next((order[j] for j in range(i + 1, len(order)) if j not in cut_short), None)
         if stop is None and not ends and nxt is None and not ended:
             continue  # still running (or its node vanished without a word: nothing to say)
         window_end = nxt[0]["time"] if nxt else float("inf")
@@ -364,6 +385,10 @@ def report(run_dir: str | Path, now: float | None = None, ended: bool = False) -
             down = at
         else:
             nodes = {str(r.get("node")) for r in g if r["kind"] == "attempt"}
+            # A node whose launcher started the next in-place attempt was not lost, even if
+            # none of its workers' ends was noted (torchrun reaped them first, under load).
+            if order[i + 1 :] and order[i + 1][0].get("launch") == g[0].get("launch"):
+                nodes -= {str(r.get("node")) for r in order[i + 1] if r["kind"] == "attempt"}
             kind, rank, node = _culprit(ends, nodes, left)
             if inj is not None:
                 kind = str(inj.get("what") or kind)
@@ -394,7 +419,7 @@ def report(run_dir: str | Path, now: float | None = None, ended: bool = False) -
         productive_s=productive,
         ckpt_blocking_s=blocking,
         startup_s=startup,
-        attempts=len(order),
+        attempts=len(order) - len(cut_short),
         failures=losses,
         finished=finished,
     )

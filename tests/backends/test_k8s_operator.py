@@ -128,11 +128,14 @@ def test_a_pod_attempt_is_counted_on_the_claim_and_its_exit_read_by_exitcode(tmp
 
     run = tmp_path / "run"
     assert attempt.run_dir_of(["--run-dir", str(run), "--max-restarts=3", "--", "x.py"]) == str(run)
-    # Each replica counts its own pods (a recreated pod has a new uid): the attempt numbers
-    # of master and worker agree, since a failure takes every pod down.
-    assert [attempt.count_start(run, "j-master-0", u) for u in ("a", "b")] == [1, 2]
-    assert attempt.count_start(run, "j-worker-0", "c") == 1
-    assert attempt.count_start(run, "j-master-0", "b") == 2  # the same pod's container again
+    # One attempt number for the job: a pod whose replica is in the newest attempt already
+    # (a recreated pod: a new uid) opens the next one, the others join it.
+    assert [attempt.join_attempt(run, r, u) for r, u in (("node0", "a"), ("node1", "c"))] == [0, 0]
+    assert attempt.join_attempt(run, "node1", "d") == 1  # node1's pod lost and recreated alone
+    assert attempt.join_attempt(run, "node1", "d") == 1  # the same pod's container again
+    assert attempt.newest_attempt(run) == 1 and not attempt.started_in(run, 1, "node0")
+    assert attempt.join_attempt(run, "node0", "b") == 1  # node0's pod recreated: it joins
+    assert attempt.join_attempt(run, "node0", "e") == 2 == attempt.newest_attempt(run)
     ok, restart = attempt.EXIT_OK, attempt.EXIT_RESTART_POD
     assert attempt.verdict(str(run), "k8s-0", 0, 0, 3) == (ok, "")
     assert attempt.verdict(str(run), "k8s-0", 2, 0, 3)[0] == 2  # bad input: the job fails
@@ -153,4 +156,59 @@ def test_a_pod_attempt_is_counted_on_the_claim_and_its_exit_read_by_exitcode(tmp
     code, line = attempt.verdict(str(run), "k8s-0", 1, 0, 3)
     assert code == 1 and line == "rank 1 failed in its own code: not restarted"
     attempt.forget_attempts(run)
-    assert attempt.count_start(run, "j-master-0", "d") == 1  # the next job starts afresh
+    assert attempt.join_attempt(run, "node0", "f") == 0  # the next job starts afresh
+
+
+WATCHER = """\
+import sys, time
+from ddpkit.k8s import attempt
+run = sys.argv[1]
+attempt.watch_for_newer(run, attempt.join_attempt(run, "node0", "a"), "node0", every=0.05)
+print("watching", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_pod_whose_peer_was_recreated_alone_is_recreated_into_the_same_attempt(tmp_path):
+    """A pod lost with every process of it comes back in the next attempt; its peer, restarted
+    in place by torchrun, would wait at its own attempt's store keys and never meet it (a
+    drill lost 401 s to that): the peer's pod exits EXIT_RESTART_POD to be recreated into the
+    new attempt, with one line. A non-host pod starts its launcher only once the host pod is
+    in its attempt, and gives up with a line when it never comes."""
+    from ddpkit.k8s import attempt
+
+    run = tmp_path / "run"
+    assert attempt.join_attempt(run, "node1", "c") == 0
+    peer = subprocess.Popen([sys.executable, "-c", WATCHER, str(run)], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        assert peer.stdout.readline() == "watching\n"
+        time.sleep(0.3)
+        assert peer.poll() is None  # nothing newer: it runs on
+        assert attempt.join_attempt(run, "node1", "d") == 1  # node1's pod recreated alone
+        _, err = peer.communicate(timeout=20)
+    finally:
+        peer.kill()
+    assert peer.returncode == attempt.EXIT_RESTART_POD, err
+    assert "node0: another pod of the job started attempt 1 (this pod is in 0)" in err, err
+    # node1 in attempt 1 waits for the host pod's start in attempt 1, then for its endpoint
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(
+        attempt.wait_for_host(str(run), 1, "node1", wait_s=20, every=0.05)))  # fmt: skip
+    waiter.start()
+    time.sleep(0.3)
+    assert waiter.is_alive()
+    assert attempt.join_attempt(run, "node0", "b") == 1
+    waiter.join(timeout=10)
+    assert got == [None]
+    assert attempt.wait_for_host(str(run), 0, "node1", wait_s=5, every=0.05) is None  # there too
+    attempt.join_attempt(run, "node1", "e")  # attempt 2 begins while a pod waits in 1
+    assert attempt.wait_for_host(str(run), 1, "node1", wait_s=5) is None  # the host is in 1 already
+    assert (
+        attempt.wait_for_host(str(run), 3, "node1", wait_s=0.2, every=0.05) == attempt.EXIT_FAILED
+    )
+    attempt.join_attempt(run, "node1", "f")  # attempt 3
+    assert (
+        attempt.wait_for_host(str(run), 2, "node1", wait_s=5, every=0.05)
+        == attempt.EXIT_RESTART_POD
+    )

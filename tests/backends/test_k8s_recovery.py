@@ -1,13 +1,15 @@
 """Recovery on Kubernetes, on the real control plane and training operator (v1.9.4) with two
 nodes run by k8s/local/node_agent.py: a PyTorchJob the kit submits (2 pods x 2 ranks, the
 checkpoints and the goodput records on its claim) meets a SIGKILLed worker (torchrun restarts
-it in place), a deleted pod (the operator recreates the pods: restartPolicy ExitCode), the
-user's code raising on every attempt (the job fails once, not retried) and a failure that
+it in place), a deleted pod (the operator recreates the pods: restartPolicy ExitCode), a pod
+lost with every process of it (recreated alone; its peer's pod is recreated into the same
+attempt), the user's code raising on every attempt (the job fails once, not retried) and a failure that
 comes back on every attempt (the kit's count on the claim stops it at backoffLimit). The
 recovered jobs end with the parameters of a run without failures (the same digest)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -66,11 +68,13 @@ pvc_size = "1Gi"
 
 @pytest.fixture(scope="module")
 def jobs(cluster, tmp_path_factory):  # noqa: F811
-    """Five jobs at once: ref (no failure), kill (rank 3, on the worker pod, SIGKILLs itself at
-    step 60), gone (the worker pod deleted once the job trains), bug (the user's script raises
-    on every rank), loop (a worker killed on every attempt; no in-place budget, backoffLimit 1).
-    Name -> its workspace; "deleted_at": when the pod was deleted."""
-    out: dict = {n: tmp_path_factory.mktemp(n) for n in ("ref", "kill", "gone", "loop")}
+    """Six jobs at once: ref (no failure), kill (rank 3, on the worker pod, SIGKILLs itself at
+    step 60), gone (the worker pod deleted once the job trains), lost (every process of the
+    worker pod SIGKILLed at step 40, as `ddpkit chaos` kill-node does), bug (the user's script
+    raises on every rank), loop (a worker killed on every attempt; no in-place budget,
+    backoffLimit 1). Name -> its workspace; "deleted_at": when the pod was deleted; "lost":
+    what the drill did."""
+    out: dict = {n: tmp_path_factory.mktemp(n) for n in ("ref", "kill", "gone", "lost", "loop")}
     extra = {
         "kill": ("--set", "env.DDPKIT_FAULT=kill@60:3"),
         # train.timeout_s: once in CI the job took 597 s of wait_finished's 600, as if the
@@ -79,7 +83,7 @@ def jobs(cluster, tmp_path_factory):  # noqa: F811
         "loop": ("--set", "env.DDPKIT_FAULT=kill@30:3", "--set", "max_restarts=0",
                  "--set", "k8s.backoff_limit=1", "--set", "train.timeout_s=120"),
     }  # fmt: skip
-    for name in ("ref", "kill", "gone", "loop"):
+    for name in ("ref", "kill", "gone", "lost", "loop"):
         sub = ddpkit(cluster, out[name], "submit", "k8s", *job(name, *extra.get(name, ())))
         assert sub.returncode == 0, sub.stdout + sub.stderr
     project = Path(cluster["DDPKIT_TEST_PROJECT"])  # the image myproj:* (this venv + project)
@@ -102,6 +106,15 @@ def jobs(cluster, tmp_path_factory):  # noqa: F811
                 return
             time.sleep(0.5)
 
+    def lose_the_worker_pod() -> None:
+        from ddpkit.tools import chaos
+
+        run, end = claim_run(cluster, "lost"), time.monotonic() + 540
+        while time.monotonic() < end and chaos.logged_step(run) < 40:
+            time.sleep(0.5)
+        with contextlib.suppress(chaos.ChaosError):  # no workers (the job gone): the test says
+            out["lost"] = chaos.inject(run, chaos.Injection("kill-node", "step", 40, 1))
+
     def note_the_killed_ranks_node() -> None:  # the operator may delete the pod at the end
         end = time.monotonic() + 540
         while time.monotonic() < end and not out.get("kill_node"):
@@ -112,7 +125,7 @@ def jobs(cluster, tmp_path_factory):  # noqa: F811
 
     watchers = [
         threading.Thread(target=f, daemon=True)
-        for f in (delete_once_training, note_the_killed_ranks_node)
+        for f in (delete_once_training, lose_the_worker_pod, note_the_killed_ranks_node)
     ]
     for w in watchers:
         w.start()
@@ -130,7 +143,8 @@ def wait_finished(env: dict, name: str, timeout: float = 600) -> str:
 def launches(env: dict, name: str) -> set[str]:
     """The attempts the job's goodput records name (ddpkit.k8s.attempt: k8s-<pod restarts>)."""
     folder = claim_run(env, name) / "goodput"
-    return {json.loads(p.read_text()).get("launch") for p in folder.glob("*.json")}
+    recs = [json.loads(p.read_text()) for p in folder.glob("*.json")]
+    return {r.get("launch") for r in recs if r.get("kind") != "inject"}  # a drill's: no launch
 
 
 def test_a_killed_worker_restarts_in_place_and_resumes_to_the_same_weights(cluster, jobs):  # noqa: F811
@@ -145,7 +159,9 @@ def test_a_killed_worker_restarts_in_place_and_resumes_to_the_same_weights(clust
     good = summ["goodput"]
     assert good["attempts"] == 2 and len(good["failures"]) == 1, good
     (f,) = good["failures"]
-    assert f["kind"] == "killed" and f["rank"] == 3 and f["node"] == jobs.get("kill_node"), f
+    records = sorted(p.read_text() for p in (claim_run(cluster, "kill") / "goodput").iterdir())
+    assert f["kind"] == "killed" and f["rank"] == 3 and f["node"] == jobs.get("kill_node"), (
+        f, records)  # fmt: skip
     assert f["recovered"] and f["detect_s"] < 120 and f["restart_s"] < 120, f
     print(f"killed worker: detect {f['detect_s']:.1f} s, restart {f['restart_s']:.1f} s, "
           f"load {f['load_s']:.1f} s")  # fmt: skip
@@ -178,6 +194,30 @@ def test_a_deleted_pod_is_recreated_and_the_job_resumes_to_the_same_weights(clus
           f"load {f['load_s']:.1f} s)")  # fmt: skip
     st = ddpkit(cluster, jobs["gone"], "status", "k8s", "gone")
     assert "failure: preempted on " in st.stdout, st.stdout + st.stderr
+
+
+def test_a_pod_lost_with_its_processes_comes_back_and_its_peer_joins_its_attempt(cluster, jobs):  # noqa: F811
+    """Every process of the worker pod SIGKILLed (a node lost): the operator recreates that pod
+    alone (exit 137), which opens attempt k8s-1; the master's pod, its workers restarted in
+    place by torchrun at another attempt's store keys, sees the newer attempt and is recreated
+    into it (ddpkit.k8s.attempt), and the job resumes to the same weights. Before, the two
+    never met: the recreated pod's ranks crashed again and again (a drill lost 401 s)."""
+    assert wait_finished(cluster, "lost") == "Succeeded"
+    assert "SIGKILL to node rank 1" in jobs.get("lost", ""), jobs.get("lost")
+    summ = summary(cluster, "lost")
+    assert wait_finished(cluster, "ref") == "Succeeded"
+    assert summ["param_digest"] == summary(cluster, "ref")["param_digest"]
+    assert launches(cluster, "lost") == {"k8s-0", "k8s-1"}  # one new attempt, no more
+    logs = pod_logs(cluster, "lost")
+    assert logs.count(LAUNCHER_LINE) == 4, logs[-3000:]
+    joined = "node0: another pod of the job started attempt 1 (this pod is in 0)"
+    assert logs.count(joined) == 1, logs[-3000:]
+    good = summ["goodput"]
+    assert good["attempts"] == 2 and [f["kind"] for f in good["failures"]] == ["node lost"], good
+    f = good["failures"][0]
+    assert f["recovered"] and f["restart_s"] < 180, f
+    print(f"lost pod: detect {f['detect_s']:.1f} s, restart {f['restart_s']:.1f} s, "
+          f"load {f['load_s']:.1f} s")  # fmt: skip
 
 
 def test_the_users_code_failing_is_not_retried(cluster, jobs):  # noqa: F811

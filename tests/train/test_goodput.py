@@ -73,6 +73,49 @@ def test_a_hang_blames_the_rank_waited_for_and_a_silent_node_is_lost(tmp_path):
     assert (lost.kind, lost.node, lost.recovered) == ("node lost", "n2", False)
 
 
+def test_a_pods_in_place_restart_cut_short_by_its_peers_new_attempt_is_that_failures_recovery(
+    tmp_path,
+):
+    """Kubernetes, a pod lost with every process of it (a drill's kill-node at 10): the
+    surviving pod's torchrun restarts its workers in place (k8s-0, attempt 1), which never get
+    ready; the lost pod comes back in attempt k8s-1 and the survivor's pod is recreated into it
+    (ddpkit.k8s.attempt). One failure, whose restart lasts to k8s-1's ready; not a second,
+    silent "node lost" (before, the report booked one per cut-short restart)."""
+    _at(tmp_path, "attempt", 0.5, "k8s-0", node="n1")  # (time 0 reads as "now")
+    _at(tmp_path, "attempt", 0.5, "k8s-0", node="n2")
+    _at(tmp_path, "ready", 1, "k8s-0", load_s=0)
+    assert goodput.record(tmp_path, "inject", time=10, what="node lost", node="n2")
+    _at(tmp_path, "end", 11, "k8s-0", rank=0, code=1, node="n1")
+    _at(tmp_path, "attempt", 13, "k8s-0", attempt=1, node="n1")
+    _at(tmp_path, "attempt", 30, "k8s-1", node="n1")
+    _at(tmp_path, "attempt", 30, "k8s-1", node="n3")
+    _at(tmp_path, "ready", 34, "k8s-1", load_s=1)
+    rep = goodput.report(tmp_path, now=40)
+    assert rep.attempts == 2 and len(rep.failures) == 1, rep.table()
+    (lost,) = rep.failures
+    assert (lost.kind, lost.node, lost.recovered) == ("node lost", "n2", True)
+    assert lost.detect_s == pytest.approx(1) and lost.restart_s == pytest.approx(34 - 11 - 1)
+    # the same restart that failed on its own (a worker ended) is a failure of its own
+    _at(tmp_path, "end", 20, "k8s-0", attempt=1, rank=0, code=1, node="n1")
+    assert len(goodput.report(tmp_path, now=40).failures) == 2
+
+
+def test_a_node_whose_launcher_restarted_in_place_was_not_lost(tmp_path):
+    """Rank 3 killed on n2; n1's workers' ends went unnoted (torchrun reaped them first, under
+    load: a Kubernetes test saw it) but n1's launcher started the next in-place attempt, so
+    n1 was not lost: the failure is rank 3's kill, not "node lost" on n1."""
+    _at(tmp_path, "attempt", 1, "k8s-0", node="n1")
+    _at(tmp_path, "attempt", 1, "k8s-0", node="n2")
+    _at(tmp_path, "ready", 2, "k8s-0")
+    _at(tmp_path, "end", 9, "k8s-0", rank=3, code=-signal.SIGKILL, node="n2")
+    _at(tmp_path, "end", 9.5, "k8s-0", rank=2, code=-signal.SIGTERM, node="n2")
+    _at(tmp_path, "attempt", 12, "k8s-0", attempt=1, node="n2")
+    assert goodput.report(tmp_path, now=13).failures[0].kind == "node lost"  # n1: no word
+    _at(tmp_path, "attempt", 12, "k8s-0", attempt=1, node="n1")
+    (killed,) = goodput.report(tmp_path, now=13).failures
+    assert (killed.kind, killed.rank, killed.node) == ("killed", 3, "n2")
+
+
 def test_a_rank_that_left_before_the_failure_is_named_and_placed(tmp_path):
     """Rank 3 (node 1) returned with exit 0 while rank 0 still ran its collectives; rank 0
     then failed. The rank that left is the culprit, placed by its node's attempt record;
