@@ -258,6 +258,7 @@ class FaultTolerance:
 
     def _load(self, state: dict[str, Any]) -> None:
         t = self.t
+        t.ckpt.wait_staging()  # an async save still copying the weights it replaces here
         sharded = t.cfg.parallel == "fsdp"  # a DDP group's state has no DTensor to rebuild
         for part in ("model", "optim"):
             mine = t.states[part]

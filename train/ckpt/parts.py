@@ -44,7 +44,16 @@ class ModelState:
     def state_dict(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        return get_model_state_dict(self.model)
+        state = get_model_state_dict(self.model)
+        # The buffers as copies: a forward changes them in place (BatchNorm's running
+        # statistics; DDP broadcasts rank 0's), and an async save's staging copy, which runs
+        # beside the next step's forward, is fenced only before the optimizer step. Buffers
+        # are small; the parameters stay views (only the optimizer changes them).
+        buffers = {b.data_ptr() for b in self.model.buffers() if b.numel()}
+        return {
+            k: v.clone() if type(v) is torch.Tensor and v.data_ptr() in buffers else v
+            for k, v in state.items()
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
