@@ -16,7 +16,7 @@
     python -m bench --quick          # tiny sizes, one repetition: checks the scripts run
 
 Speed is reported, never asserted: the targets (kit step time within 3% of the plain loop;
-a loop blocked by an async save for under 20% of the sync save time) are printed as
+a loop blocked by an async save for at most 5% of the sync save time) are printed as
 met / not met with the numbers behind them. See bench/README.md for how to read them.
 """
 
@@ -35,7 +35,7 @@ from bench import checkpoint_io, loop_overhead
 from bench.common import ROOT, BenchError, fmt_spread, table, write_json
 
 STEP_TARGET = 1.03  # kit step time / plain step time
-BLOCKED_TARGET = 0.20  # async blocked time / sync save time
+BLOCKED_TARGET = 0.05  # async blocked time (save() + wait_staging()) / sync save time
 
 
 ALL = ("plain", "plain-gather", "kit", "kit-nolog", "kit-nostop")
@@ -281,16 +281,18 @@ def run_ckpt(cfg: dict[str, Any], work: Path, out: Path, env: dict) -> list[str]
     write_json(out / "checkpoint.json", {"env": env, "saves": saves, "resume": resume})
     s = saves["summary"]
     bd = s["blocked_breakdown_s"]
-    frac = s["async"]["blocked_over_sync"]["median"]
+    a = s["async"]
+    frac = a["blocked_over_sync"]["median"]
     lines = [
         f"== checkpoint: {s['checkpoint_mb']:.0f} MB on disk ({saves['model']}, "
         f"{saves['parallel']}, 2 ranks); median [min..max] of {saves['results'] and len(saves['results']['sync'])} ==",
         table([checkpoint_io.SAVE_HEADER, *checkpoint_io.save_rows(saves)]),
-        f"async blocked time, parts: get_state_dict {bd['get_state_dict']:.3f} s, staging copy "
-        f"into new buffers {bd['stage_new_buffers']:.3f} s (into reused ones "
-        f"{bd['stage_reused']:.3f} s)",
-        f"async save (kit): loop blocked {frac:.2f} of the sync save time; target < "
-        f"{BLOCKED_TARGET}: {'met' if frac < BLOCKED_TARGET else 'NOT met'}",
+        f"async blocked time = save() {a['returned_s']['median']:.4f} s + wait_staging() "
+        f"{a['staging_wait_s']['median']:.4f} s (medians); off the loop, in the stager's "
+        f"thread: the staging copy into reused buffers {bd['stage_reused']:.3f} s (into new "
+        f"ones {bd['stage_new_buffers']:.3f} s); get_state_dict {bd['get_state_dict']:.3f} s",
+        f"async save (kit): loop blocked {frac:.3f} of the sync save time (goal <= "
+        f"{BLOCKED_TARGET}: {'met' if frac <= BLOCKED_TARGET else 'NOT met'})",
     ]
     c = saves.get("checksum")
     if c:
