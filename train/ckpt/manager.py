@@ -26,6 +26,7 @@ import shutil
 import socket
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,18 @@ def _tensor_bytes(tree: Any) -> int:
     return 0
 
 
+def _chain(source: Future, target: Future) -> None:
+    """Settle `target` as `source` settles."""
+
+    def settle(f: Future) -> None:
+        if (e := f.exception()) is not None:
+            target.set_exception(e)
+        else:
+            target.set_result(f.result())
+
+    source.add_done_callback(settle)
+
+
 class UnusableCheckpoint(Exception):
     """A complete-looking checkpoint that fails verification or loading (message: why)."""
 
@@ -125,8 +138,9 @@ class Checkpointer:
         # the job's own, a rank that stops mid-save is named within --timeout-s.
         self.pg = dist.new_group(backend="gloo", timeout=timeout)
         self._pending: tuple[Any, Path, dict[str, Any], float, Any] | None = None
-        self._staging: Any = None  # CUDA: the device-to-host copy still running
+        self._staging: Future | None = None  # an async save's staging copy still running
         self._stager: Any = None
+        self._launcher: ThreadPoolExecutor | None = None  # starts dcp.async_save (_launch)
         self._local_bytes = 0  # this rank's tensor bytes in the last save
         self._finisher: tuple[threading.Thread, Path] | None = None  # rank 0: marker thread
         self._finisher_error: BaseException | None = None
@@ -183,14 +197,7 @@ class Checkpointer:
         # each rank checksums its files as it writes them (and uploads them, to a store)
         writer = HashingWriter(path) if self.remote is None else UploadingWriter(path, self.remote)
         if self.use_async and not force_sync:
-            resp = dcp.async_save(
-                state,
-                storage_writer=writer,
-                process_group=self.pg,
-                async_stager=self._get_stager(),
-            )
-            fut = getattr(resp, "upload_completion", resp)
-            self._staging = getattr(resp, "staging_completion", None)
+            self._staging, fut = self._launch(state, writer)
             self._pending = (fut, path, info, t0, writer)
         else:
             self._blocked_s = None  # the whole save blocks
@@ -203,6 +210,35 @@ class Checkpointer:
             return time.perf_counter() - t0
         self._blocked_s = time.perf_counter() - t0
         return self._blocked_s
+
+    def _launch(self, state: dict[str, Any], writer: Any) -> tuple[Future, Future]:
+        """dcp.async_save, started from the run's launch thread; returns (staged, written).
+        It starts the staging copy (the stager's thread) and the write (a thread of DCP's);
+        its own Python work (the stager's traversal, making the write's thread) then competes
+        with the copy it just started: measured on the loop's thread, 4-6 ms of a 9 ms save()
+        (mlp-deep, 2 ranks on 2 cores). Its errors come out of wait_staging() and wait()."""
+        import torch.distributed.checkpoint as dcp
+
+        stager = self._get_stager()  # made on the loop's thread (CUDA: its stream)
+        staged: Future = Future()
+        written: Future = Future()
+
+        def launch() -> None:
+            try:
+                resp = dcp.async_save(
+                    state, storage_writer=writer, process_group=self.pg, async_stager=stager
+                )
+            except BaseException as e:  # noqa: BLE001 - raised where the futures are awaited
+                staged.set_exception(e)
+                written.set_exception(e)
+                return
+            _chain(resp.staging_completion, staged)
+            _chain(resp.upload_completion, written)
+
+        if self._launcher is None:
+            self._launcher = ThreadPoolExecutor(1, thread_name_prefix="ckpt-launch")
+        self._launcher.submit(launch)
+        return staged, written
 
     def _raise_if_no_space(self, e: BaseException, path: Path, local: int | None) -> None:
         """A full disk: the partial step dir goes (it only takes space), DiskFull says where,
@@ -255,6 +291,9 @@ class Checkpointer:
     def close(self) -> None:
         self.wait()
         self._join_pruner()
+        if self._launcher is not None:
+            self._launcher.shutdown()
+            self._launcher = None
         if self._stager is not None:
             self._stager.close()
             self._stager = None
