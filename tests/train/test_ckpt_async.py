@@ -81,6 +81,7 @@ def _fenced_save(rank: int, world: int, root: str) -> None:
             not torch.equal(a, b) for a, b in zip(at_save, _flat(model, opt), strict=True)
         )
         ck.wait()
+        dist.barrier()  # rank 0 writes the marker after the others' wait() returns
         fresh, fresh_opt = _build()
         _forward_backward(fresh)
         fresh_opt.step()
