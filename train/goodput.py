@@ -19,7 +19,8 @@ wall time: productive (from `ready` to the last save an attempt kept, less the t
 blocked), checkpoint time that blocked training, start-up, and per failure: detection (the
 failure to the moment its group was down), restart (down to the next attempt's `ready`, a
 requeue's time in the queue included, less its load), checkpoint load, and the work
-recomputed (the last kept save to the failure). A user's script that notes no `ready`/`save`
+recomputed (the last kept save to the failure). A finished run's wall time ends at its last
+`done`: what its processes took to exit after it is `teardown_s`, beside it. A user's script that notes no `ready`/`save`
 gets the failures and the wall time, and no goodput figure.
 
 torch-free, and never fails a run: a record that cannot be written is skipped.
@@ -170,6 +171,10 @@ class Report:
     attempts: int
     failures: list[Loss] = field(default_factory=list)
     finished: bool = False
+    # A finished run's wall ends at its last step (`done`), so the figure is the same at the
+    # last step (the summary, the end-of-run line) and after the processes exit; the time its
+    # processes then took to end (the summary's gather, the pods' exit) is this, not hidden.
+    teardown_s: float = 0.0
 
     @property
     def goodput(self) -> float | None:
@@ -216,8 +221,10 @@ class Report:
             self.line(),
             f"  wall {self.wall_s:.1f} s, productive {self.productive_s or 0:.1f} s, "
             f"start-up {self.startup_s:.1f} s, checkpoints blocking {self.ckpt_blocking_s:.1f} s, "
-            f"attempts {self.attempts}",
-        ]
+            f"attempts {self.attempts}"
+            + (f", after the last step {self.teardown_s:.1f} s (not in the wall)"
+               if self.teardown_s >= 0.05 else ""),
+        ]  # fmt: skip
         if self.failures:
             head = ("kind", "attempt", "rank", "node", "detect", "restart", "load", "redo", "lost")
             table = [head] + [
@@ -413,9 +420,14 @@ def report(run_dir: str | Path, now: float | None = None, ended: bool = False) -
             else:
                 loss.restart_s = max(0.0, nxt[0]["time"] - down)
         losses.append(loss)
-    last = max(r["time"] for r in recs) if finished or now is None else now
+    latest = max(r["time"] for r in recs)
+    if finished:
+        last = max(r["time"] for r in recs if r["kind"] == "done")
+    else:
+        last = latest if now is None else now
     return Report(
         wall_s=max(0.0, last - recs[0]["time"]),
+        teardown_s=max(0.0, latest - last) if finished else 0.0,
         productive_s=productive,
         ckpt_blocking_s=blocking,
         startup_s=startup,

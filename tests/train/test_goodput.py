@@ -261,3 +261,24 @@ def test_a_run_dir_reused_with_resume_never_reports_only_the_new_run(killed_run,
     assert rep["failures"] == [] and rep["attempts"] == 1 and rep["finished"]
     assert rep["wall_s"] < first["wall_s"] + 60
     assert "ddpkit: goodput" not in p.stderr  # one attempt: no goodput line (68b59f4)
+
+
+def test_a_finished_runs_wall_ends_at_its_last_step_and_its_teardown_is_said(tmp_path):
+    # done at 150; the launchers note their workers' exit 30 s later (a pod's slow exit). The
+    # figure at the last step (the summary's) and after the exit (goodput.json) are one.
+    _at(tmp_path, "attempt", 100, "a")
+    _at(tmp_path, "ready", 110, "a", step=0, load_s=0)
+    _at(tmp_path, "done", 150, "a", step=40)
+    at_done = goodput.report(tmp_path)
+    _at(tmp_path, "end", 180, "a", rank=1, code=-signal.SIGTERM)
+    after = goodput.report(tmp_path, now=300.0)
+    assert at_done.wall_s == after.wall_s == pytest.approx(50)
+    assert at_done.goodput == after.goodput == pytest.approx(40 / 50)
+    assert at_done.teardown_s == 0 and after.teardown_s == pytest.approx(30)
+    assert "after the last step 30.0 s" in after.table()
+    assert after.to_dict()["teardown_s"] == pytest.approx(30)
+    # a run still going is measured to now, with no teardown
+    _at(tmp_path / "b", "attempt", 100, "b")
+    _at(tmp_path / "b", "ready", 110, "b", step=0, load_s=0)
+    going = goodput.report(tmp_path / "b", now=130.0)
+    assert going.wall_s == pytest.approx(30) and going.teardown_s == 0
