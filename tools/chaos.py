@@ -122,7 +122,7 @@ def workers(run_dir: Path) -> list[Proc]:
                 int(state[1]),
                 int(env["RANK"]),
                 int(env["GROUP_RANK"]),
-                int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                goodput.attempt_number(env),
             )
         )
     return out

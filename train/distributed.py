@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from ddpkit.train import places
 from ddpkit.train.config import TrainConfig
-from ddpkit.train.contract import RDZV_ROUND_ENV
+from ddpkit.train.fault import attempt_store
 from ddpkit.train.preflight import check_world, world_from_env
 
 
@@ -49,7 +49,10 @@ def init(cfg: TrainConfig) -> World:
     if not dist.is_initialized():
         if "MASTER_ADDR" in os.environ and "RANK" in os.environ:
             kwargs = {"device_id": device} if backend == "nccl" else {}
-            store = _attempt_store(size, timeout)
+            # the round is the same on every node; the restart count is not after a membership
+            # change (a node restarted for another's failure keeps its count): the two nodes
+            # then waited on different keys until the timeout (seen on SLURM, a stopped rank)
+            store = attempt_store(os.environ, timeout.total_seconds(), size)
             if store is not None:
                 kwargs.update(store=store, rank=rank, world_size=size)
             dist.init_process_group(backend, timeout=timeout, **kwargs)
@@ -62,29 +65,6 @@ def init(cfg: TrainConfig) -> World:
     if size > 1:  # for a collective's diagnosis (ddpkit.train.fault): where each rank runs
         places.publish(dist.distributed_c10d._get_default_store(), rank)
     return World(rank, size, local_rank, local_size, device, backend)
-
-
-def _attempt_store(size: int, timeout: datetime.timedelta) -> dist.Store | None:
-    """The torchrun agent's store, with a key prefix per restart attempt.
-
-    torchrun (2.14, c10d rendezvous) hands every attempt the same agent-hosted TCPStore
-    without a prefix, so after `--max-restarts` kicks in, a worker can read the previous
-    attempt's gloo addresses and fail with "connectFullMesh ... Connection refused".
-    """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        size,
-        is_master=False,
-        timeout=timeout,
-    )
-    # The round is the same on every node; the restart count is not after a membership
-    # change (a node restarted for another's failure keeps its count): the two nodes then
-    # waited on different keys until the timeout (seen on SLURM after a stopped rank).
-    attempt = os.environ.get(RDZV_ROUND_ENV) or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"ddpkit/attempt_{attempt}", store)
 
 
 def shutdown() -> None:

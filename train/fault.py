@@ -10,11 +10,14 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from ddpkit.train import contract, places
+from ddpkit.train import contract, goodput, places
 
 # SIGTERM: SLURM preemption and time limits, Kubernetes pod deletion, docker stop, torchrun's
 # shutdown. SIGUSR1/SIGUSR2: what sites configure with `#SBATCH --signal` (submitit uses USR2).
@@ -127,7 +130,7 @@ def diagnose_collective_failure(
     (`if rank == 0: dist.barrier()` in a forward) names the ranks that took another path.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    reported, sites = _exchange(f"ddpkit/failed/{step}", phase, err, min(5.0, timeout_s))
+    reported, sites, gone = _exchange(f"ddpkit/failed/{step}", phase, err, min(5.0, timeout_s))
     missing = [r for r in range(world) if r not in reported] if reported else []
     blame = _other_path(sites, phase, when or f"at step {step}")
     first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
@@ -144,6 +147,8 @@ def diagnose_collective_failure(
         where = places.published(store, missing) if store is not None else ""
         if where:
             msg += f" Where they ran: {where}."
+        if ended := _ended(gone, missing):
+            msg += f" {ended}."
     if blame:
         msg += f" The ranks took different paths: {blame}."
     msg += (
@@ -156,15 +161,23 @@ def diagnose_collective_failure(
 
 def _exchange(
     key: str, phase: str, err: BaseException, grace_s: float
-) -> tuple[list[int], dict[int, str]]:
-    """(ranks that reported this failure within grace_s, {rank: its user_call_site}): each
-    rank that sees it records itself under `key` in the rendezvous store; ([], {}) without one."""
+) -> tuple[list[int], dict[int, str], dict[int, dict[str, Any]]]:
+    """(ranks that reported this failure within grace_s, {rank: its user_call_site}, {rank:
+    its end} for the others whose process ended): each rank that sees the failure records
+    itself under `key` in the rendezvous store, and the node launchers record each worker that
+    ended with a failure (publish_end); the wait is over once every rank has done one or the
+    other, so a killed rank costs its peers no grace (it was 5 s on every kill).
+    ([], {}, {}) without a store."""
     rank, world = dist.get_rank(), dist.get_world_size()
     store = _store()
     reported: list[int] = []
     sites: dict[int, str] = {}
+    gone: dict[int, dict[str, Any]] = {}
     if store is None:
-        return reported, sites
+        return reported, sites, gone
+    ends = None
+    with contextlib.suppress(Exception):
+        ends = attempt_store(os.environ, timeout_s=2.0)
     try:
         store.set(f"{key}/{rank}", json.dumps({"phase": phase, "site": user_call_site(err)}))
         deadline = time.time() + grace_s
@@ -172,13 +185,88 @@ def _exchange(
             reported = [r for r in range(world) if store.check([f"{key}/{r}"])]
             if len(reported) == world:
                 break
+            if ends is not None:
+                gone = _ends(ends, [r for r in range(world) if r not in reported])
+                if len(reported) + len(gone) == world:
+                    break
             time.sleep(0.2)
         for r in reported:
             with contextlib.suppress(ValueError, AttributeError):
                 sites[r] = str(json.loads(store.get(f"{key}/{r}")).get("site") or "")
     except Exception:
-        return [], {}
-    return reported, sites
+        return [], {}, {}
+    return reported, sites, {r: e for r, e in gone.items() if r not in reported}
+
+
+# --- the workers' ends, told to their peers ---------------------------------------------------
+#
+# A peer waiting for the ranks' reports of a failed collective cannot tell a rank that is
+# slow to report from one that is dead; its node launcher can (it waits on the process). So
+# each launcher writes every worker that ends with a failure into the attempt's store, and
+# the waiting ranks stop waiting for it.
+
+_END_KEY = "ddpkit/ended/"  # + rank: {"code": exit status, -signal}; + "count": how many
+
+
+def attempt_store(env: Mapping[str, str], timeout_s: float, world_size: int | None = None):
+    """The store an attempt's workers share: the torchrun agent's (TORCHELASTIC_USE_AGENT_STORE),
+    under a key prefix per attempt (goodput.attempt_number: the rendezvous round). torchrun
+    (2.14, c10d rendezvous) hands every attempt the same store without a prefix, so a worker
+    could read the previous attempt's gloo addresses ("connectFullMesh ... Connection
+    refused"). None outside that case. A new client connection, from a worker's or its node
+    launcher's environment."""
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(
+        env["MASTER_ADDR"],
+        int(env["MASTER_PORT"]),
+        world_size,
+        is_master=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    return dist.PrefixStore(f"ddpkit/attempt_{goodput.attempt_number(env)}", store)
+
+
+def publish_end(env: Mapping[str, str], rank: int, code: int) -> None:
+    """The node launcher: worker `rank` (started with `env`) ended with `code` (nonzero).
+    Best effort: a store that is gone (its host was the node lost) says nothing."""
+    with contextlib.suppress(Exception):
+        store = attempt_store(env, timeout_s=2.0)
+        if store is not None:
+            store.set(f"{_END_KEY}{rank}", json.dumps({"code": code}))
+            store.add(f"{_END_KEY}count", 1)
+
+
+def _ends(store: Any, ranks: list[int]) -> dict[int, dict[str, Any]]:
+    """{rank: its end} for those of `ranks` whose launcher published one (one round trip when
+    too few ended to matter)."""
+    if not ranks or store.add(f"{_END_KEY}count", 0) < len(ranks):
+        return {}
+    out: dict[int, dict[str, Any]] = {}
+    for r in ranks:
+        if store.check([f"{_END_KEY}{r}"]):
+            with contextlib.suppress(ValueError, AttributeError):
+                out[r] = json.loads(store.get(f"{_END_KEY}{r}"))
+    return out
+
+
+def _ended(gone: dict[int, dict[str, Any]], missing: list[int]) -> str:
+    """`Rank 1 had ended (signal SIGKILL)` for the missing ranks whose process ended."""
+    said = []
+    for r in missing:
+        code = gone.get(r, {}).get("code")
+        if isinstance(code, int) and code != 0:
+            how = _signame(-code) if code < 0 else f"exit code {code}"
+            said.append(f"rank {r} had ended ({how})")
+    text = "; ".join(said)
+    return text[:1].upper() + text[1:]
+
+
+def _signame(num: int) -> str:
+    try:
+        return f"signal {signal.Signals(num).name}"
+    except ValueError:
+        return f"signal {num}"
 
 
 def diagnose_script_failure(err: BaseException) -> None:
@@ -195,7 +283,7 @@ def diagnose_script_failure(err: BaseException) -> None:
     site = user_call_site(err)
     phase = site or f"{calls[-1]}()"
     key = f"ddpkit/failed/script-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    reported, sites = _exchange(key, phase, err, 5.0)
+    reported, sites, _ = _exchange(key, phase, err, 5.0)
     missing = [r for r in range(world) if r not in reported] if reported else []
     odd = {r: s for r, s in sites.items() if s}
     blame = ""

@@ -35,11 +35,12 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddpkit.train.contract import LAUNCH_ID_ENV, RUN_DIR_ENV
+from ddpkit.train.contract import LAUNCH_ID_ENV, RDZV_ROUND_ENV, RUN_DIR_ENV
 
 GOODPUT_DIR = "goodput"  # <run dir>/goodput/<time>-<node>-<uid>-<kind>.json
 REPORT_FILE = "goodput.json"  # the last report, written by the launcher of node 0 at its exit
@@ -53,10 +54,16 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or os.environ.get("NODE_NAME") or socket.gethostname()
 
 
-def attempt_number() -> int:
-    """torchrun's restart count of this worker (0 outside torchrun)."""
+def attempt_number(env: Mapping[str, str] | None = None) -> int:
+    """The in-place attempt a worker runs in (0 outside torchrun): the rendezvous round its
+    group formed in, which the node launcher hands every worker and which is the same on every
+    node, else torchrun's restart count. That count is per node: a node whose agent restarted
+    for another node's failure (a membership change) keeps it, so its records of the new
+    attempt looked like the old attempt's and the failure went uncounted (seen with two node
+    launchers, one rank killed: `0 failures`)."""
+    env = os.environ if env is None else env
     try:
-        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        return int(env.get(RDZV_ROUND_ENV) or env.get("TORCHELASTIC_RESTART_COUNT") or 0)
     except ValueError:
         return 0
 
@@ -510,14 +517,16 @@ def launcher_end(
     )
 
 
-def launcher_exit(run_dir: str | Path, requeue: bool, node_rank: int) -> str | None:
+def launcher_exit(
+    run_dir: str | Path, requeue: bool, node_rank: int, attempt: int | None = None
+) -> str | None:
     """At the launcher's exit: note the stop of a requeue; node 0 writes the report and
     returns its one line when a failure was recovered or a requeue follows: after restarts
     the line says what they cost. None elsewhere, without records, and for a launch of one
     attempt: its end is said by the trainer's done line, or by the one error line a failure
     or bad input gets (which must stay the only line: no goodput beside it)."""
-    if requeue:
-        record(run_dir, "stop")
+    if requeue:  # in the attempt the workers last ran in (the launcher's own env has none)
+        record(run_dir, "stop", **({} if attempt is None else {"attempt": attempt}))
     if node_rank != 0:
         return None
     rep = write_report(run_dir)

@@ -227,14 +227,17 @@ def workers_die_with_launcher() -> bool:
             try:
                 who = (
                     int(env["RANK"]),
-                    int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                    goodput.attempt_number(env),  # the round, the same on every node
                     env.get(ERROR_FILE_ENV, ""),
                 )
             except (KeyError, ValueError):
                 return
             places.note(who[0], int(env.get("GROUP_RANK", 0)))
             goodput.launcher_attempt(who[1], int(env.get("LOCAL_RANK", 0)), env)
-            watcher = threading.Thread(target=_watch_end, args=(self.pid, *who), daemon=True)
+            _LAST_ATTEMPT[:] = [who[1]]
+            watcher = threading.Thread(
+                target=_watch_end, args=(self.pid, *who, dict(env)), daemon=True
+            )
             watcher.start()
             _WATCHERS.append(watcher)
             _STOP_AT[:] = []  # a new attempt: its stop is still to come
@@ -247,6 +250,7 @@ def workers_die_with_launcher() -> bool:
 
 
 _RDZV_ROUND: list[int] = []  # the round of this node's last completed rendezvous
+_LAST_ATTEMPT: list[int] = []  # the attempt this node's workers last started in (goodput's)
 
 
 def _note_rendezvous_rounds() -> None:
@@ -312,8 +316,12 @@ def worker_ends(wait_s: float = 5.0) -> dict[int, WorkerEnd]:
     return ENDS
 
 
-def _watch_end(pid: int, rank: int, attempt: int, error_file: str) -> None:
-    """Wait for the worker's end without reaping it (torchrun's poll reaps), and note it."""
+def _watch_end(
+    pid: int, rank: int, attempt: int, error_file: str, env: dict[str, str] | None = None
+) -> None:
+    """Wait for the worker's end without reaping it (torchrun's poll reaps), and note it; a
+    failed end also goes to the attempt's store (`env`: the worker's), where peers waiting
+    for its report of a failed collective stop waiting (fault.publish_end)."""
     code = None
     try:
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
@@ -325,6 +333,10 @@ def _watch_end(pid: int, rank: int, attempt: int, error_file: str) -> None:
     if error_file:
         with contextlib.suppress(OSError, ValueError):
             returned = float(Path(error_file + RETURNED_SUFFIX).read_text())
+    if code and env is not None:  # beside the watcher: worker_ends() does not wait for it
+        from ddpkit.train import fault
+
+        threading.Thread(target=fault.publish_end, args=(env, rank, code), daemon=True).start()
     ENDS[pid] = end = WorkerEnd(rank, code, time.time(), attempt, returned)
     goodput.launcher_end(rank, code, end.when, attempt, error_file, returned)
 
@@ -507,7 +519,9 @@ def main(argv: list[str] | None = None) -> int:
         err = failclass.STOPPED[0][1] or "an exception"
         line += f"; its own code raised {err}: not retried (a restart would fail the same way)"
     # The goodput first: the outcome line stays the launch's last word.
-    said = goodput.launcher_exit(run_dir, code == EXIT_REQUEUE, int(args.node_rank))
+    said = goodput.launcher_exit(
+        run_dir, code == EXIT_REQUEUE, int(args.node_rank), *(_LAST_ATTEMPT or [None])
+    )
     for text in (said, line):
         if text:
             print(text, file=sys.stderr, flush=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -389,3 +390,79 @@ def test_the_other_path_sentence_names_only_the_ranks_whose_own_code_called():
                        phase, when) == ""  # fmt: skip
     text = _other_path({0: "barrier() at m.py:3 (in f)", 1: "", 2: ""}, phase, when)
     assert text.startswith("rank 0 called barrier() at m.py:3 (in f), while ranks [1, 2] were")
+
+
+def test_a_launchers_word_that_its_worker_ended_reaches_the_peers_of_that_attempt_only():
+    """fault.publish_end (the node launcher, from its worker's environment) and _ends (a peer
+    waiting for reports) meet in the attempt's store: the same round, not another's."""
+    import torch.distributed as dist
+    from ddpkit.train import fault, goodput
+
+    from tests.trainrun import free_port
+
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, None, is_master=True, wait_for_workers=False)
+    env = {
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "DDPKIT_RDZV_ROUND": "3",
+        "TORCHELASTIC_RESTART_COUNT": "0",  # a node restarted for another's failure keeps 0
+    }
+    assert goodput.attempt_number(env) == 3 and goodput.attempt_number({}) == 0
+    fault.publish_end(env, 1, -signal.SIGKILL)
+    here = fault.attempt_store(env, timeout_s=5)
+    assert fault._ends(here, [0, 1]) == {}  # rank 0 said nothing: too few ended to look
+    assert fault._ends(here, [1]) == {1: {"code": -signal.SIGKILL}}
+    other = fault.attempt_store({**env, "DDPKIT_RDZV_ROUND": "2"}, timeout_s=5)
+    assert fault._ends(other, [1]) == {}  # the round before: its own keys
+    assert fault._ended({1: {"code": -signal.SIGKILL}}, [1]) == "Rank 1 had ended (signal SIGKILL)"
+    assert fault._ended({2: {"code": 3}}, [1, 2]) == "Rank 2 had ended (exit code 3)"
+    assert fault.attempt_store({}, timeout_s=1) is None  # not under torchrun's agent store
+    # a launcher whose store is gone (its host was the node lost) says nothing, and returns
+    fault.publish_end({**env, "MASTER_PORT": str(free_port())}, 1, -signal.SIGKILL)
+    del server
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_rank_killed_on_one_node_is_named_at_once_and_booked_in_its_attempt(tmp_path):
+    """Two node launchers (one rank each) on this machine, rank 1 SIGKILLed at step 30: rank 0
+    names it from its launcher's word, without waiting out the reports' grace, and the run
+    resumes in place. Node 0's agent restarts for the other node's failure (a membership
+    change: torchrun's restart count stays 0 there), yet both nodes' records of the second
+    attempt say attempt 1, so the report books the kill, once."""
+    from ddpkit.train import goodput
+
+    from tests.trainrun import PY, free_port
+
+    rd = tmp_path / "run"
+    port = free_port()
+    node = [PY, "-m", "ddpkit.train.node", "--nnodes", "2", "--nproc-per-node", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+            "--max-restarts", "1"]  # fmt: skip
+    job = ["--", "-m", "ddpkit.train", "--run-dir", str(rd), "--progress", "plain",
+           "--model", "mlp", "--steps", "60", "--ckpt-interval", "20", "--no-eval"]  # fmt: skip
+    env = clean_env(DDPKIT_FAULT="kill@30:1")
+    procs = [
+        subprocess.Popen(
+            [*node, "--node-rank", str(n), *job],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        for n in (0, 1)
+    ]
+    outs = [p.communicate(timeout=360)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "Ranks [1] never reached it" in outs[0], outs[0]
+    assert "Rank 1 had ended (signal SIGKILL)" in outs[0], outs[0]
+    assert json.loads((rd / "summary.json").read_text())["steps"] == 60
+    rep = goodput.report(rd)
+    assert rep is not None and rep.finished and rep.attempts == 2, rep
+    (kill,) = rep.failures
+    assert (kill.kind, kill.rank, kill.attempt, kill.recovered) == ("killed", 1, 0, True), kill
+    second = [r for r in goodput.read(rd) if r["kind"] == "attempt" and r["time"] > kill.at]
+    assert len(second) == 2 and {r["attempt"] for r in second} == {1}, second
