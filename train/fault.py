@@ -282,7 +282,7 @@ def diagnose_script_failure(err: BaseException) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     site = user_call_site(err)
     phase = site or f"{calls[-1]}()"
-    key = f"ddpkit/failed/script-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    key = f"ddpkit/failed/script-{goodput.attempt_number()}"
     reported, sites, _ = _exchange(key, phase, err, 5.0)
     missing = [r for r in range(world) if r not in reported] if reported else []
     odd = {r: s for r, s in sites.items() if s}
@@ -369,7 +369,9 @@ class Fault:
     gathers the ranks' results: its peers wait in the save's collective), hangload (the same
     in its read of step N's checkpoint on resume). `step` "end": after the last step, before
     the end-of-run collectives (the stop check, final save, evaluation, summary, barrier).
-    Fires once per job: only in the first torchrun attempt (TORCHELASTIC_RESTART_COUNT=0)."""
+    Fires once per job: only in the first torchrun attempt (goodput.attempt_number() 0: the
+    rendezvous round, as torchrun's restart count stays 0 on a node restarted for another's
+    failure)."""
 
     kind: str
     step: int
@@ -381,7 +383,7 @@ class Fault:
     @staticmethod
     def from_env() -> Fault | None:
         spec = os.environ.get("DDPKIT_FAULT", "")
-        if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        if not spec or goodput.attempt_number() != 0:
             return None
         kind, _, rest = spec.partition("@")
         parts = rest.split(":")

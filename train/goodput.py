@@ -69,12 +69,13 @@ def attempt_number(env: Mapping[str, str] | None = None) -> int:
 
 
 def first_start() -> bool:
-    """This is the first attempt of the job: no in-place restart (torchrun's count), no
+    """This is the first attempt of the job: no in-place restart (the round: torchrun's count
+    stays 0 on a node restarted for another node's failure), no
     requeue (SLURM's count) and no recreated pod (Kubernetes: ddpkit.k8s.attempt's count)
     before it. A run that starts over starts over here only."""
-    names = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT", "DDPKIT_POD_ATTEMPT")
+    names = ("SLURM_RESTART_COUNT", "DDPKIT_POD_ATTEMPT")
     counts = (os.environ.get(v, "0") for v in names)
-    return all(c.strip() in ("", "0") for c in counts)
+    return attempt_number() == 0 and all(c.strip() in ("", "0") for c in counts)
 
 
 def record(run_dir: str | Path | None, kind: str, **fields: Any) -> Path | None:

@@ -231,7 +231,7 @@ def test_a_fresh_start_leaves_the_run_dirs_earlier_runs_out(tmp_path):
 
 
 def test_first_start_counts_restarts_and_requeues(monkeypatch):
-    for var in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
+    for var in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT", "DDPKIT_RDZV_ROUND"):
         monkeypatch.delenv(var, raising=False)
     assert goodput.first_start()
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
@@ -242,6 +242,12 @@ def test_first_start_counts_restarts_and_requeues(monkeypatch):
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")  # an in-place restart
     assert not goodput.first_start()
+    # a node restarted for another node's failure keeps torchrun's count 0; the round says it
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    monkeypatch.setenv("DDPKIT_RDZV_ROUND", "1")
+    assert not goodput.first_start()
+    monkeypatch.setenv("DDPKIT_RDZV_ROUND", "0")
+    assert goodput.first_start()
 
 
 @pytest.mark.slow
