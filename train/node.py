@@ -306,6 +306,30 @@ def note_first_stop() -> None:
     api.SubprocessContext._close = noted  # type: ignore[method-assign]
 
 
+def restarts_keep_the_shutdown_budget() -> None:
+    """torchrun (2.14) stops the workers for a restart (a failure, another node's failure)
+    with `_shutdown()`, whose timeout is 30 s whatever --shutdown-timeout says; only a stop
+    signal's shutdown honours it. A rank that cannot act on SIGTERM (stopped, stuck in a
+    collective) then held the restart 30 s before its SIGKILL (a stopped rank's detection:
+    46-53 s with timeout_s 15 and shutdown_timeout_s 3). Every stop now gets the job's budget."""
+    from torch.distributed.elastic.agent.server import local_elastic_agent as lea
+
+    cls = lea.LocalElasticAgent
+    stop = cls._stop_workers
+    if getattr(stop, "_ddpkit", False):
+        return
+
+    def _stop_workers(self: Any, worker_group: Any, *args: Any, **kwargs: Any) -> None:
+        budget = getattr(self, "_shutdown_timeout", None)
+        if args or kwargs or not isinstance(budget, int) or not hasattr(self, "_shutdown"):
+            stop(self, worker_group, *args, **kwargs)  # another torch's signature: its own
+            return
+        self._shutdown(timeout=budget)
+
+    _stop_workers._ddpkit = True  # type: ignore[attr-defined]
+    cls._stop_workers = _stop_workers  # type: ignore[method-assign]
+
+
 def worker_ends(wait_s: float = 5.0) -> dict[int, WorkerEnd]:
     """ENDS once every watcher has written its worker's end: torchrun may report a failure
     before the watcher thread of that worker ran (a loaded node), and an untimed end would
@@ -443,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     workers_die_with_launcher()
     places.install()
     note_first_stop()
+    restarts_keep_the_shutdown_budget()
     one_stop_signal()
     failclass.stop_retrying_code_failures(
         lambda fs: culprit({int(r): Failure.of(f, ENDS.get(f.pid)) for r, f in fs.items()})

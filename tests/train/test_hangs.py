@@ -424,31 +424,23 @@ def test_a_launchers_word_that_its_worker_ended_reaches_the_peers_of_that_attemp
     del server
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_a_rank_killed_on_one_node_is_named_at_once_and_booked_in_its_attempt(tmp_path):
-    """Two node launchers (one rank each) on this machine, rank 1 SIGKILLed at step 30: rank 0
-    names it from its launcher's word, without waiting out the reports' grace, and the run
-    resumes in place. Node 0's agent restarts for the other node's failure (a membership
-    change: torchrun's restart count stays 0 there), yet both nodes' records of the second
-    attempt say attempt 1, so the report books the kill, once."""
-    from ddpkit.train import goodput
-
+def _two_nodes(tmp_path: Path, fault: str, *flags: str) -> tuple[Path, list[str]]:
+    """Two node launchers on this machine, one rank each (rank 1 is node 1's), the kit's
+    trainer for 60 steps with a save every 20 and DDPKIT_FAULT=`fault`: (run dir, each
+    launcher's output); both must exit 0 (the run resumed in place)."""
     from tests.trainrun import PY, free_port
 
     rd = tmp_path / "run"
-    port = free_port()
     node = [PY, "-m", "ddpkit.train.node", "--nnodes", "2", "--nproc-per-node", "1",
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
             "--max-restarts", "1"]  # fmt: skip
     job = ["--", "-m", "ddpkit.train", "--run-dir", str(rd), "--progress", "plain",
-           "--model", "mlp", "--steps", "60", "--ckpt-interval", "20", "--no-eval"]  # fmt: skip
-    env = clean_env(DDPKIT_FAULT="kill@30:1")
+           "--model", "mlp", "--steps", "60", "--ckpt-interval", "20", "--no-eval", *flags]  # fmt: skip
     procs = [
         subprocess.Popen(
             [*node, "--node-rank", str(n), *job],
             cwd=tmp_path,
-            env=env,
+            env=clean_env(DDPKIT_FAULT=fault),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -457,12 +449,47 @@ def test_a_rank_killed_on_one_node_is_named_at_once_and_booked_in_its_attempt(tm
     ]
     outs = [p.communicate(timeout=360)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
+    assert json.loads((rd / "summary.json").read_text())["steps"] == 60
+    return rd, outs
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_rank_killed_on_one_node_is_named_at_once_and_booked_in_its_attempt(tmp_path):
+    """Rank 1 SIGKILLed at step 30: rank 0 names it from its launcher's word, without waiting
+    out the reports' grace, and the run resumes in place. Node 0's agent restarts for the
+    other node's failure (a membership change: torchrun's restart count stays 0 there), yet
+    both nodes' records of the second attempt say attempt 1, so the report books the kill,
+    once."""
+    from ddpkit.train import goodput
+
+    rd, outs = _two_nodes(tmp_path, "kill@30:1")
     assert "Ranks [1] never reached it" in outs[0], outs[0]
     assert "Rank 1 had ended (signal SIGKILL)" in outs[0], outs[0]
-    assert json.loads((rd / "summary.json").read_text())["steps"] == 60
     rep = goodput.report(rd)
     assert rep is not None and rep.finished and rep.attempts == 2, rep
     (kill,) = rep.failures
     assert (kill.kind, kill.rank, kill.attempt, kill.recovered) == ("killed", 1, 0, True), kill
     second = [r for r in goodput.read(rd) if r["kind"] == "attempt" and r["time"] > kill.at]
     assert len(second) == 2 and {r["attempt"] for r in second} == {1}, second
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_hung_rank_is_stopped_for_the_restart_within_the_jobs_shutdown_budget(tmp_path):
+    """Rank 1 hangs at step 30; rank 0 times out (5 s) and its node restarts; node 1's agent
+    stops rank 1 for the restart. The kit's trainer, on that SIGTERM, waits for its step up to
+    timeout_s before it gives up by itself; the job's shutdown budget (2 s) is shorter, so
+    torchrun must SIGKILL it when the budget runs out. torchrun's restart path waited its
+    own 30 s instead, whatever --shutdown-timeout said: rank 1 then ended by itself."""
+    from ddpkit.train import goodput
+
+    rd, outs = _two_nodes(
+        tmp_path, "hang@30:1:900", "--timeout-s", "5", "--shutdown-timeout-s", "2"
+    )
+    assert "Ranks [1] never reached it" in outs[0], outs[0]
+    ends = [r for r in goodput.read(rd) if r["kind"] == "end" and r.get("rank") == 1]
+    assert [r["code"] for r in ends if r["code"] != 0] == [-signal.SIGKILL], (ends, outs[1])
+    assert "current step did not finish" not in outs[1], outs[1]
+    (hang,) = goodput.report(rd).failures
+    assert (hang.kind, hang.rank, hang.recovered) == ("hang", 1, True), hang
