@@ -477,19 +477,20 @@ def test_a_rank_killed_on_one_node_is_named_at_once_and_booked_in_its_attempt(tm
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_hung_rank_is_stopped_for_the_restart_within_the_jobs_shutdown_budget(tmp_path):
-    """Rank 1 hangs at step 30; rank 0 times out (5 s) and its node restarts; node 1's agent
+    """Rank 1 hangs at step 30; rank 0 times out (8 s) and its node restarts; node 1's agent
     stops rank 1 for the restart. The kit's trainer, on that SIGTERM, waits for its step up to
-    timeout_s before it gives up by itself; the job's shutdown budget (2 s) is shorter, so
-    torchrun must SIGKILL it when the budget runs out. torchrun's restart path waited its
-    own 30 s instead, whatever --shutdown-timeout said: rank 1 then ended by itself."""
+    timeout_s before it gives up by itself with a line; the job's shutdown budget (2 s) is
+    shorter, so torchrun must SIGKILL it first. torchrun's restart path waited its own 30 s
+    instead, whatever --shutdown-timeout said: rank 1 then gave up by itself (exit 1)."""
     from ddpkit.train import goodput
 
     rd, outs = _two_nodes(
-        tmp_path, "hang@30:1:900", "--timeout-s", "5", "--shutdown-timeout-s", "2"
+        tmp_path, "hang@30:1:900", "--timeout-s", "8", "--shutdown-timeout-s", "2"
     )
     assert "Ranks [1] never reached it" in outs[0], outs[0]
-    ends = [r for r in goodput.read(rd) if r["kind"] == "end" and r.get("rank") == 1]
-    assert [r["code"] for r in ends if r["code"] != 0] == [-signal.SIGKILL], (ends, outs[1])
     assert "current step did not finish" not in outs[1], outs[1]
+    # its end as its launcher saw it: SIGKILL, or none when torchrun reaped it first
+    ends = [r for r in goodput.read(rd) if r["kind"] == "end" and r.get("rank") == 1]
+    assert [r["code"] for r in ends if r["code"] != 0] in ([], [-signal.SIGKILL]), ends
     (hang,) = goodput.report(rd).failures
     assert (hang.kind, hang.rank, hang.recovered) == ("hang", 1, True), hang
