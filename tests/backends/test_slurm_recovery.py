@@ -57,9 +57,7 @@ def test_a_lost_node_requeues_the_job_which_resumes_and_matches(
     assert summary["param_digest"] == reference["param_digest"]
     lost = [f for f in summary["goodput"]["failures"] if f["kind"] == "node lost"]
     assert lost and lost[0]["node"] and lost[0]["recovered"], summary["goodput"]
-    # SLURM's own hold alone is about 120 s, and the start after it 20-60 s more here; the
-    # kit's start is KillWait + 5 s after the requeue (35 s on the local cluster): seen 66-92 s
-    assert lost[0]["restart_s"] < 120, lost[0]
+    assert lost[0]["restart_s"] < 90, lost[0]  # SLURM's own hold alone is about 120 s
     print(f"lost node: detect {lost[0]['detect_s']:.1f} s, requeue to ready "
           f"{lost[0]['restart_s']:.1f} s")  # fmt: skip
 
