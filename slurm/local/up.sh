@@ -86,11 +86,6 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 MinJobAge=3600
 KillWait=60
-# Under a loaded 2-core test machine a slurmd can take over 10 s (the default) to answer;
-# slurmctld then retries the RPC about 60 s later, and a retried signal to a requeued job
-# (the same job id and step id) ended its new incarnation's step: seen 3 times in 4 runs
-# of the lost-node test, at the timed-out RPC + 60-62 s.
-MessageTimeout=60
 StateSaveLocation=/var/spool/slurmctld
 SlurmctldPidFile=/run/slurmctld.pid
 SlurmctldLogFile=/var/log/slurm/slurmctld.log

@@ -229,6 +229,25 @@ def run_setup(spec: JobSpec, tmp_path: Path, job_id: str = "123457") -> dict[str
     return dict(ln.split("=", 1) for ln in out.stdout.splitlines() if "=" in ln)
 
 
+@pytest.mark.parametrize("restarts", ["", "0", "2"])
+def test_a_requeued_run_spends_its_earlier_incarnations_step_ids_first(tmp_path, restarts):
+    """Requeue r runs r short steps before its own: a late signal for an earlier incarnation's
+    step (the same job id, step ids from 0 again) finds no step of this one under that id."""
+    calls = tmp_path / "srun.calls"
+    bins = FakeBin(tmp_path / "bin")
+    bins.add("srun", f'#!/bin/sh\necho "$*" >> {calls}\n')
+    bins.add("scontrol", "#!/bin/sh\necho NodeAddr=10.9.8.7\n")
+    spec = load_spec(None, ["train.run_dir=run"], 2, 2)
+    script = slurm.setup_script(spec)
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "42",
+           "SLURM_JOB_NODELIST": "node[7-8]", "HOME": str(tmp_path),
+           **({"SLURM_RESTART_COUNT": restarts} if restarts else {})}  # fmt: skip
+    subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                   text=True, check=True)  # fmt: skip
+    said = calls.read_text().splitlines() if calls.exists() else []
+    assert said == ["--nodes=1 --ntasks=1 --cpus-per-task=1 true"] * int(restarts or 0)
+
+
 def test_setup_resolves_head_address_port_per_job_and_srun_cpus(tmp_path: Path) -> None:
     # NodeAddr (the NodeName need not resolve), a port from the job
     # id (two jobs on one node do not collide), --cpus-per-task for srun again (22.05-23.02).
