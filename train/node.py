@@ -357,7 +357,11 @@ def _watch_end(
     if error_file:
         with contextlib.suppress(OSError, ValueError):
             returned = float(Path(error_file + RETURNED_SUFFIX).read_text())
-    if code and env is not None:  # beside the watcher: worker_ends() does not wait for it
+    # Not a stop's own ends: its SIGTERMs, and the SIGKILLs of workers past the budget, say
+    # nothing new, and after a stop signal the store may be on its way down (torch's client
+    # then printed a C++ stack trace on a clean stop's stderr).
+    stopped = code == -signal.SIGTERM or (bool(_STOP_AT) and code == -signal.SIGKILL)
+    if code and not stopped and env is not None:
         from ddpkit.train import fault
 
         threading.Thread(target=fault.publish_end, args=(env, rank, code), daemon=True).start()
