@@ -153,7 +153,7 @@ def test_a_forward_before_the_fence_does_not_reach_the_saved_buffers(tmp_path):
 
 
 def test_the_staging_copy_reuses_its_buffers_and_keeps_views_of_one_storage():
-    from ddpkit.train.ckpt.staging import background_stager
+    from ddpkit.train.ckpt.staging import background_stager, release_stager
 
     base = torch.arange(12.0)
     state = {"a": base[:6].view(2, 3), "b": base[6:], "n": 3, "c": torch.ones(2)}
@@ -170,4 +170,24 @@ def test_the_staging_copy_reuses_its_buffers_and_keeps_views_of_one_storage():
         assert torch.equal(two["b"], base[6:]) and torch.equal(two["c"], torch.full((2,), 2.0))
         assert two["a"].untyped_storage().data_ptr() == buffer  # the same host buffer
     finally:
-        stager.close()
+        release_stager(stager)
+
+
+def test_the_staging_copy_survives_torch_closing_it_after_each_stage():
+    """torch 2.11's DefaultStager closes its StateDictStager after every stage (2.14's does
+    not). That emptied the copy's dispatch table: the second async save of a run failed with
+    `KeyError: <class 'type'>` (seen with the kit's trainer on an H200), and the host buffers
+    were dropped instead of reused. Done by hand here, as 2.11 does it."""
+    from ddpkit.train.ckpt.staging import background_stager, release_stager
+
+    state = {"w": torch.arange(6.0), "meta": {"step": 1, "kind": dict}}
+    stager = background_stager(cuda=False)
+    try:
+        one = stager.stage(state).result()
+        stager._state_dict_stager.close()  # what torch 2.11's DefaultStager._stage does
+        state["w"].add_(1)
+        two = stager.stage(state).result()
+        assert torch.equal(two["w"], torch.arange(6.0) + 1) and two["meta"] == state["meta"]
+        assert two["w"].untyped_storage().data_ptr() == one["w"].untyped_storage().data_ptr()
+    finally:
+        release_stager(stager)

@@ -218,8 +218,10 @@ class Checkpointer:
         with the copy it just started: measured on the loop's thread, 4-6 ms of a 9 ms save()
         (mlp-deep, 2 ranks on 2 cores). Its errors come out of wait_staging() and wait()."""
         import torch.distributed.checkpoint as dcp
+        from ddpkit.train.ckpt.staging import mark_taken
 
         stager = self._get_stager()  # made on the loop's thread (CUDA: its stream)
+        mark_taken(stager)  # CUDA: the copy waits for what the loop queued before save()
         staged: Future = Future()
         written: Future = Future()
 
@@ -295,7 +297,9 @@ class Checkpointer:
             self._launcher.shutdown()
             self._launcher = None
         if self._stager is not None:
-            self._stager.close()
+            from ddpkit.train.ckpt.staging import release_stager
+
+            release_stager(self._stager)
             self._stager = None
 
     @property

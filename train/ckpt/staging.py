@@ -9,6 +9,12 @@ here, 160 MB: another thread made no progress during a storage copy, and ran fre
 Tensor.copy_ of the same bytes). So the copies here go through byte tensors over the same
 storages: Tensor.copy_ releases the GIL, and the loop's forward/backward runs beside it.
 DCP's traversal (DTensors, storages shared by several tensors, plain values) is kept.
+
+On CUDA the copy runs on the stager's own stream, which DCP does not order after the loop's
+stream: without a wait it could read a parameter before the optimizer step queued just
+before save() had written it, or a buffer's copy (ckpt.parts) before it was made. save()
+records an event on the loop's stream once the state dict is taken (`mark_taken`), and the
+stager's stream waits for it before its first copy.
 """
 
 from __future__ import annotations
@@ -25,7 +31,26 @@ def _as_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
 
 
 class _CopyWithoutGil(StateDictStager):
-    """DCP's stager with its storage copy done by Tensor.copy_ (which releases the GIL)."""
+    """DCP's stager with its storage copy done by Tensor.copy_ (which releases the GIL), after
+    the work the loop queued before the save (CUDA)."""
+
+    taken: Any = None  # CUDA: the event save() recorded on the loop's stream
+
+    @torch.no_grad()
+    def stage(self, state_dict: Any, non_blocking: bool = False) -> Any:
+        if self.taken is not None:  # runs on the stager's stream (DefaultStager._stage)
+            torch.cuda.current_stream().wait_event(self.taken)
+            self.taken = None
+        return super().stage(state_dict, non_blocking)
+
+    def close(self) -> None:
+        """Nothing: some torch versions' DefaultStager closes its StateDictStager after every
+        stage (2.11 does, 2.14 does not). That emptied the copy's dispatch table, so the next
+        save failed (KeyError: <class 'type'>, seen on an H200 with torch 2.11), and dropped
+        the host buffers meant for reuse. `release_stager` frees them at the end of the run."""
+
+    def release(self) -> None:
+        super().close()
 
     def _stage_untyped_storage(
         self, storage: torch.UntypedStorage, non_blocking: bool = False
@@ -58,3 +83,18 @@ def background_stager(cuda: bool) -> Any:
     # DefaultStager takes no stager of ours: its one StateDictStager is replaced.
     stager._state_dict_stager = _CopyWithoutGil(pin_memory=cuda, share_memory=False)
     return stager
+
+
+def release_stager(stager: Any) -> None:
+    """The end of a run's async saves: the stager's thread and its host buffers."""
+    stager.close()
+    stager._state_dict_stager.release()
+
+
+def mark_taken(stager: Any) -> None:
+    """On the loop's thread, once the state dict is built: the staging copy starts after
+    everything the loop's CUDA stream has queued so far (a no-op without CUDA)."""
+    if torch.cuda.is_available():
+        event = torch.cuda.Event()
+        event.record()
+        stager._state_dict_stager.taken = event
