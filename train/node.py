@@ -306,13 +306,28 @@ def note_first_stop() -> None:
     api.SubprocessContext._close = noted  # type: ignore[method-assign]
 
 
-def restarts_keep_the_shutdown_budget() -> None:
-    """torchrun (2.14) stops the workers for a restart (a failure, another node's failure)
-    with `_shutdown()`, whose timeout is 30 s whatever --shutdown-timeout says; only a stop
-    signal's shutdown honours it. A rank that cannot act on SIGTERM (stopped, stuck in a
-    collective) then held the restart 30 s before its SIGKILL (a stopped rank's detection:
-    46-53 s with timeout_s 15 and shutdown_timeout_s 3). Every stop now gets the job's budget."""
+def restarts_keep_the_shutdown_budget(budget_s: int) -> None:
+    """torchrun (2.14) stops workers without a stop signal in two places, each with a fixed
+    30 s before the SIGKILL, whatever --shutdown-timeout says (only a stop signal's shutdown
+    honours it): the agent's `_stop_workers` for a restart (another node's failure), and the
+    process context's `_poll`, which closes the node's other workers as soon as one of them
+    failed. A rank that cannot act on SIGTERM (stopped, stuck in a collective) held the
+    restart those 30 s: a stopped rank's detection took 46-53 s with timeout_s 15 and
+    shutdown_timeout_s 3 (the agent's path), then 51.7 s in the 15-minute SLURM drill (the
+    poll's: the stopped rank shared its node with a rank whose collective failed). Both now
+    get the job's budget."""
     from torch.distributed.elastic.agent.server import local_elastic_agent as lea
+    from torch.distributed.elastic.multiprocessing import api as mp_api
+
+    ctx = mp_api.PContext
+    if not getattr(ctx.close, "_ddpkit", False):
+        close = ctx.close
+
+        def close_within_budget(self: Any, death_sig: Any = None, timeout: int = budget_s) -> None:
+            close(self, death_sig, timeout)
+
+        close_within_budget._ddpkit = True  # type: ignore[attr-defined]
+        ctx.close = close_within_budget  # type: ignore[method-assign]
 
     cls = lea.LocalElasticAgent
     stop = cls._stop_workers
@@ -471,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     workers_die_with_launcher()
     places.install()
     note_first_stop()
-    restarts_keep_the_shutdown_budget()
+    restarts_keep_the_shutdown_budget(args.shutdown_timeout)
     one_stop_signal()
     failclass.stop_retrying_code_failures(
         lambda fs: culprit({int(r): Failure.of(f, ENDS.get(f.pid)) for r, f in fs.items()})

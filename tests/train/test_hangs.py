@@ -424,14 +424,14 @@ def test_a_launchers_word_that_its_worker_ended_reaches_the_peers_of_that_attemp
     del server
 
 
-def _two_nodes(tmp_path: Path, fault: str, *flags: str) -> tuple[Path, list[str]]:
-    """Two node launchers on this machine, one rank each (rank 1 is node 1's), the kit's
-    trainer for 60 steps with a save every 20 and DDPKIT_FAULT=`fault`: (run dir, each
-    launcher's output); both must exit 0 (the run resumed in place)."""
+def _two_nodes(tmp_path: Path, fault: str, *flags: str, nproc: int = 1) -> tuple[Path, list[str]]:
+    """Two node launchers on this machine, `nproc` ranks each (node 0 has ranks 0..nproc-1),
+    the kit's trainer for 60 steps with a save every 20 and DDPKIT_FAULT=`fault`: (run dir,
+    each launcher's output); both must exit 0 (the run resumed in place)."""
     from tests.trainrun import PY, free_port
 
     rd = tmp_path / "run"
-    node = [PY, "-m", "ddpkit.train.node", "--nnodes", "2", "--nproc-per-node", "1",
+    node = [PY, "-m", "ddpkit.train.node", "--nnodes", "2", "--nproc-per-node", str(nproc),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
             "--max-restarts", "1"]  # fmt: skip
     job = ["--", "-m", "ddpkit.train", "--run-dir", str(rd), "--progress", "plain",
@@ -494,3 +494,29 @@ def test_a_hung_rank_is_stopped_for_the_restart_within_the_jobs_shutdown_budget(
     assert [r["code"] for r in ends if r["code"] != 0] in ([], [-signal.SIGKILL]), ends
     (hang,) = goodput.report(rd).failures
     assert (hang.kind, hang.rank, hang.recovered) == ("hang", 1, True), hang
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_hung_rank_beside_a_failed_one_on_its_node_is_stopped_within_the_jobs_budget(tmp_path):
+    """Two ranks per node. Rank 0 hangs at step 30; rank 1, on the same node, times out in the
+    collective (8 s) and fails. Then torchrun's process context stops the node's other
+    workers by itself, not through the agent's restart, and it too waited a fixed 30 s before
+    its SIGKILL: the hung rank gave up by itself first (exit 1, "current step did not
+    finish"). With the job's budget (2 s) it is SIGKILLed before that. The SLURM drill's
+    stopped rank shared its node so: found 30 s after its peers ended."""
+    from ddpkit.train import goodput
+
+    rd, outs = _two_nodes(
+        tmp_path, "hang@30:0:900", "--timeout-s", "8", "--shutdown-timeout-s", "2", nproc=2
+    )
+    assert "Ranks [0] never reached it" in outs[0], outs[0]
+    assert "current step did not finish" not in outs[0], outs[0]
+    recs = goodput.read(rd)
+    ends = {r["rank"]: r for r in recs if r["kind"] == "end" and r["attempt"] == 0}
+    assert ends[1]["code"] == 1, ends  # the rank that timed out
+    if 0 in ends:  # its end as its launcher saw it, unless torchrun reaped it first
+        assert ends[0]["code"] == -signal.SIGKILL, ends
+        assert ends[0]["time"] - ends[1]["time"] < 2 + 4, ends  # the budget, and slack
+    (hang,) = goodput.report(rd).failures
+    assert (hang.kind, hang.rank, hang.recovered) == ("hang", 0, True), hang
