@@ -159,6 +159,9 @@ def diagnose_collective_failure(
     return msg
 
 
+AFTER_END_S = 1.0  # the wait for the reports once a silent rank is known to have ended
+
+
 def _exchange(
     key: str, phase: str, err: BaseException, grace_s: float
 ) -> tuple[list[int], dict[int, str], dict[int, dict[str, Any]]]:
@@ -166,7 +169,11 @@ def _exchange(
     its end} for the others whose process ended): each rank that sees the failure records
     itself under `key` in the rendezvous store, and the node launchers record each worker that
     ended with a failure (publish_end); the wait is over once every rank has done one or the
-    other, so a killed rank costs its peers no grace (it was 5 s on every kill).
+    other, so a killed rank costs its peers no grace (it was 5 s on every kill). Once a rank
+    that has not reported is known to have ended, the wait is AFTER_END_S at most: the dead
+    rank explains the failure, and a rank still silent then is most likely blocked on it in
+    its own collective until its timeout (a ring all-reduce's ranks that were not the dead
+    one's neighbours: 4 ranks on 2 nodes, one killed, cost the others the whole 5 s).
     ([], {}, {}) without a store."""
     rank, world = dist.get_rank(), dist.get_world_size()
     store = _store()
@@ -189,6 +196,9 @@ def _exchange(
                 gone = _ends(ends, [r for r in range(world) if r not in reported])
                 if len(reported) + len(gone) == world:
                     break
+                if gone:
+                    deadline = min(deadline, time.time() + AFTER_END_S)
+                    ends = None  # known: stop asking, wait out the rest for the reports
             time.sleep(0.2)
         for r in reported:
             with contextlib.suppress(ValueError, AttributeError):
@@ -239,8 +249,8 @@ def publish_end(env: Mapping[str, str], rank: int, code: int) -> None:
 
 def _ends(store: Any, ranks: list[int]) -> dict[int, dict[str, Any]]:
     """{rank: its end} for those of `ranks` whose launcher published one (one round trip when
-    too few ended to matter)."""
-    if not ranks or store.add(f"{_END_KEY}count", 0) < len(ranks):
+    none did)."""
+    if not ranks or store.add(f"{_END_KEY}count", 0) == 0:
         return {}
     out: dict[int, dict[str, Any]] = {}
     for r in ranks:

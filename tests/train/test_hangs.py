@@ -412,7 +412,7 @@ def test_a_launchers_word_that_its_worker_ended_reaches_the_peers_of_that_attemp
     assert goodput.attempt_number(env) == 3 and goodput.attempt_number({}) == 0
     fault.publish_end(env, 1, -signal.SIGKILL)
     here = fault.attempt_store(env, timeout_s=5)
-    assert fault._ends(here, [0, 1]) == {}  # rank 0 said nothing: too few ended to look
+    assert fault._ends(here, [0, 1]) == {1: {"code": -signal.SIGKILL}}  # rank 0 said nothing
     assert fault._ends(here, [1]) == {1: {"code": -signal.SIGKILL}}
     other = fault.attempt_store({**env, "DDPKIT_RDZV_ROUND": "2"}, timeout_s=5)
     assert fault._ends(other, [1]) == {}  # the round before: its own keys
@@ -421,6 +421,39 @@ def test_a_launchers_word_that_its_worker_ended_reaches_the_peers_of_that_attemp
     assert fault.attempt_store({}, timeout_s=1) is None  # not under torchrun's agent store
     # a launcher whose store is gone (its host was the node lost) says nothing, and returns
     fault.publish_end({**env, "MASTER_PORT": str(free_port())}, 1, -signal.SIGKILL)
+    del server
+
+
+def test_once_a_silent_rank_is_known_dead_the_wait_for_reports_ends_soon_after(monkeypatch):
+    """Four ranks: this one (0) saw the collective fail, rank 1 was killed (its launcher said
+    so), ranks 2 and 3 stay silent (blocked in their own collective until their timeout). The
+    wait for reports ends AFTER_END_S after the end is known, not at the grace (30 s here):
+    in the SLURM drill (2 nodes x 2 ranks) every kill cost the peers the whole grace."""
+    import torch.distributed as dist
+    from ddpkit.train import fault
+
+    from tests.trainrun import free_port
+
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, None, is_master=True, wait_for_workers=False)
+    env = {
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "DDPKIT_RDZV_ROUND": "0",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    reports = dist.TCPStore("127.0.0.1", port, None, is_master=False)
+    monkeypatch.setattr(fault, "_store", lambda: reports)
+    monkeypatch.setattr(dist, "get_rank", lambda *a: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a: 4)
+    fault.publish_end(env, 1, -signal.SIGKILL)
+    t0 = time.monotonic()
+    reported, _, gone = fault._exchange("ddpkit/failed/7", "forward", RuntimeError("x"), 30.0)
+    took = time.monotonic() - t0
+    assert reported == [0] and gone == {1: {"code": -signal.SIGKILL}}, (reported, gone)
+    assert took < 10, took  # AFTER_END_S (1 s) and a poll; the grace was 30 s
     del server
 
 
