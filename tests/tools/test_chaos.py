@@ -142,3 +142,25 @@ def test_the_preemption_signal_is_the_target_jobs_own(monkeypatch):
     finally:
         p.kill()
         p.wait()
+
+
+def test_an_attached_drill_reports_once_the_job_is_done_not_when_its_workers_are_between_attempts(
+    tmp_path, monkeypatch, capsys
+):
+    """After the last injection an attached drill waits for the job's `done` record: a
+    recreated pod or a requeued job has no workers for a while, and the report made then (a
+    Kubernetes drill's preemption) missed the rest of the run."""
+    import threading
+
+    from ddpkit.tools import chaos
+    from ddpkit.train import goodput
+
+    goodput.record(tmp_path, "attempt", node_number=0, ranks=[0, 1])
+    monkeypatch.setattr(chaos, "workers", lambda run_dir: [])  # between attempts
+    threading.Timer(2.0, lambda: goodput.record(tmp_path, "done", step=100)).start()
+    t0 = time.monotonic()
+    chaos.await_end(tmp_path, chaos._attached(tmp_path))
+    waited = time.monotonic() - t0
+    assert 1.5 < waited < chaos.ATTACH_WAIT_S, waited
+    assert any(r["kind"] == "done" for r in goodput.read(tmp_path))
+    assert "no workers now (between attempts?)" in capsys.readouterr().err
