@@ -392,11 +392,10 @@ def test_the_other_path_sentence_names_only_the_ranks_whose_own_code_called():
     assert text.startswith("rank 0 called barrier() at m.py:3 (in f), while ranks [1, 2] were")
 
 
-def test_a_launchers_word_that_its_worker_ended_reaches_the_peers_of_that_attempt_only():
-    """fault.publish_end (the node launcher, from its worker's environment) and _ends (a peer
-    waiting for reports) meet in the attempt's store: the same round, not another's."""
+def _agent_store(round_: int) -> tuple[object, dict[str, str]]:
+    """A real TCPStore standing in for torchrun's agent store, and the environment torchrun
+    gives a worker of rendezvous round `round_` (keep the server referenced while used)."""
     import torch.distributed as dist
-    from ddpkit.train import fault, goodput
 
     from tests.trainrun import free_port
 
@@ -406,9 +405,20 @@ def test_a_launchers_word_that_its_worker_ended_reaches_the_peers_of_that_attemp
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
-        "DDPKIT_RDZV_ROUND": "3",
-        "TORCHELASTIC_RESTART_COUNT": "0",  # a node restarted for another's failure keeps 0
+        "DDPKIT_RDZV_ROUND": str(round_),
     }
+    return server, env
+
+
+def test_a_launchers_word_that_its_worker_ended_reaches_the_peers_of_that_attempt_only():
+    """fault.publish_end (the node launcher, from its worker's environment) and _ends (a peer
+    waiting for reports) meet in the attempt's store: the same round, not another's."""
+    from ddpkit.train import fault, goodput
+
+    from tests.trainrun import free_port
+
+    server, env = _agent_store(3)
+    env["TORCHELASTIC_RESTART_COUNT"] = "0"  # a node restarted for another's failure keeps 0
     assert goodput.attempt_number(env) == 3 and goodput.attempt_number({}) == 0
     fault.publish_end(env, 1, -signal.SIGKILL)
     here = fault.attempt_store(env, timeout_s=5)
@@ -432,19 +442,10 @@ def test_once_a_silent_rank_is_known_dead_the_wait_for_reports_ends_soon_after(m
     import torch.distributed as dist
     from ddpkit.train import fault
 
-    from tests.trainrun import free_port
-
-    port = free_port()
-    server = dist.TCPStore("127.0.0.1", port, None, is_master=True, wait_for_workers=False)
-    env = {
-        "TORCHELASTIC_USE_AGENT_STORE": "True",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-        "DDPKIT_RDZV_ROUND": "0",
-    }
+    server, env = _agent_store(0)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    reports = dist.TCPStore("127.0.0.1", port, None, is_master=False)
+    reports = dist.TCPStore("127.0.0.1", int(env["MASTER_PORT"]), None, is_master=False)
     monkeypatch.setattr(fault, "_store", lambda: reports)
     monkeypatch.setattr(dist, "get_rank", lambda *a: 0)
     monkeypatch.setattr(dist, "get_world_size", lambda *a: 4)
