@@ -7,6 +7,8 @@ Budget: about 3 min on 2 cores (two jobs; the requeue's BeginTime hold is releas
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -155,11 +157,25 @@ def _excluded(job: str, want: set[str], timeout_s: float = 120) -> set[str]:
 
 
 def _kill_node(run: Path, step: int) -> None:
-    drill = subprocess.run(
+    """`ddpkit chaos --attach` SIGKILLs node 0 at `step`; the test goes on once it has. An
+    attached drill then waits for the job's last step before its report, and this job needs
+    the test to release its requeue first: Ctrl-C (SIGINT) ends that wait, as for a user."""
+    drill = subprocess.Popen(
         [str(DDPKIT), "chaos", "--attach", str(run), "--inject", f"kill-node@step={step}:node=0"],
-        capture_output=True, text=True, timeout=400,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
-    assert "chaos: kill-node: SIGKILL to node rank 0" in drill.stdout, drill.stdout + drill.stderr
+    seen: list[str] = []
+    try:
+        for line in drill.stdout or ():
+            seen.append(line)
+            if "chaos: kill-node: SIGKILL to node rank 0" in line:
+                break
+        else:
+            raise AssertionError("".join(seen))
+    finally:
+        drill.send_signal(signal.SIGINT)
+        drill.communicate(timeout=60)
 
 
 def test_a_node_that_fails_twice_is_excluded_and_the_job_ends_on_the_other(
