@@ -255,7 +255,7 @@ def drill(
         before = attempts(run_dir)
         say(f"chaos: {inj.kind}: {inject(run_dir, inj)}")
         if i == len(plan) - 1:
-            return  # the last one: the caller waits for the job (or, attached, need not)
+            return  # the last one: the caller waits for the job (attached: await_end)
         while alive() and attempts(run_dir) <= before:
             time.sleep(0.2)  # recovered once a new attempt started (or the job ended)
         t0 = time.monotonic()
