@@ -306,7 +306,7 @@ def note_first_stop() -> None:
     api.SubprocessContext._close = noted  # type: ignore[method-assign]
 
 
-def restarts_keep_the_shutdown_budget(budget_s: int) -> None:
+def stops_keep_the_shutdown_budget(budget_s: int) -> None:
     """torchrun (2.14) stops workers without a stop signal in two places, each with a fixed
     30 s before the SIGKILL, whatever --shutdown-timeout says (only a stop signal's shutdown
     honours it): the agent's `_stop_workers` for a restart (another node's failure), and the
@@ -314,35 +314,20 @@ def restarts_keep_the_shutdown_budget(budget_s: int) -> None:
     failed. A rank that cannot act on SIGTERM (stopped, stuck in a collective) held the
     restart those 30 s: a stopped rank's detection took 46-53 s with timeout_s 15 and
     shutdown_timeout_s 3 (the agent's path), then 51.7 s in the 15-minute SLURM drill (the
-    poll's: the stopped rank shared its node with a rank whose collective failed). Both now
-    get the job's budget."""
-    from torch.distributed.elastic.agent.server import local_elastic_agent as lea
+    poll's: the stopped rank shared its node with a rank whose collective failed). Both end
+    in the process context's close(), which now waits the job's budget at most."""
     from torch.distributed.elastic.multiprocessing import api as mp_api
 
     ctx = mp_api.PContext
-    if not getattr(ctx.close, "_ddpkit", False):
-        close = ctx.close
-
-        def close_within_budget(self: Any, death_sig: Any = None, timeout: int = budget_s) -> None:
-            close(self, death_sig, timeout)
-
-        close_within_budget._ddpkit = True  # type: ignore[attr-defined]
-        ctx.close = close_within_budget  # type: ignore[method-assign]
-
-    cls = lea.LocalElasticAgent
-    stop = cls._stop_workers
-    if getattr(stop, "_ddpkit", False):
+    if getattr(ctx.close, "_ddpkit", False):
         return
+    close = ctx.close
 
-    def _stop_workers(self: Any, worker_group: Any, *args: Any, **kwargs: Any) -> None:
-        budget = getattr(self, "_shutdown_timeout", None)
-        if args or kwargs or not isinstance(budget, int) or not hasattr(self, "_shutdown"):
-            stop(self, worker_group, *args, **kwargs)  # another torch's signature: its own
-            return
-        self._shutdown(timeout=budget)
+    def close_within_budget(self: Any, death_sig: Any = None, timeout: int = budget_s) -> None:
+        close(self, death_sig, min(timeout, budget_s))
 
-    _stop_workers._ddpkit = True  # type: ignore[attr-defined]
-    cls._stop_workers = _stop_workers  # type: ignore[method-assign]
+    close_within_budget._ddpkit = True  # type: ignore[attr-defined]
+    ctx.close = close_within_budget  # type: ignore[method-assign]
 
 
 def worker_ends(wait_s: float = 5.0) -> dict[int, WorkerEnd]:
@@ -486,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     workers_die_with_launcher()
     places.install()
     note_first_stop()
-    restarts_keep_the_shutdown_budget(args.shutdown_timeout)
+    stops_keep_the_shutdown_budget(args.shutdown_timeout)
     one_stop_signal()
     failclass.stop_retrying_code_failures(
         lambda fs: culprit({int(r): Failure.of(f, ENDS.get(f.pid)) for r, f in fs.items()})
