@@ -302,7 +302,13 @@ def _culprit(
     for e in ends:
         by_node.setdefault(str(e.get("node")), []).append(e)
     mates = by_node[str(first.get("node"))]
-    if len(by_node) > 1 and all(e.get("code") == -signal.SIGKILL for e in mates):
+    # Every worker of a node SIGKILLed at once, its launcher alive (the OOM killer, a drill's
+    # kill of the workers): the node's. Not the SIGKILL torchrun's stop sends a rank that did
+    # not end within the shutdown budget (a rank stuck beside the killed one): that read as a
+    # lost node in CI (Kubernetes, one rank of two killed).
+    if len(by_node) > 1 and all(
+        e.get("code") == -signal.SIGKILL and not e.get("stopped") for e in mates
+    ):
         return "node lost", None, first.get("node")
     return _kind_of(int(first.get("code", 1)), first), first.get("rank"), first.get("node")
 
@@ -489,11 +495,14 @@ def launcher_end(
     attempt: int,
     error_file: str,
     returned: float | None = None,
+    stopped: bool = False,
 ) -> None:
     """A worker of this node ended; nonzero ends are noted with what its error file says
     (the kit's diagnosis of a failed collective: the ranks it waited for, or stuck). Of the
     workers that left of their own accord (exit 0), only the node's first per attempt: the
-    one that may have left its peers waiting, at one record per node, not per rank."""
+    one that may have left its peers waiting, at one record per node, not per rank.
+    stopped: its end was torchrun's stop of the attempt (its SIGTERM, or the SIGKILL past
+    the shutdown budget), not a failure of its own."""
     if code is None and returned is None:
         return  # torchrun reaped it first: its code is torchrun's to tell
     if code in (0, None):  # its code returned: it left of its own accord
@@ -507,6 +516,8 @@ def launcher_end(
         facts = {k: data[k] for k in ("missing", "stuck", "phase", "cause") if k in data}
     if returned is not None:
         facts["returned"] = returned
+    if stopped:
+        facts["stopped"] = True
     record(
         os.environ.get(RUN_DIR_ENV),
         "end",

@@ -366,7 +366,7 @@ def _watch_end(
 
         threading.Thread(target=fault.publish_end, args=(env, rank, code), daemon=True).start()
     ENDS[pid] = end = WorkerEnd(rank, code, time.time(), attempt, returned)
-    goodput.launcher_end(rank, code, end.when, attempt, error_file, returned)
+    goodput.launcher_end(rank, code, end.when, attempt, error_file, returned, stopped)
 
 
 # run_entry notes when a user's script or module returned (beside the worker's torchrun

@@ -116,6 +116,31 @@ def test_a_node_whose_launcher_restarted_in_place_was_not_lost(tmp_path):
     assert (killed.kind, killed.rank, killed.node) == ("killed", 3, "n2")
 
 
+def test_a_rank_sigkilled_by_the_stop_past_its_budget_does_not_make_its_node_lost(tmp_path):
+    """Rank 3 killed on n2; rank 2 beside it did not end within the shutdown budget and got
+    the stop's SIGKILL (CI, Kubernetes: read as "node lost" on n2). Every worker of n2 then
+    ended by SIGKILL, but one of them by torchrun's stop: the failure is rank 3's kill. Both
+    killed at once, neither by the stop: the node's."""
+    for node, lo in (("n1", 0), ("n2", 2)):
+        _at(tmp_path, "attempt", 1, "k8s-0", node=node, node_number=lo // 2, ranks=[lo, lo + 2])
+    _at(tmp_path, "ready", 2, "k8s-0")
+    _at(tmp_path, "end", 9, "k8s-0", rank=3, code=-signal.SIGKILL, node="n2")
+    _at(tmp_path, "end", 9.6, "k8s-0", rank=0, code=-signal.SIGTERM, node="n1", stopped=True)
+    _at(tmp_path, "end", 39.5, "k8s-0", rank=2, code=-signal.SIGKILL, node="n2", stopped=True)
+    for node in ("n1", "n2"):
+        _at(tmp_path, "attempt", 41, "k8s-0", attempt=1, node=node)
+    (killed,) = goodput.report(tmp_path, now=45).failures
+    assert (killed.kind, killed.rank, killed.node) == ("killed", 3, "n2")
+    other = tmp_path / "lost"
+    for node, lo in (("n1", 0), ("n2", 2)):
+        _at(other, "attempt", 1, "k8s-0", node=node, node_number=lo // 2, ranks=[lo, lo + 2])
+    _at(other, "end", 9, "k8s-0", rank=3, code=-signal.SIGKILL, node="n2")
+    _at(other, "end", 9.1, "k8s-0", rank=2, code=-signal.SIGKILL, node="n2")
+    _at(other, "end", 9.6, "k8s-0", rank=0, code=-signal.SIGTERM, node="n1", stopped=True)
+    (lost,) = goodput.report(other, now=45).failures
+    assert (lost.kind, lost.node) == ("node lost", "n2")
+
+
 def test_a_rank_that_left_before_the_failure_is_named_and_placed(tmp_path):
     """Rank 3 (node 1) returned with exit 0 while rank 0 still ran its collectives; rank 0
     then failed. The rank that left is the culprit, placed by its node's attempt record;
