@@ -46,6 +46,7 @@ from ddpkit.train.contract import METRICS_FILE, RUN_DIR_ENV
 from ddpkit.train.errors import CliParser, UserError
 
 KINDS = ("kill-rank", "kill-node", "stop-rank", "preempt")
+TARGET_WAIT_S = 30  # the injection's rank or node, once the job's first workers run
 ATTACH_WAIT_S = 600  # --attach to a queued job: how long its workers may take to start
 
 
@@ -229,6 +230,29 @@ def attempts(run_dir: Path) -> int:
     return sum(1 for r in goodput.read(run_dir) if r["kind"] == "attempt")
 
 
+def _await_target(run_dir: Path, inj: Injection, alive: Callable[[], bool]) -> None:
+    """Until the injection's target runs: between attempts there are no workers for a while
+    (wait for them to come back); once some run, the target's rank or node has TARGET_WAIT_S
+    to start too (a drill at time=4 found rank 0 but not yet rank 1 on a loaded machine:
+    "no worker of rank 1"), then inject() says what is missing."""
+    since = None
+    while alive():
+        procs = workers(run_dir)
+        if inj.kind == "preempt":
+            hit = procs
+        elif inj.kind == "kill-node":
+            hit = [p for p in procs if p.node_rank == inj.target]
+        else:
+            hit = [p for p in procs if p.rank == inj.target]
+        if hit:
+            return
+        if procs:
+            since = since or time.monotonic()
+            if time.monotonic() - since > TARGET_WAIT_S:
+                return
+        time.sleep(0.2)
+
+
 def drill(
     run_dir: Path,
     plan: list[Injection],
@@ -247,8 +271,7 @@ def drill(
         else:
             say(f"chaos: the job ended before {inj.kind} could fire")
             return
-        while alive() and not workers(run_dir):
-            time.sleep(0.2)  # between attempts: wait for the workers to come back
+        _await_target(run_dir, inj, alive)
         if not alive():
             say(f"chaos: the job ended before {inj.kind} could fire")
             return
@@ -262,19 +285,29 @@ def drill(
 
 
 def _attached(run_dir: Path) -> Callable[[], bool]:
-    """Whether a job chaos did not start still runs: the trainer has not noted its last step
-    (a `done` record) and its workers were seen in the last ATTACH_WAIT_S (between attempts
+    """Whether a job chaos did not start still runs: neither the trainer's last step (`done`)
+    nor node 0's launcher exit 0 (`finished`, a user's script too) is noted after its latest
+    attempt began, and its workers were seen in the last ATTACH_WAIT_S (between attempts
     there are none: a restart in place, a requeue, recreated pods)."""
     seen = [time.monotonic()]
 
     def alive() -> bool:
-        if any(r["kind"] == "done" for r in goodput.read(run_dir)):
+        if _ended(goodput.read(run_dir)):
             return False
         if workers(run_dir):
             seen[0] = time.monotonic()
         return time.monotonic() - seen[0] < ATTACH_WAIT_S
 
     return alive
+
+
+def _ended(recs: list[dict]) -> bool:
+    """The run's last attempt ended it: a `done` or `finished` record after the newest
+    `attempt` (a run dir used again keeps the records of the run before)."""
+    last = {k: max((r["time"] for r in recs if r["kind"] == k), default=None)
+            for k in ("attempt", "done", "finished")}  # fmt: skip
+    end = max((t for k, t in last.items() if k != "attempt" and t is not None), default=None)
+    return end is not None and (last["attempt"] is None or end >= last["attempt"])
 
 
 def await_end(run_dir: Path, alive: Callable[[], bool]) -> None:

@@ -237,6 +237,35 @@ def attempt_store(env: Mapping[str, str], timeout_s: float, world_size: int | No
     return dist.PrefixStore(f"ddpkit/attempt_{goodput.attempt_number(env)}", store)
 
 
+def scope_rendezvous_to_attempt(env: Mapping[str, str] = os.environ) -> None:
+    """A user's script (ddpkit.train.node.run_entry): `init_process_group` through env:// or
+    tcp:// (its own store, no key prefix) gets the store under the attempt's prefix, as the
+    kit's trainer passes it (attempt_store). Without it a restarted attempt's gloo read the
+    addresses its peers had published in the attempt before: `connectFullMesh failed ...
+    Connection refused`, or both ranks waited in connectFullMesh until the group's timeout
+    (a drill: a user's script, one rank SIGKILLed, hung in 2 of 4 runs). Every rank of an
+    attempt has the same round, so they meet under one prefix. A script that makes its own
+    TCPStore is not changed."""
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    import importlib
+
+    rdzv = importlib.import_module("torch.distributed.rendezvous")  # the module, not its function
+
+    for scheme in ("env", "tcp"):
+        plain = rdzv._rendezvous_handlers.get(scheme)
+        if plain is None or getattr(plain, "_ddpkit", False):
+            continue
+
+        def scoped(url: str, _plain: Any = plain, **kwargs: Any) -> Any:
+            prefix = f"ddpkit/attempt_{goodput.attempt_number(env)}"
+            for store, rank, world_size in _plain(url, **kwargs):
+                yield dist.PrefixStore(prefix, store), rank, world_size
+
+        scoped._ddpkit = True  # type: ignore[attr-defined]
+        rdzv._rendezvous_handlers[scheme] = scoped
+
+
 def publish_end(env: Mapping[str, str], rank: int, code: int) -> None:
     """The node launcher: worker `rank` (started with `env`) ended with `code` (nonzero).
     Best effort: a store that is gone (its host was the node lost) says nothing."""

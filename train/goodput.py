@@ -45,7 +45,7 @@ from ddpkit.train.contract import LAUNCH_ID_ENV, RDZV_ROUND_ENV, RUN_DIR_ENV
 GOODPUT_DIR = "goodput"  # <run dir>/goodput/<time>-<node>-<uid>-<kind>.json
 REPORT_FILE = "goodput.json"  # the last report, written by the launcher of node 0 at its exit
 NODE_FAILURES_TO_EXCLUDE = 2  # a node that failed this often is left out of the next attempt
-KINDS = ("attempt", "end", "ready", "save", "stop", "done", "inject")
+KINDS = ("attempt", "end", "ready", "save", "stop", "done", "inject", "finished")
 
 
 def node_name() -> str:
@@ -530,17 +530,26 @@ def launcher_end(
 
 
 def launcher_exit(
-    run_dir: str | Path, requeue: bool, node_rank: int, attempt: int | None = None
+    run_dir: str | Path,
+    requeue: bool,
+    node_rank: int,
+    attempt: int | None = None,
+    finished: bool = False,
 ) -> str | None:
-    """At the launcher's exit: note the stop of a requeue; node 0 writes the report and
-    returns its one line when a failure was recovered or a requeue follows: after restarts
-    the line says what they cost. None elsewhere, without records, and for a launch of one
-    attempt: its end is said by the trainer's done line, or by the one error line a failure
-    or bad input gets (which must stay the only line: no goodput beside it)."""
-    if requeue:  # in the attempt the workers last ran in (the launcher's own env has none)
-        record(run_dir, "stop", **({} if attempt is None else {"attempt": attempt}))
+    """At the launcher's exit: note the stop of a requeue; node 0 notes a job that finished
+    (exit 0: a user's script notes no `done` of its own, and an attached drill waits for one
+    of the two), writes the report and returns its one line when a failure was recovered or
+    a requeue follows: after restarts the line says what they cost. None elsewhere, without
+    records, and for a launch of one attempt: its end is said by the trainer's done line, or
+    by the one error line a failure or bad input gets (which must stay the only line: no
+    goodput beside it)."""
+    where = {} if attempt is None else {"attempt": attempt}  # the launcher's own env has none
+    if requeue:  # in the attempt the workers last ran in
+        record(run_dir, "stop", **where)
     if node_rank != 0:
         return None
+    if finished:
+        record(run_dir, "finished", **where)
     rep = write_report(run_dir)
     if rep is None or (rep.attempts < 2 and not requeue):
         return None

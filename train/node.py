@@ -132,9 +132,10 @@ def run_entry(argv: list[str]) -> int:
     torch's rank prefix included), without this runner's frames, and exit 1."""
     import runpy
 
-    from ddpkit.train import teardown
+    from ddpkit.train import fault, teardown
 
     teardown.install()  # the exit waits for gloo's threads (train/teardown.py)
+    fault.scope_rendezvous_to_attempt()  # a restart's group meets under its own keys
     module = argv[0] == "-m"
     target, args = (argv[1], argv[2:]) if module else (argv[0], argv[1:])
     sys.argv = [target, *args]
@@ -549,7 +550,11 @@ def main(argv: list[str] | None = None) -> int:
         line += f"; its own code raised {err}: not retried (a restart would fail the same way)"
     # The goodput first: the outcome line stays the launch's last word.
     said = goodput.launcher_exit(
-        run_dir, code == EXIT_REQUEUE, int(args.node_rank), *(_LAST_ATTEMPT or [None])
+        run_dir,
+        code == EXIT_REQUEUE,
+        int(args.node_rank),
+        *(_LAST_ATTEMPT or [None]),
+        finished=code == EXIT_OK,
     )
     for text in (said, line):
         if text:

@@ -434,6 +434,40 @@ def test_a_launchers_word_that_its_worker_ended_reaches_the_peers_of_that_attemp
     del server
 
 
+def test_a_users_env_rendezvous_in_a_restart_cannot_read_the_attempt_befores_keys(monkeypatch):
+    """A user's script (run_entry) calls init_process_group through env://, whose store is
+    torchrun's agent store, the same for every attempt. Scoped to the attempt, the keys the
+    first attempt's gloo published (its ranks' addresses) are not what the restart reads:
+    a restarted rank read a dead peer's address ("connectFullMesh ... Connection refused")
+    or waited there until the timeout. The restart's own keys meet, whatever the scheme."""
+    import importlib
+    from datetime import timedelta
+
+    from ddpkit.train import fault
+
+    registry = importlib.import_module("torch.distributed.rendezvous")._rendezvous_handlers
+    for scheme in ("env", "tcp"):  # restored after the test
+        monkeypatch.setitem(registry, scheme, registry[scheme])
+    server, env = _agent_store(0)
+    env.update(RANK="0", WORLD_SIZE="1")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    fault.scope_rendezvous_to_attempt()
+    fault.scope_rendezvous_to_attempt()  # once only: a second call wraps nothing twice
+    url = "env://?rank=0&world_size=1"
+    first, _, _ = next(registry["env"](url, timeout=timedelta(seconds=5)))
+    first.set("rank_1", "the first attempt's rank 1")
+    monkeypatch.setenv("DDPKIT_RDZV_ROUND", "1")
+    again, _, _ = next(registry["env"](url, timeout=timedelta(seconds=5)))
+    assert not again.check(["rank_1"])  # the restart waits for its own rank 1
+    again.set("rank_1", "the restart's rank 1")
+    tcp = f"tcp://127.0.0.1:{env['MASTER_PORT']}?rank=0&world_size=1"
+    same, _, _ = next(registry["tcp"](tcp, timeout=timedelta(seconds=5)))
+    assert same.get("rank_1") == b"the restart's rank 1"
+    assert first.get("rank_1") == b"the first attempt's rank 1"
+    del server
+
+
 def test_once_a_silent_rank_is_known_dead_the_wait_for_reports_ends_soon_after(monkeypatch):
     """Four ranks: this one (0) saw the collective fail, rank 1 was killed (its launcher said
     so), ranks 2 and 3 stay silent (blocked in their own collective until their timeout). The
