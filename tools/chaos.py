@@ -166,6 +166,15 @@ def logged_step(run_dir: Path) -> int:
     return step if isinstance(step, int) else 0
 
 
+def _aimed_at(procs: list, inj: Injection) -> list:
+    """The workers `inj` hits: all of them (preempt), a node's (kill-node), one rank's."""
+    if inj.kind == "preempt":
+        return procs
+    if inj.kind == "kill-node":
+        return [p for p in procs if p.node_rank == inj.target]
+    return [p for p in procs if p.rank == inj.target]
+
+
 def inject(run_dir: Path, inj: Injection) -> str:
     """Send the failure now; returns what was done. Nothing to hit: ChaosError."""
     procs = workers(run_dir)
@@ -178,7 +187,7 @@ def inject(run_dir: Path, inj: Injection) -> str:
             os.kill(pid, _preempt_signal(pid))
         return f"preemption signal to launcher(s) {launchers}"
     if inj.kind == "kill-node":
-        mine = [p for p in procs if p.node_rank == inj.target]
+        mine = _aimed_at(procs, inj)
         if not mine:
             raise ChaosError(f"no workers of node rank {inj.target} of {run_dir} on this machine")
         parents = sorted({p.ppid for p in mine})
@@ -186,7 +195,7 @@ def inject(run_dir: Path, inj: Injection) -> str:
         for pid in [*parents, *(p.pid for p in mine)]:  # the launcher first: no restart
             _kill(pid, signal.SIGKILL)
         return f"SIGKILL to node rank {inj.target}: launcher(s) {parents} and their workers"
-    hit = [p for p in procs if p.rank == inj.target]
+    hit = _aimed_at(procs, inj)
     if not hit:
         raise ChaosError(f"no worker of rank {inj.target} of {run_dir} on this machine")
     p = hit[0]
@@ -238,13 +247,7 @@ def _await_target(run_dir: Path, inj: Injection, alive: Callable[[], bool]) -> N
     since = None
     while alive():
         procs = workers(run_dir)
-        if inj.kind == "preempt":
-            hit = procs
-        elif inj.kind == "kill-node":
-            hit = [p for p in procs if p.node_rank == inj.target]
-        else:
-            hit = [p for p in procs if p.rank == inj.target]
-        if hit:
+        if _aimed_at(procs, inj):
             return
         if procs:
             since = since or time.monotonic()
@@ -304,10 +307,9 @@ def _attached(run_dir: Path) -> Callable[[], bool]:
 def _ended(recs: list[dict]) -> bool:
     """The run's last attempt ended it: a `done` or `finished` record after the newest
     `attempt` (a run dir used again keeps the records of the run before)."""
-    last = {k: max((r["time"] for r in recs if r["kind"] == k), default=None)
-            for k in ("attempt", "done", "finished")}  # fmt: skip
-    end = max((t for k, t in last.items() if k != "attempt" and t is not None), default=None)
-    return end is not None and (last["attempt"] is None or end >= last["attempt"])
+    ends = [r["time"] for r in recs if r["kind"] in ("done", "finished")]
+    starts = [r["time"] for r in recs if r["kind"] == "attempt"]
+    return bool(ends) and max(ends) >= max(starts, default=0.0)
 
 
 def await_end(run_dir: Path, alive: Callable[[], bool]) -> None:

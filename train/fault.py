@@ -234,7 +234,12 @@ def attempt_store(env: Mapping[str, str], timeout_s: float, world_size: int | No
         is_master=False,
         timeout=timedelta(seconds=timeout_s),
     )
-    return dist.PrefixStore(f"ddpkit/attempt_{goodput.attempt_number(env)}", store)
+    return dist.PrefixStore(attempt_prefix(env), store)
+
+
+def attempt_prefix(env: Mapping[str, str]) -> str:
+    """The key prefix of the attempt's store (the rendezvous round: the same on every node)."""
+    return f"ddpkit/attempt_{goodput.attempt_number(env)}"
 
 
 def scope_rendezvous_to_attempt(env: Mapping[str, str] = os.environ) -> None:
@@ -258,9 +263,8 @@ def scope_rendezvous_to_attempt(env: Mapping[str, str] = os.environ) -> None:
             continue
 
         def scoped(url: str, _plain: Any = plain, **kwargs: Any) -> Any:
-            prefix = f"ddpkit/attempt_{goodput.attempt_number(env)}"
             for store, rank, world_size in _plain(url, **kwargs):
-                yield dist.PrefixStore(prefix, store), rank, world_size
+                yield dist.PrefixStore(attempt_prefix(env), store), rank, world_size
 
         scoped._ddpkit = True  # type: ignore[attr-defined]
         rdzv._rendezvous_handlers[scheme] = scoped
