@@ -5,7 +5,9 @@
     preempt.install()                       # once, early (main thread)
     for step in range(start, steps):
         ...                                 # one training step
-        if preempt.stop_requested():        # the same answer on every rank? see below
+        sig = torch.tensor([preempt.signal_number()])   # 0 until a stop signal came here
+        dist.all_reduce(sig, op=dist.ReduceOp.MAX)      # every rank: the same signal
+        if preempt.agree(int(sig.item())):  # True on every rank at the same step
             save_checkpoint(step)           # your own save; you have preempt.seconds_left()
             preempt.request_requeue(step=step)   # local rank 0 writes the marker; others no-op
             break                           # then exit normally
@@ -23,8 +25,11 @@ The contract (the same under every backend, set by the node launcher, train/node
     so `request_requeue()` writes nothing then (DDPKIT_REQUEUE_SIGNALS, train/contract.py)
     and the job ends with your save on disk.
 A script that never calls this module still ends cleanly: the signal ends it, exit 143.
-Ranks see a signal at slightly different steps; agree before saving collectively (e.g. an
-all_reduce of the flag, as the kit's trainer does) when your save is a collective.
+Ranks see a signal at slightly different steps, and some only through their peers (each
+SLURM node's slurmd signals its own processes). So agree on the signal itself, not on a flag:
+the MAX all-reduce of `signal_number()` (as the kit's trainer does), then `agree()`. A rank
+that learned of a plain `scancel` from a peer then knows it was a cancel and asks for no
+requeue; with a bare flag it would ask for one.
 """
 
 from __future__ import annotations
@@ -68,8 +73,28 @@ def stop_requested() -> bool:
     return bool(_received)
 
 
+def signal_number() -> int:
+    """The number of the stop signal this rank goes by (0 before one): the first received
+    here, or the one `agree` recorded. All-reduce it with MAX across ranks, then `agree`."""
+    name = _received.get("signal")
+    return int(getattr(signal, name)) if name else 0
+
+
+def agree(signum: int) -> bool:
+    """Record the signal the ranks agreed on (the MAX all-reduce of `signal_number()`; 0 for
+    none) and say whether to stop. A rank that had no signal of its own, or another one, now
+    goes by the agreed one, so every rank's `request_requeue` decides alike. The shutdown
+    budget counts from this rank's own signal, else from now."""
+    if not signum:
+        return False
+    _received["signal"] = signal.Signals(signum).name
+    _received.setdefault("at", time.time())
+    return True
+
+
 def received_signal() -> str | None:
-    """The name of the first stop signal received, e.g. "SIGTERM"; None before one."""
+    """The name of the stop signal this rank goes by, e.g. "SIGTERM" (the first received, or
+    the agreed one); None before one."""
     return _received.get("signal")
 
 
@@ -86,7 +111,9 @@ def request_requeue(**info: Any) -> Path | None:
     rank). One process per node writes (local rank 0: each node's launcher reads its own
     run dir, which need not be shared, e.g. a Kubernetes pod without a claim); returns the
     marker path, or None on other ranks, outside the ddpkit launcher, or when the signal
-    received is a cancel here (SIGTERM on SLURM: not its --signal)."""
+    this rank goes by (received, or agreed) is a cancel here (SIGTERM on SLURM: not its
+    --signal). A rank with no signal at all (it stopped on a bare flag from its peers)
+    writes one, as before: `agree` is what lets it know better."""
     run_dir = os.environ.get(RUN_DIR_ENV)
     local = os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))
     if local != "0" or not run_dir:

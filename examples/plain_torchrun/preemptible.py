@@ -36,10 +36,11 @@ def main() -> None:
         print(f"rank 0: started at step {start}", flush=True)
     for step in range(start, args.steps):
         time.sleep(args.step_s)
-        # Every rank must agree before a collective save: one all_reduce of the flag.
-        flag = torch.tensor([float(preempt.stop_requested())])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item():
+        # Every rank must agree before a collective save: one all_reduce of the signal, not
+        # of a flag, so a rank that learns of a plain scancel from a peer knows it was one.
+        sig = torch.tensor([preempt.signal_number()])
+        dist.all_reduce(sig, op=dist.ReduceOp.MAX)
+        if preempt.agree(int(sig.item())):
             if rank == 0:
                 torch.save({"model": model.state_dict(), "step": step}, ckpt)
             dist.barrier()

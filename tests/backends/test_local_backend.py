@@ -247,6 +247,75 @@ def test_each_nodes_local_rank_0_asks_for_the_requeue(
     assert preempt.request_requeue(step=7) is None
 
 
+def test_a_rank_goes_by_the_agreed_signal_so_a_cancel_learned_from_peers_asks_for_no_requeue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SLURM (requeue on USR1 only): each node's slurmd signals its own processes, so after a
+    plain scancel a rank may stop on its peers' word before its own SIGTERM comes. Agreed on
+    the signal (MAX), it knows the stop is a cancel and writes no marker; the MAX makes a
+    cancel win over a preemption signal that came at the same moment elsewhere."""
+    from ddpkit.train import preempt
+    from ddpkit.train.contract import REQUEUE_SIGNALS_ENV, RUN_DIR_ENV
+
+    monkeypatch.setenv(REQUEUE_SIGNALS_ENV, "SIGUSR1")
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    for own, agreed, marker in (
+        (None, signal.SIGTERM, None),  # no signal here yet: a peer's scancel
+        (signal.SIGUSR1, signal.SIGTERM, None),  # USR1 here, a cancel elsewhere: a cancel
+        (None, signal.SIGUSR1, "SIGUSR1"),  # a peer's preemption: requeue, and say which
+    ):
+        monkeypatch.setattr(preempt, "_received", {})
+        (tmp_path / REQUEUE_MARKER).unlink(missing_ok=True)
+        assert preempt.signal_number() == 0 and not preempt.agree(0)
+        if own is not None:
+            preempt._handler(own, None)
+        assert preempt.signal_number() == (own or 0)
+        assert preempt.agree(agreed) and preempt.signal_number() == agreed
+        assert preempt.seconds_left() > 0
+        got = preempt.request_requeue(step=4)
+        assert (got is None) is (marker is None), (own, agreed)
+        if marker:
+            assert json.loads((tmp_path / REQUEUE_MARKER).read_text())["signal"] == marker
+
+
+@pytest.mark.slow
+def test_a_cancel_that_reaches_one_rank_of_a_users_script_saves_and_asks_for_no_requeue(
+    tmp_path: Path,
+) -> None:
+    """The example script under the node launcher with SLURM's requeue signal (USR1), and a
+    SIGTERM that reached rank 1 only (the other node's slurmd had not signalled yet): both
+    ranks stop at the same step and save, and rank 0, which got no signal, asks for no
+    requeue (a bare flag made it write a marker, and the launch exited 75: a requeue)."""
+    from ddpkit.tools import chaos
+
+    run = tmp_path / "run"
+    proj = plain_project(tmp_path).parent
+    (run / "out").mkdir(parents=True)
+    proc = subprocess.Popen(
+        [PY, "-m", "ddpkit.train.node", "--standalone", "--nproc-per-node=2", "--run-dir",
+         str(run), "--", str(proj / "preemptible.py"), "--steps", "100000", "--step-s", "0.05",
+         "--out", str(run / "out" / "result.json")],
+        cwd=tmp_path, env=clean_env(DDPKIT_REQUEUE_SIGNALS="SIGUSR1"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # rank 0 trains
+            if "started at step" in line:
+                break
+        [rank1] = [w for w in chaos.workers(run) if w.rank == 1]
+        os.kill(rank1.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    stops = re.findall(r"rank (\d): stop at step (\d+)", out)
+    assert sorted(r for r, _ in stops) == ["0", "1"] and len({s for _, s in stops}) == 1, out + err
+    assert (run / "out" / "ckpt.pt").is_file()
+    assert not (run / REQUEUE_MARKER).exists(), (run / REQUEUE_MARKER).read_text()
+    assert proc.returncode != 75 and "Traceback" not in err, (proc.returncode, err)
+
+
 STAMP = {"launch_id": "launch-a", "time": 1.7e9, "step": 3}
 STAMPS = cases(damaged(STAMP, {"launch_id": ("string", "null"), "time": ("number", "null")}))
 
