@@ -5,9 +5,10 @@
     python -m bench --only ckpt      # checkpoint save sync/async/raw disk, resume vs fresh
     python -m bench --only s3        # checkpoints in a real S3 server vs its raw put/get
     python -m bench --only launch    # ddpkit run vs torchrun --standalone of a user's script
-    python -m bench --only submit    # ddpkit submit slurm vs sbatch + srun torchrun, submit to
-                                     # first step (the local SLURM cluster; "all" skips it when
-                                     # no cluster answers)
+    python -m bench --only submit    # submit to first step: ddpkit submit slurm vs sbatch +
+                                     # srun torchrun (the local SLURM cluster), ddpkit submit
+                                     # k8s vs kubectl apply of a PyTorchJob (a private local
+                                     # control plane); "all" skips what cannot run here
     python -m bench --only hf        # a tiny Hugging Face model: the kit vs a plain FSDP2 loop
     python -m bench --only goodput   # goodput under a fixed failure schedule (kill, stop, node);
                                      # with --quick the short schedule (all --quick skips it)
@@ -156,20 +157,30 @@ def run_s3(quick: bool, out: Path) -> list[str]:
 
 
 def run_submit(optional: bool, quick: bool, out: Path, env: dict) -> list[str]:
-    """Submit to first step on the local SLURM cluster; in "all", a line instead of an error
-    when no cluster answers (it is started by `make slurm-up`, never here)."""
+    """Submit to first step on the local SLURM cluster (started by `make slurm-up`, never
+    here), then on a private local Kubernetes control plane (started and removed here); in
+    "all", a line instead of an error for a backend that cannot run here."""
     from bench import submit_latency
 
-    if optional and quick:  # the smoke run stays off the cluster (other lanes' tests use it)
+    if optional and quick:  # the smoke run stays off the clusters (other lanes' tests use them)
         return ["submit: skipped with --quick in all (python -m bench --only submit runs it)"]
+    lines: list[str] = []
     try:
         submit_latency.cluster_up()
     except BenchError as e:
         if not optional:
             raise
-        return [f"submit: skipped ({e})"]
-    _log("submit: ddpkit submit slurm vs sbatch + srun torchrun, to first step, paired")
-    return submit_latency.run(1 if quick else 3, out, env)
+        lines.append(f"submit (SLURM): skipped ({e})")
+    else:
+        _log("submit: ddpkit submit slurm vs sbatch + srun torchrun, to first step, paired")
+        lines += submit_latency.run(1 if quick else 3, out, env)
+    why = submit_latency.K8s.missing()
+    if why:
+        if not optional:
+            raise BenchError(f"submit (Kubernetes): {why}")
+        return [*lines, f"submit (Kubernetes): skipped ({why})"]
+    _log("submit: ddpkit submit k8s vs kubectl apply of a PyTorchJob, to first step, paired")
+    return lines + submit_latency.run(1 if quick else 3, out, env, "k8s")
 
 
 def hf_case(quick: bool, work: Path) -> loop_overhead.Interleaved:

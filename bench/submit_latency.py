@@ -1,34 +1,44 @@
-"""Submit to first step on the local SLURM cluster: `ddpkit submit slurm` against a plain
-`sbatch` of a hand-written `srun torchrun` script of the same user script (issue 34, submit).
+"""Submit to first step, the kit against the plain route of the same user script (issue 34,
+submit), on the local SLURM cluster and on a local Kubernetes control plane.
 
-    python -m bench.submit_latency [--pairs 3] [--out-dir out/bench]
-    python -m bench --only submit
+    python -m bench.submit_latency [--backend slurm|k8s] [--pairs 3] [--out-dir out/bench]
+    python -m bench --only submit                # both
 
-Needs the local SLURM cluster up (`make slurm-up`; it is never started or stopped here). A
-user's 5-step DDP script (2 gloo ranks on one node) is submitted both ways from a project in a
-temporary directory under the shared filesystem, in pairs whose order alternates:
+A user's 5-step DDP script (2 gloo ranks on one node) is submitted both ways from a project in
+a temporary directory, in pairs whose order alternates:
 
+  SLURM (needs the local cluster up, `make slurm-up`; never started or stopped here)
     plain   sbatch job.sbatch    #SBATCH --nodes=1 --ntasks-per-node=1 --cpus-per-task=2
                                  srun torchrun --standalone --nproc-per-node 2 train.py
     kit     ddpkit submit slurm  (ddpkit.toml: script = "train.py", nproc_per_node = 2,
                                  cpus_per_proc = 1, accelerator = "cpu")
+  Kubernetes (a private one-node control plane, k8s/local/up.sh, started and removed here; the
+  image `bench:1` is this venv with the project as /workspace, as `ddpkit build` makes it)
+    plain   kubectl apply -f job.json   a hand-written PyTorchJob: one Master replica running
+                                        torchrun --standalone --nproc-per-node 2 train.py
+    kit     ddpkit submit k8s           (the same ddpkit.toml, image = "bench:1")
 
 First step: rank 0 writes the wall-clock time its first optimizer step ended into a file
-(this machine is every node of the local cluster: one clock). Reported: submit to first step
+(every node of the local clusters is this machine: one clock). Reported: submit to first step
 for each way, the median of the per-pair differences (kit - plain) with p25..p75, and the
 time the submitting command itself took. The goal (issue 34) is at most 2 s over plain. A
-pair waits for both jobs to end before the next one starts; other users' jobs on the cluster
-may still delay either way's start (the pairs alternate so a busy spell hits both).
+pair waits for both jobs to end (SLURM: gone from squeue; Kubernetes: finished, then deleted
+with its pods) before the next one starts; other users' jobs on the SLURM cluster may still
+delay either way's start (the pairs alternate so a busy spell hits both).
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,38 +99,135 @@ def cluster_up() -> None:
         raise BenchError("no SLURM partition answers: start the local cluster (make slurm-up)")
 
 
-def project(root: Path) -> Path:
+def project(root: Path, job: str = JOB) -> Path:
     proj = root / "proj"
     proj.mkdir()
     (proj / "train.py").write_text(SCRIPT)
-    (proj / "ddpkit.toml").write_text(JOB)
-    (proj / "job.sbatch").write_text(
-        SBATCH.format(name="{name}", proj=proj, torchrun=bin_of("torchrun"))
-    )
+    (proj / "ddpkit.toml").write_text(job)
+    (proj / "marks").mkdir()
     return proj
 
 
-def queued(name: str) -> bool:
-    r = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True,
-                       timeout=30)  # fmt: skip
-    return r.returncode != 0 or bool(r.stdout.strip())
+class Slurm:
+    """The local SLURM cluster (`make slurm-up`): plain sbatch against `ddpkit submit slurm`."""
+
+    title = "SLURM, local cluster: ddpkit submit slurm vs sbatch + srun torchrun"
+    commands = {
+        "plain": "sbatch job.sbatch (srun torchrun --standalone --nproc-per-node 2 train.py)",
+        "kit": "ddpkit submit slurm (ddpkit.toml: script = train.py, nproc_per_node = 2)",
+    }
+    env: dict[str, str] = {}
+
+    @contextlib.contextmanager
+    def ready(self, root: Path) -> Iterator[Path]:
+        cluster_up()
+        proj = project(root)
+        (proj / "job.sbatch").write_text(
+            SBATCH.format(name="{name}", proj=proj, torchrun=bin_of("torchrun"))
+        )
+        yield proj
+
+    def argv(self, way: str, proj: Path, name: str, mark: Path) -> list[str]:
+        if way == "kit":
+            return [bin_of("ddpkit"), "submit", "slurm", "--set", f"name={name}", "--", "--mark",
+                    str(mark)]  # fmt: skip
+        script = proj / f"{name}.sbatch"
+        script.write_text((proj / "job.sbatch").read_text().replace("{name}", name))
+        return ["sbatch", "--parsable", str(script), str(mark)]
+
+    def ended(self, name: str) -> bool:
+        r = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True,
+                           text=True, timeout=30)  # fmt: skip
+        return r.returncode == 0 and not r.stdout.strip()
 
 
-def submit_once(way: str, proj: Path, name: str) -> dict[str, float]:
+class K8s:
+    """A private one-node local control plane with the training operator (k8s/local/up.sh):
+    `kubectl apply` of a hand-written PyTorchJob against `ddpkit submit k8s`."""
+
+    title = "Kubernetes, local control plane: ddpkit submit k8s vs kubectl apply of a PyTorchJob"
+    commands = {
+        "plain": "kubectl apply -f job.json (PyTorchJob, Master x1: torchrun --standalone "
+        "--nproc-per-node 2 train.py)",
+        "kit": "ddpkit submit k8s (ddpkit.toml: image = bench:1, script = train.py)",
+    }
+    env: dict[str, str] = {}
+
+    @staticmethod
+    def missing() -> str | None:
+        from tests.k8s_cluster import binaries_missing
+
+        if shutil.which("kubectl") is None:
+            return "kubectl not found (make setup installs it)"
+        return binaries_missing()
+
+    @contextlib.contextmanager
+    def ready(self, root: Path) -> Iterator[Path]:
+        from tests.k8s_cluster import VENV, cluster_env, running_cluster
+
+        why = self.missing()
+        if why:
+            raise BenchError(f"no Kubernetes control plane: {why}")
+        proj = project(root, JOB + 'image = "bench:1"\n')
+        env = cluster_env(root / "k8s", f"bench:*={VENV}:{proj}", tag="dkb", net=247, nodes=1)
+        try:
+            for running in running_cluster(env):
+                self.env = {k: running[k] for k in ("KUBECONFIG",)}
+                yield proj
+        except AssertionError as e:  # up.sh failed: its output's tail
+            raise BenchError(f"k8s/local/up.sh failed: {str(e)[-1500:]}") from e
+
+    def argv(self, way: str, proj: Path, name: str, mark: Path) -> list[str]:
+        if way == "kit":
+            return [bin_of("ddpkit"), "submit", "k8s", "--set", f"name={name}", "--", "--mark",
+                    str(mark)]  # fmt: skip
+        manifest = proj / f"{name}.json"
+        container = {"name": "pytorch", "image": "bench:1", "workingDir": "/workspace",
+                     "command": ["torchrun", "--standalone", "--nproc-per-node", "2",
+                                 "train.py", "--mark", str(mark)]}  # fmt: skip
+        job = {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": {"name": name},
+            "spec": {"pytorchReplicaSpecs": {"Master": {
+                "replicas": 1, "restartPolicy": "Never",
+                "template": {"spec": {"containers": [container]}},
+            }}},
+        }  # fmt: skip
+        manifest.write_text(json.dumps(job))
+        return ["kubectl", "apply", "-f", str(manifest)]
+
+    def kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["kubectl", *args], env=clean_env(**self.env), capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+
+    def ended(self, name: str) -> bool:
+        """Finished (Succeeded or Failed), then deleted with its pods."""
+        r = self.kubectl("get", "pytorchjob", name, "-o", "json")
+        if r.returncode != 0 and "NotFound" not in r.stderr:
+            return False  # the API server did not answer: ask again
+        if r.returncode == 0:
+            conds = json.loads(r.stdout).get("status", {}).get("conditions", [])
+            if not any(c["type"] in ("Succeeded", "Failed") and c["status"] == "True"
+                       for c in conds):  # fmt: skip
+                return False
+            self.kubectl("delete", "pytorchjob", name, "--wait=false")
+        pods = self.kubectl("get", "pods", "-o", "name", "-l",
+                            f"training.kubeflow.org/job-name={name}")  # fmt: skip
+        return pods.returncode == 0 and not pods.stdout.strip() and r.returncode != 0
+
+
+ROUTES: dict[str, type[Slurm] | type[K8s]] = {"slurm": Slurm, "k8s": K8s}
+
+
+def submit_once(route: Slurm | K8s, way: str, proj: Path, name: str) -> dict[str, float]:
     """Submit one job, wait for its first step and its end: seconds from the submit command's
     start to its return and to the first step."""
     mark = proj / "marks" / name
-    mark.parent.mkdir(exist_ok=True)
-    if way == "plain":
-        script = proj / f"{name}.sbatch"
-        script.write_text((proj / "job.sbatch").read_text().replace("{name}", name))
-        argv = ["sbatch", "--parsable", str(script), str(mark)]
-    else:
-        argv = [bin_of("ddpkit"), "submit", "slurm", "--set", f"name={name}", "--", "--mark",
-                str(mark)]  # fmt: skip
+    argv = route.argv(way, proj, name, mark)
     start = time.time()
-    r = subprocess.run(argv, cwd=proj, env=clean_env(), capture_output=True, text=True,
-                       timeout=JOB_TIMEOUT_S)  # fmt: skip
+    r = subprocess.run(argv, cwd=proj, env=clean_env(**route.env), capture_output=True,
+                       text=True, timeout=JOB_TIMEOUT_S)  # fmt: skip
     returned = time.time() - start
     if r.returncode != 0:
         raise BenchError(f"{' '.join(argv)} exited {r.returncode}: {r.stderr.strip()[-400:]}")
@@ -131,41 +238,43 @@ def submit_once(way: str, proj: Path, name: str) -> dict[str, float]:
             raise BenchError(f"{way} job {name} wrote no first step in {JOB_TIMEOUT_S} s")
         time.sleep(0.05)
     first_step = float(first.read_text()) - start
-    while queued(name):  # the next submit starts on a cluster this job has left
+    while not route.ended(name):  # the next submit starts on a cluster this job has left
         if time.time() > deadline:
             raise BenchError(f"{way} job {name} did not end in {JOB_TIMEOUT_S} s")
         time.sleep(0.5)
     return {"submit_returned_s": returned, "first_step_s": first_step}
 
 
-def measure(pairs: int) -> dict[str, Any]:
-    cluster_up()
+def measure(pairs: int, backend: str = "slurm") -> dict[str, Any]:
+    route = ROUTES[backend]()
     runs: list[dict[str, Any]] = []
     tag = f"{os.getpid()}"
-    # /tmp is the cluster's shared filesystem here (every node is this machine)
-    with tempfile.TemporaryDirectory(prefix="ddpkit-bench-submit-") as tmp:
-        proj = project(Path(tmp))
-        submit_once("plain", proj, f"bsub-warm-{tag}")  # page cache and the nodes' first start
+    # /tmp is the cluster's shared filesystem here (every node, every pod, is this machine)
+    with (
+        tempfile.TemporaryDirectory(prefix="ddpkit-bench-submit-") as tmp,
+        route.ready(Path(tmp)) as proj,
+    ):
+        submit_once(route, "plain", proj, f"bsub-warm-{tag}")  # page cache, the first start
         for i in range(pairs):
             order = ("plain", "kit") if i % 2 == 0 else ("kit", "plain")
-            runs.append({way: submit_once(way, proj, f"bsub-{way}-{tag}-{i}") for way in order})
+            runs.append(
+                {way: submit_once(route, way, proj, f"bsub-{way}-{tag}-{i}") for way in order}
+            )
     keys = ("first_step_s", "submit_returned_s")
     diff = {k: [p["kit"][k] - p["plain"][k] for p in runs] for k in keys}
     return {
+        "backend": backend,
         "pairs": runs,
-        "commands": {"plain": "sbatch job.sbatch (srun torchrun --standalone --nproc-per-node 2 train.py)",
-                     "kit": "ddpkit submit slurm (ddpkit.toml: script = train.py, nproc_per_node = 2)"},
+        "commands": route.commands,
         "over_plain": {k: spread(v) for k, v in diff.items()},
         "plain": {k: spread([p["plain"][k] for p in runs]) for k in keys},
         "kit": {k: spread([p["kit"][k] for p in runs]) for k in keys},
-    }  # fmt: skip
+    }
 
 
 def lines(result: dict[str, Any]) -> list[str]:
     n, over = len(result["pairs"]), result["over_plain"]
-    out = [
-        f"submit (SLURM, local cluster): ddpkit submit slurm vs sbatch + srun torchrun, {n} pairs"
-    ]
+    out = [f"submit ({ROUTES[result.get('backend', 'slurm')].title}), {n} pairs"]
     for key, what in (("first_step_s", "to first step"), ("submit_returned_s", "command returned")):
         o, p, k = over[key], result["plain"][key], result["kit"][key]
         goal = ""
@@ -178,14 +287,24 @@ def lines(result: dict[str, Any]) -> list[str]:
     return out
 
 
-def run(pairs: int, out: Path, env: dict[str, Any]) -> list[str]:
-    result = measure(pairs)
-    write_json(out / "submit.json", {"env": env, **result})
+def run(pairs: int, out: Path, env: dict[str, Any], backend: str = "slurm") -> list[str]:
+    result = measure(pairs, backend)
+    name = "submit.json" if backend == "slurm" else f"submit-{backend}.json"
+    write_json(out / name, {"env": env, **result})
     return lines(result)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return pairs_main(argv, "python -m bench.submit_latency", __doc__, 3, run)
+    pick = argparse.ArgumentParser(add_help=False)
+    pick.add_argument("--backend", choices=tuple(ROUTES), default="slurm")
+    known, rest = pick.parse_known_args(argv)
+    return pairs_main(
+        rest,
+        "python -m bench.submit_latency [--backend slurm|k8s]",
+        __doc__,
+        3,
+        lambda pairs, out, env: run(pairs, out, env, known.backend),
+    )
 
 
 if __name__ == "__main__":

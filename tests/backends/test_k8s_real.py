@@ -10,39 +10,23 @@ whose pods run as local processes in their own mount and network namespaces, wit
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-LOCAL = REPO / "k8s" / "local"
-VENV = Path(sys.executable).parent.parent  # what `ddpkit:*` (and the user's image) stand for
+from tests.k8s_cluster import VENV, binaries_missing, cluster_env, running_cluster
+
 DDPKIT = Path(sys.executable).with_name("ddpkit")  # the console script of this install
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
 
-def _binaries_missing() -> str | None:
-    probe = subprocess.run(
-        ["bash", "-c", f'source {LOCAL}/versions.sh; for b in "$ETCD_BIN" "$APISERVER_BIN" '
-         '"$KCM_BIN" "$TRAINING_OPERATOR_BIN" "$JOBSET_BIN" "$TRAINER_BIN"; do '
-         '[ -x "$b" ] || echo "$b"; done'],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    missing = probe.stdout.split()
-    return (
-        f"control plane not built ({missing[0]} missing): k8s/local/build.sh" if missing else None
-    )
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    reason = _binaries_missing()
+    reason = binaries_missing()
     if reason:
         pytest.skip(reason)
     state = tmp_path_factory.mktemp("k8s-state")
@@ -51,24 +35,8 @@ def cluster(tmp_path_factory):
     project = tmp_path_factory.mktemp("myproj")
     images = f"ddpkit:*={VENV} myproj:*={VENV}:{project}"
     # A bridge and pod range of its own, so a developer's `make k8s-up` network stays.
-    n = os.getpid() % 10000
-    env = {**os.environ, "DDPKIT_K8S_STATE": str(state / "s"), "DDPKIT_K8S_NODES": "2",
-           "DDPKIT_K8S_BRIDGE": f"dkt{n}", "DDPKIT_K8S_POD_CIDR": f"10.245.{n % 250}.0/24",
-           "DDPKIT_K8S_IMAGES": images, "DDPKIT_TEST_PROJECT": str(project)}  # fmt: skip
-    yield from running_cluster(env)
-
-
-def running_cluster(env: dict) -> Iterator[dict]:
-    """A module's control plane: k8s/local/up.sh with `env` (DDPKIT_K8S_STATE and its own
-    bridge, pod range, images), yielding env with KUBECONFIG; down.sh --purge after."""
-    up = subprocess.run(["bash", str(LOCAL / "up.sh")], env=env, capture_output=True,
-                        text=True, timeout=300)  # fmt: skip
-    try:
-        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
-        yield {**env, "KUBECONFIG": str(Path(env["DDPKIT_K8S_STATE"]) / "kubeconfig")}
-    finally:
-        subprocess.run(["bash", str(LOCAL / "down.sh"), "--purge"], env=env,
-                       capture_output=True, timeout=120)  # fmt: skip
+    env = cluster_env(state / "s", images, tag="dkt", net=245, offset=False)
+    yield from running_cluster({**env, "DDPKIT_TEST_PROJECT": str(project)})
 
 
 def render(cwd: Path, *args: str) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -21,14 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.test_k8s_real import (
-    VENV,
-    _binaries_missing,
-    finished,
-    kubectl,
-    running_cluster,
-    wait_until,
-)
+from tests.backends.test_k8s_real import finished, kubectl, wait_until
+from tests.k8s_cluster import VENV, binaries_missing, cluster_env, running_cluster
 from tests.launch.test_torchft import NET_PY
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
@@ -60,24 +53,9 @@ eval = false
 """
 
 
-def _free_offset() -> int:
-    """A port offset at which every port up.sh binds is free (another cluster, e.g. a
-    developer's `make k8s-up` or another test module's, may hold the defaults)."""
-    bases = (2379, 2380, 6443, 10257, 10250, 9443, 9444, 9445, 18081, 18082, 18083)
-    for off in range(1000 + os.getpid() % 50 * 100, 30000, 100):
-        try:
-            for b in bases:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", b + off))
-        except OSError:
-            continue
-        return off
-    raise AssertionError("no free port range for a second cluster")
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    reason = _binaries_missing()
+    reason = binaries_missing()
     if reason:
         pytest.skip(reason)
     state = tmp_path_factory.mktemp("k8s-state")
@@ -86,11 +64,7 @@ def cluster(tmp_path_factory):
     (project / "mymodels" / "__init__.py").write_text("")
     (project / "mymodels" / "net.py").write_text(NET_PY)
     (project / "ddpkit.toml").write_text(JOB)
-    n = os.getpid() % 10000
-    env = {**os.environ, "DDPKIT_K8S_STATE": str(state / "s"), "DDPKIT_K8S_NODES": "2",
-           "DDPKIT_K8S_BRIDGE": f"dkf{n}", "DDPKIT_K8S_POD_CIDR": f"10.246.{n % 250}.0/24",
-           "DDPKIT_K8S_PORT_OFFSET": str(_free_offset()),
-           "DDPKIT_K8S_IMAGES": f"ftproj:*={VENV}:{project}"}  # fmt: skip
+    env = cluster_env(state / "s", f"ftproj:*={VENV}:{project}", tag="dkf", net=246)
     env.pop("PYTHONPATH", None)
     for running in running_cluster(env):
         yield {**running, "PROJECT": str(project)}

@@ -178,3 +178,31 @@ def test_torchft_goodput_figures_from_timed_lines():
     f = figures("torchft", ft, clean)
     assert (f["kill_step"], f["steps_redone"], f["stall_s"]) == (60, 0, 3.0)
     assert (f["longest_gap_s"], f["return_s"], f["lost_s"]) == (3.0, 9.0, 3.0)
+
+
+def test_the_plain_kubernetes_route_is_a_pytorchjob_whose_mark_path_stays_one_argument(tmp_path):
+    """bench.submit_latency's plain Kubernetes job: a hand-written PyTorchJob (one Master,
+    torchrun --standalone in the image's /workspace) whose arguments are data in JSON, so a
+    mark path with a space or a quote reaches the script as one argument; its report line
+    names the route it measured."""
+    from bench import submit_latency as sl
+
+    mark = tmp_path / "marks" / "a b'$(x)"
+    argv = sl.K8s().argv("plain", tmp_path, "bsub-plain-1", mark)
+    assert argv[:3] == ["kubectl", "apply", "-f"]
+    job = json.loads(Path(argv[3]).read_text())
+    assert (job["kind"], job["metadata"]["name"]) == ("PyTorchJob", "bsub-plain-1")
+    master = job["spec"]["pytorchReplicaSpecs"]["Master"]
+    [container] = master["template"]["spec"]["containers"]
+    assert master["replicas"] == 1 and container["name"] == "pytorch"
+    assert container["command"][:5] == ["torchrun", "--standalone", "--nproc-per-node", "2",
+                                        "train.py"]  # fmt: skip
+    assert container["command"][-2:] == ["--mark", str(mark)]
+    kit = sl.K8s().argv("kit", tmp_path, "bsub-kit-1", mark)
+    assert kit[1:5] == ["submit", "k8s", "--set", "name=bsub-kit-1"] and kit[-1] == str(mark)
+    one = {"median": 1.0, "p25": 0.5, "p75": 1.5}
+    result = {"backend": "k8s", "pairs": [{}], "over_plain": {"first_step_s": one,
+              "submit_returned_s": one}, "plain": {"first_step_s": one,
+              "submit_returned_s": one}, "kit": {"first_step_s": one, "submit_returned_s": one}}  # fmt: skip
+    text = sl.lines(result)
+    assert "ddpkit submit k8s vs kubectl apply" in text[0] and "goal <= 2.0 s over: met" in text[1]
