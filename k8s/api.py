@@ -52,7 +52,29 @@ def _clients() -> tuple[Any, Any, Any]:
             "point KUBECONFIG at a kubeconfig (kubectl config view) or run inside a cluster"
         ) from None
     api = client.ApiClient(cfg)
-    return client.CustomObjectsApi(api), client.CoreV1Api(api), client.ApiextensionsV1Api(api)
+    return (
+        client.CustomObjectsApi(api),
+        _OnFirstUse("CoreV1Api", api),
+        _OnFirstUse("ApiextensionsV1Api", api),
+    )
+
+
+class _OnFirstUse:
+    """One of the client's API classes, imported and built when first called: with kubernetes
+    37 the CoreV1Api import alone costs about 0.5 CPU-s (its models are pydantic classes), a
+    third of `ddpkit submit k8s`, and a plain job (no claim, Secret or RBAC to create) never
+    calls it."""
+
+    def __init__(self, name: str, api_client: Any) -> None:
+        self._name, self._api_client = name, api_client
+        self._built: Any = None
+
+    def __getattr__(self, attr: str) -> Any:
+        if self._built is None:
+            from kubernetes import client
+
+            self._built = getattr(client, self._name)(self._api_client)
+        return getattr(self._built, attr)
 
 
 def _body(e: Any) -> dict[str, Any]:

@@ -75,3 +75,30 @@ def test_a_sweep_is_n_named_jobs(cluster, capsys):
             "containers"][0]["args"]  # fmt: skip
         assert args[args.index("--lr") + 1] == lr
         assert args[args.index("--run-dir") + 1] == f"runs/{name}"
+
+
+@pytest.mark.parametrize("claim", [False, True])
+def test_a_plain_submit_never_loads_the_core_api_a_claim_does(cluster, tmp_path, claim):
+    """The client's CoreV1Api costs about 0.5 CPU-s to import (kubernetes 37's pydantic
+    models), a third of `ddpkit submit k8s` against kubectl's 0.05: it is built on first use,
+    so a job with no claim, Secret or RBAC to create never loads it, and one with a claim
+    still creates it (the CLI in a fresh process, which then says whether it was loaded)."""
+    import subprocess
+    import sys
+
+    sets = ["--set", "k8s.pvc_size=1Gi"] if claim else []
+    argv = ["ddpkit", "submit", "k8s", "--set", f"name=lazy{int(claim)}", *sets]
+    probe = (
+        "import runpy, sys\n"
+        f"sys.argv = {argv!r}\n"
+        "try:\n    runpy.run_module('ddpkit', run_name='__main__')\n"
+        "finally:\n    print('core api loaded:', 'kubernetes.client.api.core_v1_api' in "
+        "sys.modules, file=sys.stderr)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"created pytorchjob/lazy{int(claim)}" in r.stdout
+    assert any(k[0] == "pytorchjobs" for k in cluster.objects)
+    assert f"core api loaded: {claim}" in r.stderr, r.stderr
+    assert any(k[0] == "persistentvolumeclaims" for k in cluster.objects) is claim
