@@ -410,7 +410,9 @@ class Fault:
     step N's checkpoint to an object store, its data files up, the marker not), hangsave
     (sleep arg seconds in its write of step N's checkpoint, its files written, before DCP
     gathers the ranks' results: its peers wait in the save's collective), hangload (the same
-    in its read of step N's checkpoint on resume). `step` "end": after the last step, before
+    in its read of step N's checkpoint on resume), hanglog (sleep arg seconds at step N's
+    logging, its gradients all-reduced: its peers wait in the loss all-reduce, a collective
+    of the loop that is not the step's). `step` "end": after the last step, before
     the end-of-run collectives (the stop check, final save, evaluation, summary, barrier).
     Fires once per job: only in the first torchrun attempt (goodput.attempt_number() 0: the
     rendezvous round, as torchrun's restart count stays 0 on a node restarted for another's
@@ -460,6 +462,13 @@ class Fault:
         elif self.kind == "signal":
             target = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid()
             os.kill(target, getattr(signal, self.arg or "SIGTERM"))
+
+    def at_logging(self, step: int, rank: int) -> None:
+        """The hanglog fault's point: step `step`'s logging, before its collectives."""
+        if self.kind == "hanglog" and (step, rank) == (self.step, self.rank):
+            print(f"[fault injection] hanglog on rank {rank} at step {step}", file=sys.stderr,
+                  flush=True)  # fmt: skip
+            time.sleep(float(self.arg or 3600))
 
 
 def kill_in_upload(step: int, rank: int) -> None:

@@ -588,3 +588,33 @@ def test_a_hung_rank_beside_a_failed_one_on_its_node_is_stopped_within_the_jobs_
         assert ends[0]["time"] - ends[1]["time"] < 2 + 4, ends  # the budget, and slack
     (hang,) = goodput.report(rd).failures
     assert (hang.kind, hang.rank, hang.recovered) == ("hang", 0, True), hang
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_rank_stalled_at_a_logging_step_is_named_in_one_line(tmp_path):
+    """Rank 1 stalls at step 4's logging, after the step's gradient all-reduce: rank 0 waits
+    in the loss all-reduce of the log line, a collective of the loop outside the training
+    step. It is named like a step's (a SLURM drill's SIGSTOP that landed at a logging step
+    printed a gloo timeout's traceback and no rank, CI of 7f15d4f)."""
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-m", "ddpkit.train.node", "--standalone", "--nproc-per-node", "2",
+         "--", "-m", "ddpkit.train", "--steps", "8", "--log-interval", "4", "--no-eval",
+         "--timeout-s", "5", "--progress", "plain", "--run-dir", "runs/t"],
+        cwd=tmp_path, env=clean_env(DDPKIT_FAULT="hanglog@4:1:900"), capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    elapsed = time.monotonic() - t0
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "[fault injection] hanglog on rank 1 at step 4" in out, out
+    phase = "loss all_reduce (logging) at step 4"
+    assert f"collective {phase} failed on rank 0 of 2 (--timeout-s 5)" in out, out
+    assert "Ranks [1] never reached it" in out, out
+    assert r.stderr.splitlines()[-1].startswith(
+        f"ddpkit node: rank 1 (node 0, host {socket.gethostname()}) never reached the "
+        f"collective {phase}"
+    ), out
+    assert "Traceback" not in out, out
+    assert elapsed < 240, elapsed  # start-up + the 5 s timeout + teardown, not the 900 s stall

@@ -253,7 +253,8 @@ class Trainer(RunEnd):
         # its collectives (on the checkpoint's group) are diagnosed as a step's
         self.guarded(self.maybe_resume, when="at start-up")
         self.phase = "stop-signal all_reduce"
-        signum = self.stop.agree_now(self.control_pg)  # one that came during start-up
+        # one that came during start-up
+        signum = self.guarded(self.stop.agree_now, self.control_pg, when="at start-up")
         if signum and self.step < self.total_steps:
             return self.preempted(signum)
         batches = self.ft.batches() if self.ft else self._batches()
@@ -272,11 +273,18 @@ class Trainer(RunEnd):
                 self.time_to_first_step = time.perf_counter() - self.t_start
             if self.step % self.cfg.log_interval == 0 or self.step in (1, self.total_steps):
                 now = time.perf_counter()
-                self.log_step(loss, gnorm, (now - timer_t) / max(1, self.step - timer_step))
-                self.health.check()  # the logging step synced anyway
+                # Every collective of the loop is guarded: a rank stopped at a logging step
+                # is named in one line there too, not in a gloo timeout's traceback.
+                here = f"at step {self.step}"
+                step_time = (now - timer_t) / max(1, self.step - timer_step)
+                if self.fault:
+                    self.fault.at_logging(self.step, self.world.rank)
+                self.guarded(self.log_step, loss, gnorm, step_time, when=here)
+                self.phase = "divergence check all_reduce"
+                self.guarded(self.health.check, when=here)  # the logging step synced anyway
                 timer_t, timer_step = time.perf_counter(), self.step
             if self.cfg.eval_interval and self.step % self.cfg.eval_interval == 0:
-                self.log_eval(self.evaluate(force=True))
+                self.log_eval(self.guarded(self.evaluate, True, when=f"at step {self.step}"))
             # A save's collectives (and an async one's, finished here) fail within
             # --timeout-s when a rank stops mid-save, diagnosed as a training step's are.
             self.guarded(self.end_async_save, False, when=f"at step {self.step}")
@@ -284,7 +292,9 @@ class Trainer(RunEnd):
                 self.guarded(self.save, when=f"at step {self.step}")
             if self.step % self.stop_every == 0:
                 self.phase = "stop-signal all_reduce"
-                signum = self.stop.agreed(self.control_pg)
+                signum = self.guarded(
+                    self.stop.agreed, self.control_pg, when=f"at step {self.step}"
+                )
                 if signum and self.step < self.total_steps:
                     return self.preempted(signum)
         # A signal in the last steps, not yet delivered by the pipelined check: the run is
