@@ -178,6 +178,17 @@ def test_the_trainer_never_spins_on_an_owner_less_lock(tmp_path, body):
 # --- a rank that stalls or dies before the end-of-run collectives ------------------------------
 
 
+def two_ranks(tmp_path: Path, fault: str, *train_args: str) -> subprocess.CompletedProcess[str]:
+    """The kit's trainer on 2 ranks under the node launcher, --timeout-s 5, with one fault."""
+    return subprocess.run(
+        [sys.executable, "-m", "ddpkit.train.node", "--standalone", "--nproc-per-node", "2",
+         "--", "-m", "ddpkit.train", *train_args, "--no-eval", "--timeout-s", "5",
+         "--progress", "plain", "--run-dir", "runs/t"],
+        cwd=tmp_path, env=clean_env(DDPKIT_FAULT=fault), capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("fault", ["hang@end:1:900", "kill@end:1"])
@@ -187,13 +198,7 @@ def test_a_rank_missing_at_the_end_of_run_collectives_is_the_one_blamed(tmp_path
     (it used to blame rank 0, the first to exit, and the collective had no name at all when
     it came after the loop). Within the timeout, not the 900 s stall."""
     t0 = time.monotonic()
-    r = subprocess.run(
-        [sys.executable, "-m", "ddpkit.train.node", "--standalone", "--nproc-per-node", "2",
-         "--", "-m", "ddpkit.train", "--steps", "4", "--no-eval", "--timeout-s", "5",
-         "--progress", "plain", "--run-dir", "runs/t"],
-        cwd=tmp_path, env=clean_env(DDPKIT_FAULT=fault), capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
+    r = two_ranks(tmp_path, fault, "--steps", "4")
     elapsed = time.monotonic() - t0
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
@@ -223,14 +228,8 @@ def test_a_rank_stalled_inside_a_checkpoint_save_is_named_within_the_timeout(tmp
     default before: a chaos drill's SIGSTOP at a save step held its job past CI's limit), and
     no marker goes down for the half-written step."""
     t0 = time.monotonic()
-    r = subprocess.run(
-        [sys.executable, "-m", "ddpkit.train.node", "--standalone", "--nproc-per-node", "2",
-         "--", "-m", "ddpkit.train", "--steps", "8", "--ckpt-interval", "4", "--no-eval",
-         "--timeout-s", "5", "--progress", "plain", "--run-dir", "runs/t",
-         *(["--ckpt-async"] if ckpt_async else [])],
-        cwd=tmp_path, env=clean_env(DDPKIT_FAULT="hangsave@4:1:900"), capture_output=True,
-        text=True, timeout=300,
-    )  # fmt: skip
+    async_flag = ["--ckpt-async"] if ckpt_async else []
+    r = two_ranks(tmp_path, "hangsave@4:1:900", "--steps", "8", "--ckpt-interval", "4", *async_flag)
     elapsed = time.monotonic() - t0
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
@@ -598,13 +597,7 @@ def test_a_rank_stalled_at_a_logging_step_is_named_in_one_line(tmp_path):
     step. It is named like a step's (a SLURM drill's SIGSTOP that landed at a logging step
     printed a gloo timeout's traceback and no rank, CI of 7f15d4f)."""
     t0 = time.monotonic()
-    r = subprocess.run(
-        [sys.executable, "-m", "ddpkit.train.node", "--standalone", "--nproc-per-node", "2",
-         "--", "-m", "ddpkit.train", "--steps", "8", "--log-interval", "4", "--no-eval",
-         "--timeout-s", "5", "--progress", "plain", "--run-dir", "runs/t"],
-        cwd=tmp_path, env=clean_env(DDPKIT_FAULT="hanglog@4:1:900"), capture_output=True,
-        text=True, timeout=300,
-    )  # fmt: skip
+    r = two_ranks(tmp_path, "hanglog@4:1:900", "--steps", "8", "--log-interval", "4")
     elapsed = time.monotonic() - t0
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
