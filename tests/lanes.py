@@ -4,21 +4,23 @@ side by side, every test in exactly one chunk.
 Why: the end-to-end tiers (a real SLURM cluster, podman, a real Kubernetes control plane) spend
 much of their time waiting on daemons, queues and pods, and even the multi-process tests leave
 a core idle while processes start, rendezvous and wait on each other (one pytest run kept the
-2 cores 50-60% busy). Two runs at once fill that idle time. On a new machine the k8s chunk also
-waits for k8s/local/build.sh (which .ci/run starts beside `make setup`): it is the last chunk,
-so the Go build overlaps every other test instead of coming before them all.
+2 cores 50-60% busy). Two runs at once fill that idle time. A new machine builds the Go
+binaries (k8s/local/build.sh, tools/s3local/build.sh, started by .ci/run beside `make setup`):
+while a build runs, its chunk waits behind every other, so the build overlaps them instead of
+coming before them all (`take`).
 
-The chunks, in the order the lanes take them (a lane takes the next one when its run ends):
+The chunks, in the order the lanes take them on a warm machine (ORDER: longest first; a lane
+takes the next one when its run ends):
 
     engines   -m 'container or slurm'                   (the whole tree)
-    train     tests/train    -m 'not (container or slurm or k8s)'
-    launch    tests/launch   ...
-    backends  tests/backends ...
-    tools     tests/tools    ...
-    rest      tests/ without those four folders ...
-    s3        -m 's3 and not (container or slurm)'      (waits for a running Go build: the
-                                                         S3 server, tools/s3local/build.sh)
+    launch    tests/launch   -m 'not (container or slurm or s3 or k8s)'
+    train2    tests/train's files in SPLIT  ...
+    train     the other files of tests/train ...
     k8s       -m 'k8s and not (...)'                    (waits for k8s/local/build.sh)
+    tools     tests/tools    ...
+    backends  tests/backends ...
+    s3        -m 's3 and not (container or slurm)'      (waits for tools/s3local/build.sh)
+    rest      tests/ without those four folders ...
 
 A chunk is whole test files, so module fixtures (a trained run, a built image) are set up once;
 the suite has no session fixture that two chunks would build twice, except the SLURM cluster,
@@ -33,7 +35,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import queue
 import re
 import subprocess
 import sys
@@ -52,6 +53,19 @@ BUILDS = {"s3": "tools/s3local/versions.sh", "k8s": "k8s/local/versions.sh"}
 ENGINE_MARKERS = [m for step in ENGINE_STEPS for m in step]
 # The process tests by folder, largest first (longest-first keeps the two lanes even).
 FOLDERS = ["train", "launch", "backends", "tools"]
+# Files of a folder that form a second chunk of their own (FOLDER + "2"), so that no one chunk is
+# much longer than the others and the lanes end together: tests/train alone was 1,470-1,730 s of
+# a 2,500 s run; these files are about half of it (--durations=0, 2026-12-04).
+SPLIT: dict[str, list[str]] = {
+    "train": [
+        "test_hangs.py", "test_torchft_data.py", "test_train_dist.py", "test_reliability_ckpt.py",
+        "test_hf.py",
+    ],
+}  # fmt: skip
+# The queue's order: longest first by the last CI run's chunk times (engines ~950 s, launch
+# ~820, each train half ~750, k8s ~600, tools ~440, backends ~180, s3 ~120, rest ~5), so the
+# lanes end close together; `take` moves a chunk whose Go build still runs behind the rest.
+ORDER = ["engines", "launch", "train2", "train", "k8s", "tools", "backends", "s3", "rest"]
 
 
 @dataclass
@@ -66,8 +80,8 @@ class Chunk:
 
 
 def chunks() -> list[Chunk]:
-    """The queue, in order; the engine chunks split by marker over the whole tree, the rest by
-    folder under -m 'not (engines)'."""
+    """The queue, in ORDER; the engine chunks split by marker over the whole tree, the rest by
+    folder (a folder in SPLIT in two) under -m 'not (engines)'."""
     engine_exprs, before = [], []
     for step in ENGINE_STEPS:
         expr = " or ".join(step)
@@ -78,14 +92,45 @@ def chunks() -> list[Chunk]:
     no_engine = f"not ({' or '.join(ENGINE_MARKERS)})"
     first, *later = engine_exprs
     out = [Chunk("engines", ["tests", "-m", first[1]])]
-    out += [Chunk(f, [f"tests/{f}", "-m", no_engine]) for f in FOLDERS]
+    for f in FOLDERS:
+        split = [f"tests/{f}/{name}" for name in SPLIT.get(f, [])]
+        out.append(Chunk(f, [f"tests/{f}", *(f"--ignore={s}" for s in split), "-m", no_engine]))
+        if split:
+            out.append(Chunk(f"{f}2", [*split, "-m", no_engine]))
     ignores = [f"--ignore=tests/{f}" for f in FOLDERS]
     out.append(Chunk("rest", ["tests", *ignores, "-m", no_engine]))
     out += [
         Chunk("+".join(step), ["tests", "-m", expr], next((m for m in step if m in BUILDS), ""))
         for step, expr in later
     ]
-    return out
+    return sorted(out, key=lambda c: ORDER.index(c.name))
+
+
+def build_running(build: str) -> bool:
+    """Whether the build's script holds its lock now (it is building)."""
+    lock = build_lock(build)
+    if not lock.exists():
+        return False
+    with lock.open() as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
+
+
+def take(todo: list[Chunk], running=build_running) -> Chunk | None:
+    """The next chunk for a free lane: the first in the queue that is not waiting for a running
+    Go build; when only such chunks are left, the first of them (the lane then waits for its
+    build). On a warm machine that is the queue's own order, longest first; on a new one the
+    k8s and s3 chunks go after everything else, so their builds overlap the other tests."""
+    if not todo:
+        return None
+    for i, chunk in enumerate(todo):
+        if not chunk.waits_for_build or not running(chunk.waits_for_build):
+            return todo.pop(i)
+    return todo.pop(0)
 
 
 def build_lock(build: str) -> Path:
@@ -101,18 +146,15 @@ def wait_for_build(build: str, say) -> None:
     """Block while the build's script (k8s/local/build.sh, tools/s3local/build.sh) holds its
     lock (a build is running); return at once when none is. The tests then find the binaries,
     or build them (s3) or skip naming the build (k8s)."""
+    if not build_running(build):
+        return
     script = str(Path(BUILDS[build]).with_name("build.sh"))
     lock = build_lock(build)
-    if not lock.exists():
-        return
+    start = time.monotonic()
+    say(f"waiting for the running {script} ({lock})")
     with lock.open() as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            start = time.monotonic()
-            say(f"waiting for the running {script} ({lock})")
-            fcntl.flock(f, fcntl.LOCK_SH)
-            say(f"{script} finished; waited {time.monotonic() - start:.0f} s")
+        fcntl.flock(f, fcntl.LOCK_SH)
+    say(f"{script} finished; waited {time.monotonic() - start:.0f} s")
 
 
 _COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
@@ -131,16 +173,17 @@ class Runner:
     def __init__(self, extra: list[str]):
         self.extra = extra
         self.out_lock = threading.Lock()
+        self.todo_lock = threading.Lock()
 
     def say(self, name: str, line: str) -> None:
         with self.out_lock:
             print(f"[{name}] {line}", flush=True)
 
-    def lane(self, todo: queue.Queue[Chunk]) -> None:
+    def lane(self, todo: list[Chunk]) -> None:
         while True:
-            try:
-                chunk = todo.get_nowait()
-            except queue.Empty:
+            with self.todo_lock:
+                chunk = take(todo)
+            if chunk is None:
                 return
             if chunk.waits_for_build:
                 wait_for_build(chunk.waits_for_build, lambda line, c=chunk: self.say(c.name, line))
@@ -202,10 +245,8 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--check"]:
         return check(argv[1:])
     runner = Runner(argv)
-    todo: queue.Queue[Chunk] = queue.Queue()
     every = chunks()
-    for chunk in every:
-        todo.put(chunk)
+    todo = list(every)
     start = time.monotonic()
     threads = [threading.Thread(target=runner.lane, args=(todo,)) for _ in range(LANES)]
     for t in threads:

@@ -14,6 +14,7 @@ PLACES = [
     *(f"tests/{f}/test_x.py" for f in lanes.FOLDERS),
     "tests/test_x.py",
     "tests/new/test_x.py",
+    *(f"tests/{f}/{name}" for f, names in lanes.SPLIT.items() for name in names),
 ]
 
 
@@ -42,11 +43,36 @@ def test_every_test_falls_in_exactly_one_chunk_wherever_it_is_and_however_marked
                 assert len(hits) == 1, (path, combo, hits)
 
 
-def test_only_the_s3_and_k8s_chunks_wait_for_their_go_builds_and_they_come_last():
+def test_only_the_s3_and_k8s_chunks_wait_for_their_go_builds_and_the_queue_keeps_order():
     every = lanes.chunks()
-    assert [c.waits_for_build for c in every] == [""] * (len(every) - 2) + ["s3", "k8s"]
-    assert every[-1].name == "k8s" and every[0].name == "engines"
+    assert {c.name: c.waits_for_build for c in every if c.waits_for_build} == {
+        "s3": "s3", "k8s": "k8s",
+    }  # fmt: skip
+    assert [c.name for c in every] == [n for n in lanes.ORDER if n in {c.name for c in every}]
     assert all(lanes.build_lock(b).name == "build.lock" for b in lanes.BUILDS)
+
+
+def taken(running: set[str]) -> list[str]:
+    """The order in which free lanes take the chunks while the builds in `running` run."""
+    todo, out = lanes.chunks(), []
+    while (chunk := lanes.take(todo, running=lambda build: build in running)) is not None:
+        out.append(chunk.name)
+    return out
+
+
+def test_a_free_lane_takes_the_longest_chunk_and_puts_off_one_whose_build_still_runs():
+    warm = taken(set())
+    assert warm == [c.name for c in lanes.chunks()] and warm[0] != "k8s"
+    assert warm.index("k8s") < len(warm) - 2  # warm: the k8s chunk is not held back
+    # A new machine: both Go builds still running, so their chunks go last, k8s (longer) first.
+    cold = taken({"k8s", "s3"})
+    assert cold[-2:] == ["k8s", "s3"]
+    assert [n for n in cold if n not in ("k8s", "s3")] == [
+        n for n in warm if n not in ("k8s", "s3")
+    ]
+    # The S3 server built, the control plane not yet: s3 keeps its place, k8s goes last.
+    assert taken({"k8s"}) == [n for n in warm if n != "k8s"] + ["k8s"]
+    assert lanes.take([], running=lambda build: True) is None
 
 
 def test_pytests_closing_line_is_read_as_counts():
