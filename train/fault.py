@@ -471,6 +471,27 @@ class Fault:
             time.sleep(float(self.arg or 3600))
 
 
+def step_pace_s() -> float:
+    """DDPKIT_STEP_PACE_S (tests and drills only): every training step lasts at least this many
+    seconds, the rest of it asleep; 0 (unset) for none. A fault drill needs the job to be still
+    training while a group or rank restarts; paced, a run lasts a minute in a few hundred steps
+    that leave the cores idle, instead of thousands of tiny CPU-bound ones (as real steps on
+    a GPU are few and long)."""
+    raw = os.environ.get("DDPKIT_STEP_PACE_S", "")
+    try:
+        return max(0.0, float(raw)) if raw else 0.0
+    except ValueError:
+        return 0.0
+
+
+def pace(started: float, pace_s: float) -> None:
+    """Sleep out the rest of a step that began at `started` (time.perf_counter) and must last
+    `pace_s` (step_pace_s)."""
+    left = pace_s - (time.perf_counter() - started)
+    if left > 0:
+        time.sleep(left)
+
+
 def kill_in_upload(step: int, rank: int) -> None:
     """The killupload fault's point: an upload cut off half way (see Fault)."""
     fault = Fault.from_env()

@@ -613,10 +613,12 @@ def test_container_runs_torchft_groups_and_a_killed_group_rejoins(image, tmp_pat
         "accelerator=cpu", f"image={image}", f"docker.out_dir={out}", f"name={name}",
         "fault_tolerance=torchft", "replica_groups=2", "nproc_per_node=1",
         "env.TORCHFT_QUORUM_TIMEOUT_SEC=20",
+        # 0.45 s a step, asleep (train/fault.py): the run outlasts group 1's restart without
+        # burning the cores a 30M-parameter model did (~270 CPU-s) that the other tests need
+        "env.DDPKIT_STEP_PACE_S=0.45",
     ]  # fmt: skip
-    # mlp-deep (30M parameters): ~0.45 s a step here, so the run outlasts group 1's restart
     steps = 300
-    train = ["--model", "mlp-deep", "--batch-size", "16", "--steps", str(steps),
+    train = ["--model", "mlp", "--batch-size", "16", "--steps", str(steps),
              "--log-interval", "5", "--no-eval", "--ckpt-interval", "100"]  # fmt: skip
     p = subprocess.Popen(
         harness.adapt_run_argv(docker.run_argv(_spec(*sets, train_args=train))),

@@ -103,3 +103,22 @@ def test_unknown_key_in_file_is_named(tmp_path):
     f.write_text("[train]\nlearning_rate = 0.1\n")
     with pytest.raises(ConfigError, match="unknown key 'learning_rate'.*valid keys"):
         parse_config(["--config", str(f)])
+
+
+def test_a_paced_step_sleeps_out_the_rest_of_its_time(monkeypatch):
+    """DDPKIT_STEP_PACE_S (the drills' pace): a step that took 50 ms of a 200 ms pace sleeps
+    the other 150; one that took longer than the pace does not sleep; unset or unreadable
+    means no pace."""
+    import time
+
+    from ddpkit.train import fault
+
+    for raw, want in [("0.2", 0.2), ("", 0.0), ("fast", 0.0), ("-1", 0.0)]:
+        monkeypatch.setenv("DDPKIT_STEP_PACE_S", raw)
+        assert fault.step_pace_s() == want
+    slept: list[float] = []
+    monkeypatch.setattr(fault.time, "sleep", slept.append)
+    fault.pace(time.perf_counter() - 0.05, 0.2)
+    assert len(slept) == 1 and 0.1 < slept[0] <= 0.15
+    fault.pace(time.perf_counter() - 0.3, 0.2)
+    assert len(slept) == 1

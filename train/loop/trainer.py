@@ -37,6 +37,8 @@ from ddpkit.train.fault import (
     StopRequest,
     diagnose_collective_failure,
     is_collective_error,
+    pace,
+    step_pace_s,
     stop_check_every,
 )
 from ddpkit.train.ft import attach as attach_ft
@@ -108,6 +110,7 @@ class Trainer(RunEnd):
         self.stop_every = 1  # steps between stop-signal agreements; set at each logging step
         self.stop = StopRequest(boundary_timeout_s=cfg.timeout_s)
         self.fault = Fault.from_env()
+        self.pace_s = step_pace_s()
         self.reporter = Reporter(
             self.run_dir,
             world.is_main,
@@ -263,7 +266,10 @@ class Trainer(RunEnd):
             if self.fault:
                 self.fault.maybe_fire(self.step + 1, self.world.rank)
             self.profiler.before(self.step + 1)
+            started = time.perf_counter()
             loss, gnorm = self.guarded(self.train_step, batches)
+            if self.pace_s:
+                pace(started, self.pace_s)
             if self.ft and not self.ft.committed:
                 continue  # not applied on this group: the same step again (train/ft.py)
             self.step += 1
