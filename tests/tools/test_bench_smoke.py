@@ -206,3 +206,59 @@ def test_the_plain_kubernetes_route_is_a_pytorchjob_whose_mark_path_stays_one_ar
               "submit_returned_s": one}, "kit": {"first_step_s": one, "submit_returned_s": one}}  # fmt: skip
     text = sl.lines(result)
     assert "ddpkit submit k8s vs kubectl apply" in text[0] and "goal <= 2.0 s over: met" in text[1]
+
+
+def test_the_torchx_submit_way_is_dist_ddp_awaited_by_job_id_and_one_line_without_torchx(
+    tmp_path, monkeypatch, fake_bin
+):
+    """bench.submit_latency's third SLURM way: `torchx run --scheduler slurm dist.ddp` of the
+    same train.py (1 node x 2 ranks, 2 CPUs, the mark as the script's argument); its end is the
+    job id of the handle torchx prints gone from squeue (torchx names the job train-0, not the
+    bench's name); its rows give torchx - plain and kit - torchx beside the kit's goal line;
+    without torchx it is one line and plain against kit is still measured."""
+    from bench import submit_latency as sl
+
+    monkeypatch.setattr(sl, "bin_of", lambda name: f"/venv/bin/{name}")
+    mark = tmp_path / "marks" / "bsub-torchx-1"
+    argv = sl.Slurm().argv("torchx", tmp_path, "bsub-torchx-1", mark)
+    assert argv[0] == "env" and argv[1].startswith(f"PATH={Path(sys.executable).parent}:")
+    assert argv[2:6] == ["/venv/bin/torchx", "run", "--scheduler", "slurm"]
+    assert argv[argv.index("dist.ddp") + 1 :] == ["-j", "1x2", "--cpu", "2", "--script",
+                                                  "train.py", "--", "--mark", str(mark)]  # fmt: skip
+
+    queue, args = tmp_path / "queue", tmp_path / "squeue.args"
+    fake_bin.add("squeue", f'#!/bin/sh\necho "$@" > {args}\ncat {queue}\n')
+    completing = tmp_path / "completing"
+    completing.write_text("")
+    fake_bin.add("sinfo", f"#!/bin/sh\ncat {completing}\n")
+    queue.write_text("4242\n")
+    assert not sl.Slurm().ended("bsub-torchx-1", "slurm://torchx/4242\n")
+    assert args.read_text().split()[:3] == ["-h", "-j", "4242"]
+    queue.write_text("")
+    completing.write_text("node1\n")  # gone from the queue, its node still cleaning up
+    assert not sl.Slurm().ended("bsub-torchx-1", "slurm://torchx/4242\n")
+    completing.write_text("")
+    assert sl.Slurm().ended("bsub-torchx-1", "slurm://torchx/4242\n")
+
+    one = {"median": 1.0, "p25": 0.5, "p75": 1.5}
+    both = {"first_step_s": one, "submit_returned_s": one}
+    result = {"backend": "slurm", "pairs": [{}], "over_plain": both, "plain": both, "kit": both,
+              "torchx": both, "torchx_over_plain": both, "kit_over_torchx": both}  # fmt: skip
+    text = sl.lines(result)
+    assert "goal <= 2.0 s over: met" in text[1]
+    assert text[3].split() == ["to", "first", "step", "torchx", "1.00", "s;", "torchx", "-",
+                               "plain", "+1.00", "(p25..p75", "+0.50..+1.50),", "kit", "-",
+                               "torchx", "+1.00", "(p25..p75", "+0.50..+1.50)"]  # fmt: skip
+    result["pairs"] = [{"torchx": {"exit_after_submit": "1, KeyError: 'job_resources'"}}]
+    assert sl.lines(result)[-1] == (
+        "  torchx run exited non-zero after printing its job's handle in 1 of 1 (the job ran and"
+        " is measured): 1, KeyError: 'job_resources'"
+    )
+
+    monkeypatch.setitem(sys.modules, "torchx", None)  # not importable
+    route = sl.Slurm()
+    assert route.ways == ("plain", "kit")
+    del result["torchx"]
+    text = sl.lines({**result, "skipped": route.skipped})
+    assert len(text) == 4 and "goal <= 2.0 s over: met" in text[1]
+    assert text[-1] == "  torchx: not installed (pip install -e '.[bench]'); its way skipped"
