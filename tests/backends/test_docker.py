@@ -613,9 +613,9 @@ def test_container_runs_torchft_groups_and_a_killed_group_rejoins(image, tmp_pat
         "accelerator=cpu", f"image={image}", f"docker.out_dir={out}", f"name={name}",
         "fault_tolerance=torchft", "replica_groups=2", "nproc_per_node=1",
         "env.TORCHFT_QUORUM_TIMEOUT_SEC=20",
-        # 0.45 s a step, asleep (train/fault.py): the run outlasts group 1's restart without
-        # burning the cores a 30M-parameter model did (~270 CPU-s) that the other tests need
-        "env.DDPKIT_STEP_PACE_S=0.45",
+        # 0.3 s a step, asleep (train/fault.py): 300 steps outlast group 1's restart without
+        # burning the cores as the 30M-parameter mlp-deep did: 31 machine CPU-s a run, not 187
+        "env.DDPKIT_STEP_PACE_S=0.3",
     ]  # fmt: skip
     steps = 300
     train = ["--model", "mlp", "--batch-size", "16", "--steps", str(steps),
