@@ -34,6 +34,7 @@ failed, N skipped`). Extra arguments go to every pytest run (`python -m tests.la
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import re
 import subprocess
@@ -51,7 +52,7 @@ ENGINE_STEPS: list[tuple[str, ...]] = [("container", "slurm"), ("s3",), ("k8s",)
 # versions.sh (it names the cache whose build.lock the build holds).
 BUILDS = {"s3": "tools/s3local/versions.sh", "k8s": "k8s/local/versions.sh"}
 ENGINE_MARKERS = [m for step in ENGINE_STEPS for m in step]
-# The process tests by folder, largest first (longest-first keeps the two lanes even).
+# The process tests by folder (the queue's order is ORDER's).
 FOLDERS = ["train", "launch", "backends", "tools"]
 # Files of a folder that form a second chunk of their own (FOLDER + "2"), so that no one chunk is
 # much longer than the others and the lanes end together: tests/train alone was 1,470-1,730 s of
@@ -133,6 +134,7 @@ def take(todo: list[Chunk], running=build_running) -> Chunk | None:
     return todo.pop(0)
 
 
+@functools.cache  # a bash run per call; take() asks at every free lane
 def build_lock(build: str) -> Path:
     cache = {"k8s": "DDPKIT_K8S_CACHE", "s3": "DDPKIT_S3_CACHE"}[build]
     out = subprocess.run(
