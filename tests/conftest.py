@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import testcost
 from tests.trainrun import PY, ROOT
 
 # hypothesis keeps its example database and caches in ./.hypothesis: tests write nothing into
@@ -25,6 +26,14 @@ try:
     settings.load_profile("ddpkit")
 except ImportError:
     pass
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Each test's CPU, when tests/lanes.py asks (DDPKIT_TEST_CPU_DIR), and under the coverage
+    run the test each measured line belongs to (tests/testcost.py)."""
+    testcost.enter_test(item.nodeid)
+    yield from testcost.measure(item.nodeid)
 
 
 @pytest.fixture(scope="session")

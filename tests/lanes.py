@@ -28,7 +28,9 @@ whose tests are all in the first chunk. `--check` collects each chunk and shows 
 disjoint and add up to the whole suite. Each chunk's lines are printed as they come, prefixed
 with its name; the last line sums them up in the plain form CI reads (`total: N passed, N
 failed, N skipped`). Extra arguments go to every pytest run (`python -m tests.lanes
---durations=30`), as does PYTEST_ADDOPTS.
+--durations=30`), as does PYTEST_ADDOPTS. Before the total it lists the tests that took the most
+CPU (tests/testcost.py): on 2 cores the suite is CPU-bound, so that, not a test's wall time, is
+what it takes from the other lane.
 """
 
 from __future__ import annotations
@@ -39,13 +41,17 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests import testcost
+
 ROOT = Path(__file__).resolve().parents[1]
 LANES = 2  # the machines' cores
+CPU_TOP = 30  # the heaviest tests by CPU, listed at the end (tests/testcost.py)
 # Engine markers, by chunk: a test carrying several belongs to the first chunk naming one.
 ENGINE_STEPS: list[tuple[str, ...]] = [("container", "slurm"), ("s3",), ("k8s",)]
 # The chunks that wait for a Go build .ci/run starts in the background: marker -> the build's
@@ -248,6 +254,8 @@ def main(argv: list[str]) -> int:
         return check(argv[1:])
     runner = Runner(argv)
     every = chunks()
+    cpu_dir = tempfile.TemporaryDirectory(prefix="ddpkit-testcpu-")
+    os.environ[testcost.CPU_DIR_ENV] = cpu_dir.name  # each pytest run records its tests' CPU
     todo = list(every)
     start = time.monotonic()
     threads = [threading.Thread(target=runner.lane, args=(todo,)) for _ in range(LANES)]
@@ -269,6 +277,11 @@ def main(argv: list[str]) -> int:
     for chunk in every:
         for line in chunk.failed_tests:
             print(f"lanes: [{chunk.name}] {line[:400]}")
+    # Where the CPU goes: the suite is CPU-bound, so this, not wall time, is what a lane takes
+    # from the other (docs/development.md).
+    for line in testcost.cost_table(testcost.read_costs(Path(cpu_dir.name)), CPU_TOP):
+        print(f"lanes: {line}")
+    cpu_dir.cleanup()
     print(f"lanes: {time.monotonic() - start:.0f} s in all (wall), {LANES} lanes")
     failed = total.get("failed", 0) + total.get("errors", 0)
     if failures and not failed:
