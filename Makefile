@@ -29,7 +29,7 @@ export CONFIG NODES GPUS NPROC IMAGE BASE_IMAGE PARTITION NAMESPACE WAIT ARGS JO
 DDPKIT := $(VENV)/bin/ddpkit
 LAUNCH := $(DDPKIT)
 
-.PHONY: help setup test test-fast lint format train bench \
+.PHONY: help setup test test-fast coverage lint format train bench \
 	docker-build docker-run k8s-up k8s-down s3-up s3-down slurm-up slurm-down slurm-render slurm-submit slurm-status \
 	slurm-logs slurm-cancel k8s-render k8s-apply k8s-delete clean
 
@@ -52,6 +52,9 @@ test: $(STAMP) ## Run the whole test suite in two lanes side by side (tests/lane
 
 test-fast: $(STAMP) ## Unit tests only (no multi-process, SLURM or container tests)
 	$(PY) -m pytest -q -m "not slow and not slurm and not container"
+
+coverage: $(STAMP) ## The suite under coverage.py, subprocesses included; each line tagged with its tests (tests/coverage_run.py)
+	cd $(KIT) && $(PY) -m tests.coverage_run
 
 lint: $(STAMP) ## ruff check + format check, hadolint, shellcheck
 	$(VENV)/bin/ruff check .

@@ -170,6 +170,7 @@ MAKE_WHY_NOT = {
     "setup": "installs the kit's own venv, which this test runs from",
     "test": "the whole test suite, this file included",
     "test-fast": "the unit tests, this file included",
+    "coverage": "the whole test suite under coverage.py, this file included",
     "lint": "CI's lint step over the checkout",
     "train": "trains for minutes; tests/launch/test_make.py runs `make train` on a short job",
     "bench": "benchmarks for minutes",

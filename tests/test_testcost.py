@@ -1,0 +1,109 @@
+"""Each test's CPU (tests/testcost.py, listed by tests/lanes.py) and the coverage run's tagging
+of measured lines by test (tests/coverage_run.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import coverage
+import pytest
+
+from tests import coverage_run, testcost
+from tests.trainrun import PY, ROOT
+
+BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
+
+
+def test_a_tests_cpu_counts_the_children_it_waited_for(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv(testcost.CPU_DIR_ENV, str(tmp_path))
+    body = testcost.measure("t.py::burns")
+    next(body)
+    subprocess.run([sys.executable, "-c", BURN.format(s=0.4)], check=True)
+    with pytest.raises(StopIteration):
+        next(body)
+    [cost] = testcost.read_costs(tmp_path)
+    assert cost.test == "t.py::burns"
+    assert cost.cpu >= 0.35, cost  # the child's 0.4 CPU-s, waited for
+    assert cost.wall >= 0.35
+
+
+def test_without_the_directory_nothing_is_recorded(tmp_path: Path, monkeypatch):
+    monkeypatch.delenv(testcost.CPU_DIR_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    for _ in testcost.measure("t.py::x"):
+        pass
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_table_lists_the_heaviest_first_and_sums_them_all():
+    costs = [testcost.TestCost(f"t::{n}", cpu, 1.0) for n, cpu in enumerate([3.0, 9.0, 1.0, 5.0])]
+    lines = testcost.cost_table(costs, top=2)
+    assert "18 CPU-s over 4 tests; the 2 heaviest" in lines[0]
+    assert [ln.split()[-1] for ln in lines[1:]] == ["t::1", "t::3"]
+
+
+def test_a_pytest_run_of_the_suite_records_each_of_its_tests(tmp_path: Path):
+    """Through the conftest hook: a real pytest run over two of this file's tests."""
+    picked = [
+        "tests/test_testcost.py::test_without_the_directory_nothing_is_recorded",
+        "tests/test_testcost.py::test_the_table_lists_the_heaviest_first_and_sums_them_all",
+    ]
+    env = {**os.environ, testcost.CPU_DIR_ENV: str(tmp_path)}
+    proc = subprocess.run(
+        [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", *picked],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = [
+        json.loads(ln) for f in tmp_path.glob("*.jsonl") for ln in f.read_text().splitlines()
+    ]
+    assert sorted(r["test"] for r in records) == sorted(picked)
+    assert all(r["cpu"] >= 0 and r["wall"] >= 0 for r in records)
+
+
+def test_unique_lines_are_those_only_one_test_runs():
+    data = coverage.CoverageData(no_disk=True)
+    for context, lines in [
+        ("", {"a.py": [1]}),  # collection: imports
+        ("t::one", {"a.py": [1, 2, 3]}),
+        ("t::two", {"a.py": [3, 4]}),
+        ("t::three", {"a.py": [2, 3]}),
+        ("static|t::four", {"b.py": [7]}),  # a pytest process: static and dynamic context
+    ]:
+        data.set_context(context)
+        data.add_lines(lines)
+    unique = coverage_run.unique_lines(data)
+    assert unique == {"t::one": 0, "t::two": 1, "t::three": 0, "t::four": 1}
+    report = coverage_run.unique_report(unique)
+    assert report[0] == "2 of 4 tests run no measured line that no other test runs"
+    assert report[1].split() == ["0", "t::one"]
+
+
+def test_a_process_a_test_starts_is_measured_as_that_tests(tmp_path: Path):
+    """The run's config with a real child interpreter per test: coverage starts through its
+    .pth hook, takes the test from DDPKIT_COV_CONTEXT, and writes into the run's directory."""
+    rc = tmp_path / "coveragerc"
+    rc.write_text(coverage_run.rc_text(tmp_path))
+    calls = {
+        "t.py::pace": "from ddpkit.train import fault; fault.step_pace_s()",
+        "t.py::parse": "from ddpkit.train import config; config.parse_config(['--steps', '3'])",
+    }
+    for test, code in calls.items():
+        env = {**os.environ, "COVERAGE_PROCESS_START": str(rc), testcost.COV_CONTEXT_ENV: test}
+        subprocess.run([PY, "-c", code], cwd=tmp_path, env=env, check=True, timeout=120)
+    assert len(list(tmp_path.glob(".coverage.*"))) == 2
+    subprocess.run(
+        [PY, "-m", "coverage", "combine", "-q", f"--rcfile={rc}"], cwd=tmp_path, check=True
+    )
+    data = coverage.CoverageData(basename=str(tmp_path / ".coverage"))
+    data.read()
+    assert set(data.measured_contexts()) == set(calls)
+    unique = coverage_run.unique_lines(data)
+    assert unique["t.py::parse"] > unique["t.py::pace"] > 0
+    fault = next(f for f in data.measured_files() if f.endswith("train/fault.py"))
+    data.set_query_contexts(["t.py::pace"])
+    assert data.lines(fault)
