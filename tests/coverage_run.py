@@ -74,7 +74,10 @@ def _test(context: str) -> str:
 
 def unique_report(unique: dict[str, int]) -> list[str]:
     none = sorted(t for t, n in unique.items() if n == 0)
-    lines = [f"{len(none)} of {len(unique)} tests run no measured line that no other test runs"]
+    lines = [
+        f"{len(none)} of the {len(unique)} tests that ran kit code run no measured line that no"
+        " other test runs"
+    ]
     lines += [f"{n:6d}  {t}" for t, n in sorted(unique.items(), key=lambda tn: (tn[1], tn[0]))]
     return lines
 

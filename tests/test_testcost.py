@@ -79,7 +79,9 @@ def test_unique_lines_are_those_only_one_test_runs():
     unique = coverage_run.unique_lines(data)
     assert unique == {"t::one": 0, "t::two": 1, "t::three": 0, "t::four": 1}
     report = coverage_run.unique_report(unique)
-    assert report[0] == "2 of 4 tests run no measured line that no other test runs"
+    assert report[0] == (
+        "2 of the 4 tests that ran kit code run no measured line that no other test runs"
+    )
     assert report[1].split() == ["0", "t::one"]
 
 
