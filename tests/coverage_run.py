@@ -28,8 +28,9 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections import defaultdict
 from pathlib import Path
+
+import coverage
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,16 +55,13 @@ skip_empty = true
 def unique_lines(data) -> dict[str, int]:
     """Each test (context) and how many measured lines only it runs. Lines also run outside
     any test (context "": collection, module imports) belong to no test alone."""
-    unique: dict[str, int] = defaultdict(int)
-    for context in data.measured_contexts():
-        if context:
-            unique[_test(context)] += 0
+    unique = {_test(c): 0 for c in data.measured_contexts() if c}
     for path in data.measured_files():
         for contexts in data.contexts_by_lineno(path).values():
             tests = {_test(c) if c else "" for c in contexts}
             if len(tests) == 1 and "" not in tests:
                 unique[tests.pop()] += 1
-    return dict(unique)
+    return unique
 
 
 def _test(context: str) -> str:
@@ -105,8 +103,6 @@ def main(argv: list[str]) -> int:
         [*cov, "report", f"--rcfile={rc}"], cwd=ROOT, capture_output=True, text=True, check=False
     )
     (out / "report.txt").write_text(report.stdout + report.stderr)
-    import coverage
-
     data = coverage.CoverageData(basename=str(out / ".coverage"))
     data.read()
     lines = unique_report(unique_lines(data))

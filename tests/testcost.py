@@ -48,7 +48,8 @@ def record(directory: str, cost: TestCost) -> None:
 
 
 def measure(nodeid: str):
-    """Context manager body for one test's whole protocol (setup, call, teardown)."""
+    """The conftest hookwrapper's body (`yield from`): records one test's whole protocol (setup,
+    call, teardown) when DDPKIT_TEST_CPU_DIR is set."""
     directory = os.environ.get(CPU_DIR_ENV)
     cpu0, wall0 = cpu_seconds(), time.monotonic()
     yield
