@@ -54,8 +54,17 @@ def ddp_and_fsdp(tiny, tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     args = hf_args(model, data, "--steps", "8")
     ddp = train(root / "ddp", *args, nproc=2, env=env)
+    trace = root / "fsdp-trace"  # the samples it trained on: the exactly-once test reads them
+    trace.mkdir()
     fsdp = train(
-        root / "fsdp", *args, "--parallel", "fsdp", "--sharding", "FULL_SHARD", nproc=2, env=env
+        root / "fsdp",
+        *args,
+        "--parallel",
+        "fsdp",
+        "--sharding",
+        "FULL_SHARD",
+        nproc=2,
+        env={**env, "DDPKIT_TRACE_SAMPLES": str(trace)},
     )
     return ddp, fsdp
 
@@ -114,7 +123,20 @@ def test_hf_export_reloads_with_from_pretrained_and_equal_logits(tiny, ddp_and_f
     assert torch.equal(want, got), (want - got).abs().max()
 
 
-def test_hf_text_data_exactly_once_across_four_to_two_ranks(tiny, tmp_path):
+def _epoch0_samples(trace: Path) -> list[int]:
+    seen = []
+    for f in sorted(trace.glob("rank*.txt")):
+        for line in f.read_text().splitlines():
+            ep, *idx = map(int, line.split())
+            if ep == 0:
+                seen += idx
+    return seen
+
+
+def test_hf_text_data_exactly_once_across_a_world_size_change(tiny, ddp_and_fsdp, tmp_path):
+    """The FULL_SHARD fixture run (2 ranks, 8 steps) resumed by one process for the rest of
+    epoch 0: every sequence trained once. (It was a 4-rank run resumed on 2: the same
+    resharded data position, for 5 fewer worker processes.)"""
     from ddpkit.train import hf
     from ddpkit.train.config import TrainConfig
 
@@ -124,34 +146,22 @@ def test_hf_text_data_exactly_once_across_four_to_two_ranks(tiny, tmp_path):
             TrainConfig(model=f"hf:{model}", dataset=f"hf:{data}", seq_len=SEQ), data
         ).train
     )
-    traces = [tmp_path / "ta", tmp_path / "tb"]
-    for t in traces:
-        t.mkdir()
-    a = train(
-        tmp_path / "a",
-        *hf_args(model, data, "--steps", "5", "--parallel", "fsdp"),
-        nproc=4,
-        env={**env, "DDPKIT_TRACE_SAMPLES": str(traces[0])},
-    )
-    saved = last_checkpoint(a.run_dir)
-    left = n - 5 * 4 * BATCH
-    steps_b = left // (2 * BATCH)  # the rest of epoch 0 on 2 ranks (the tail is dropped)
+    a = ddp_and_fsdp[1]
+    done = 8 * 2 * BATCH
+    steps_b = (n - done) // BATCH  # the rest of epoch 0 on 1 rank (the tail is dropped)
+    trace_b = tmp_path / "tb"
+    trace_b.mkdir()
     b = train(
         tmp_path / "b",
-        *hf_args(model, data, "--steps", str(5 + steps_b), "--resume", str(saved)),
-        nproc=2,
-        env={**env, "DDPKIT_TRACE_SAMPLES": str(traces[1])},
+        *hf_args(
+            model, data, "--steps", str(8 + steps_b), "--resume", str(last_checkpoint(a.run_dir))
+        ),
+        env={**env, "DDPKIT_TRACE_SAMPLES": str(trace_b)},
     )
-    assert "world size 4 -> 2" in b.out
-    seen = []
-    for t in traces:
-        for f in sorted(t.glob("rank*.txt")):
-            for line in f.read_text().splitlines():
-                ep, *idx = map(int, line.split())
-                if ep == 0:
-                    seen += idx
-    assert len(seen) == len(set(seen)) == 5 * 4 * BATCH + steps_b * 2 * BATCH
-    assert set(seen) <= set(range(n)) and n - len(seen) < 2 * BATCH
+    assert "world size 2 -> 1" in b.out
+    seen = _epoch0_samples(a.run_dir.parent / "fsdp-trace") + _epoch0_samples(trace_b)
+    assert len(seen) == len(set(seen)) == done + steps_b * BATCH
+    assert set(seen) <= set(range(n)) and n - len(seen) < BATCH
 
 
 def test_bad_hf_paths_exit_2_with_one_line(tiny, tmp_path):
