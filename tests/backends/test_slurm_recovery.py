@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from ddpkit.train import goodput
 
-from tests.backends.test_slurm_e2e import job_file, submit
+from tests.backends.test_slurm_e2e import job_file, reference, submit  # noqa: F401  (reference: fixture)
 from tests.slurm_fixtures import (  # noqa: F401  (slurm_cluster: fixture)
     REQUEUE_SETTLE_S,
     scontrol,
@@ -30,10 +30,9 @@ DDPKIT = Path(sys.executable).with_name("ddpkit")
 
 
 def test_a_lost_node_requeues_the_job_which_resumes_and_matches(
-    slurm_cluster: int,  # noqa: F811
+    reference: dict,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    submit(job_file(tmp_path, "rec-reference"), "--wait")
     run = tmp_path / "rec-node"
     job = submit(job_file(tmp_path, "rec-node"))
     try:
@@ -54,7 +53,6 @@ def test_a_lost_node_requeues_the_job_which_resumes_and_matches(
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, logs[-3000:])
     assert "(a lost node, or workers past the in-place restart budget); requeue 1 of 3" in logs
     summary = json.loads((run / "summary.json").read_text())
-    reference = json.loads((tmp_path / "rec-reference" / "summary.json").read_text())
     assert summary["resumed_from"].endswith("step-100"), summary["resumed_from"]
     assert summary["param_digest"] == reference["param_digest"]
     lost = [f for f in summary["goodput"]["failures"] if f["kind"] == "node lost"]

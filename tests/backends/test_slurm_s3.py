@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.test_slurm_e2e import REPO, job_file
+from tests.backends.test_slurm_e2e import REPO, job_file, reference  # noqa: F401  (reference: fixture)
 from tests.s3_fixtures import S3Server, s3_server  # noqa: F401  (fixture)
 from tests.slurm_fixtures import scontrol, slurm_cluster, until_done  # noqa: F401  (fixture)
 
@@ -40,15 +40,12 @@ def _ddpkit(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
 
 
 def test_a_preempted_job_resumes_from_the_store_with_the_same_digest(
-    slurm_cluster: int,  # noqa: F811
+    reference: dict,  # noqa: F811
     s3_server: S3Server,  # noqa: F811
     tmp_path: Path,
 ) -> None:
     env = s3_server.env()
     url = s3_server.bucket("slurm") + "/e2e"
-    ref = _ddpkit(env, "submit", "slurm", "--config", str(job_file(tmp_path, "s3-ref")),
-                  "--nodes", "2", "--gpus", "1", "--wait")  # fmt: skip
-    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
     cfg = _store_job(tmp_path, "s3-preempt", url, s3_server.endpoint)
     rendered = _ddpkit(env, "render", "slurm", "--config", str(cfg), "--nodes", "2", "--gpus", "1")
     assert rendered.returncode == 0, rendered.stderr
@@ -73,9 +70,8 @@ def test_a_preempted_job_resumes_from_the_store_with_the_same_digest(
     resumed = [ln for ln in logs.splitlines() if "resumed from" in ln]
     assert resumed and f"resumed from {url}/step-" in resumed[0], logs[-3000:]
     summary = json.loads((run / "summary.json").read_text())
-    straight = json.loads((tmp_path / "s3-ref" / "summary.json").read_text())
     assert summary["resumed_from"].startswith(f"{url}/step-")
-    assert summary["param_digest"] == straight["param_digest"]
+    assert summary["param_digest"] == reference["param_digest"]
     fs = s3_server.fs()
     assert fs.exists(f"slurm/e2e/step-{summary['steps']}/.complete")
     assert not (run / "checkpoints").exists()  # nothing of the store's on the shared disk
