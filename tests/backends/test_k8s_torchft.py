@@ -26,9 +26,11 @@ from tests.launch.test_torchft import NET_PY
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 DDPKIT = Path(sys.executable).with_name("ddpkit")
-# >= 100 s at 50 ms a step: group 0 still trains when group 1's new pod is back (with 1200
-# group 0 once finished first, at a load of ~15)
-STEPS = 2000
+# >= 120 s: group 0 still trains when group 1's new pod is back (1200 steps of about 50 ms once
+# finished first, at a load of ~15; 2000 unpaced steps were ~100 s). Each step lasts at least
+# PACE_S, mostly asleep (DDPKIT_STEP_PACE_S, train/fault.py): the window of 2000 steps for
+# under a third of their CPU.
+STEPS, PACE_S = 600, 0.2
 QUORUM_TIMEOUT_S = 20
 STEP = re.compile(r"^\[group (\d)\] step\s+(\d+)/", re.M)
 JOB = f"""\
@@ -40,6 +42,7 @@ accelerator = "cpu"
 fault_tolerance = "torchft"
 [env]
 TORCHFT_QUORUM_TIMEOUT_SEC = "{QUORUM_TIMEOUT_S}"
+DDPKIT_STEP_PACE_S = "{PACE_S}"
 [k8s]
 pvc_size = "1Gi"
 [train]

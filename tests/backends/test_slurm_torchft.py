@@ -23,7 +23,10 @@ from tests.slurm_fixtures import slurm_cluster  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 DDPKIT = Path(sys.executable).with_name("ddpkit")
-STEPS = 1200  # >= 60 s at 50 ms a step: the survivor is still training when group 1 is back
+# >= 80 s: the survivor is still training when group 1 is back. Each step lasts at least
+# PACE_S, mostly asleep (DDPKIT_STEP_PACE_S, train/fault.py), not 1200 steps burning the cores
+# at 50 ms: the same window for about a third of the steps' CPU.
+STEPS, PACE_S = 400, 0.2
 STEP = re.compile(r"^\[group (\d)\] step\s+(\d+)/", re.M)
 
 
@@ -34,7 +37,7 @@ def project(root: Path) -> Path:
     (root / "ddpkit.toml").write_text(
         f'name = "ftslurm"\nnodes = 2\nnproc_per_node = 1\naccelerator = "cpu"\n'
         f'fault_tolerance = "torchft"\nrdzv_port = {free_port()}\ntime = "00:15:00"\n'
-        '[env]\nTORCHFT_QUORUM_TIMEOUT_SEC = "20"\n'
+        f'[env]\nTORCHFT_QUORUM_TIMEOUT_SEC = "20"\nDDPKIT_STEP_PACE_S = "{PACE_S}"\n'
         '[train]\nmodel = "mymodels.net:build"\ndataset = "mymodels.net:data"\n'
         f"batch_size = 8\nsteps = {STEPS}\nlog_interval = 10\nckpt_interval = 400\neval = false\n"
         f'run_dir = "{root / "run"}"\n'
