@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -226,26 +225,10 @@ def test_truncated_checkpoint_is_skipped_and_resume_uses_the_previous(tmp_path):
     assert (step_dir(rd, 8) / ".complete").is_file()
 
 
-def test_a_hung_rank_fails_the_job_within_the_timeout(tmp_path):
-    t0 = time.monotonic()
-    run = train(
-        tmp_path / "run",
-        *BASE,
-        "--timeout-s",
-        "5",
-        nproc=2,
-        env={"DDPKIT_FAULT": "hang@4:1:120"},
-        check=False,
-        timeout=120,
-    )
-    elapsed = time.monotonic() - t0
-    assert run.rc != 0
-    assert elapsed < 5 + 40, elapsed  # the timeout plus start-up and teardown, not 120 s
-    assert (
-        "collective forward/backward (DDP gradient all_reduce) at step 4 failed on rank 0"
-        in run.out
-    )
-    assert "Ranks [1] never reached it" in run.out
+# A rank hung in a training step: its peer's line names the step's collective and the rank,
+# within --timeout-s (tests/train/test_hangs.py: test_a_hung_rank_is_stopped_for_the_restart_...
+# names the DDP gradient all_reduce; the job's exit 1 within the timeout, not the stall:
+# test_a_rank_stalled_at_a_logging_step_is_named_in_one_line and its neighbours there).
 
 
 def test_resume_from_something_that_is_not_a_checkpoint(tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from ddpkit.train import goodput
 
-from tests.trainrun import PY, ROOT, clean_env, train
+from tests.trainrun import PY, ROOT, clean_env
 
 
 def _at(run_dir: Path, kind: str, t: float, launch: str, attempt: int = 0, **f) -> None:
@@ -207,19 +207,19 @@ def _launch(run_dir: Path, *extra: str, fault: str | None = None) -> subprocess.
 def killed_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """One run whose rank 1 SIGKILLs itself before step 8, restarted in place: read by the
     report test, and copied as the earlier run of the reused-run-dir test (one launch of 2
-    ranks, each importing torch, instead of two)."""
+    ranks, each importing torch, instead of two). That test's `--resume never` run, the same
+    ARGS on 2 ranks unbroken, is also the reference its parameters must equal bitwise."""
     run_dir = tmp_path_factory.mktemp("goodput") / "run"
     return run_dir, _launch(run_dir, fault="kill@8:1")
 
 
 @pytest.mark.slow
-def test_a_killed_worker_restarts_in_place_and_the_report_lists_it(killed_run, tmp_path):
-    reference = train(tmp_path / "ref", *ARGS[2:], nproc=2)
+def test_a_killed_worker_restarts_in_place_and_the_report_lists_it(killed_run):
     run_dir, p = killed_run
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed_from"].endswith("step-6")  # the newest complete checkpoint
-    assert summary["param_digest"] == reference.summary["param_digest"]
+    # its parameters equal an unbroken run's: the reused-run-dir test's fresh run is that run
     rep = summary["goodput"]
     assert rep["attempts"] == 2 and rep["finished"]
     (kill,) = rep["failures"]
@@ -278,16 +278,21 @@ def test_first_start_counts_restarts_and_requeues(monkeypatch):
 @pytest.mark.slow
 def test_a_run_dir_reused_with_resume_never_reports_only_the_new_run(killed_run, tmp_path):
     """A run with a killed worker, then `--resume never` in the same run dir: the second
-    run's summary, goodput.json and launcher line hold none of the first run's failure."""
+    run's summary, goodput.json and launcher line hold none of the first run's failure. The
+    second run is the first one's unbroken twin (the same ARGS on 2 ranks): the killed run,
+    resumed in place from step 6, ends with its parameters bitwise."""
     run_dir = tmp_path / "run"
     shutil.copytree(killed_run[0], run_dir)  # the first run: a killed worker, restarted
     assert killed_run[1].returncode == 0, killed_run[1].stderr[-3000:]
+    killed = json.loads((killed_run[0] / "summary.json").read_text())
     first = json.loads((run_dir / goodput.REPORT_FILE).read_text())
     assert [f["kind"] for f in first["failures"]] == ["killed"] and first["attempts"] == 2
     p = _launch(run_dir, "--resume", "never")
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert not summary["resumed_from"]
+    assert summary["steps"] == killed["steps"] == 12
+    assert killed["param_digest"] == summary["param_digest"]  # the unbroken run's parameters
     rep = summary["goodput"]
     assert rep["failures"] == [] and rep["attempts"] == 1 and rep["finished"]
     assert rep["wall_s"] < first["wall_s"] + 60

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -159,10 +160,13 @@ def test_an_empty_lock_of_a_newcomer_is_given_time_to_name_its_owner(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("body", ["", "garbage", None])
+@pytest.mark.parametrize("body", ["", None])
 def test_the_trainer_never_spins_on_an_owner_less_lock(tmp_path, body):
     """The campaign's case: an empty, garbage or directory .lock made the trainer spin at
-    100% CPU forever. Now: taken over with a warning (and trained), or one line + exit 2."""
+    100% CPU forever. Now: taken over with a warning (and trained), or one line + exit 2.
+    The trainer takes a garbage lock over through the same RunLock.acquire as an empty one:
+    that acquire with garbage bodies is test_a_lock_that_names_no_owner_is_taken_over_...
+    ("{not json", bytes not UTF-8) and test_a_lock_of_another_shape_is_an_owner_less_one."""
     rd = tmp_path / "run"
     _lock_of(rd / "checkpoints", body)
     run = train(rd, "--steps", "2", "--no-eval", check=False, timeout=240)
@@ -254,27 +258,28 @@ def test_a_rank_stalled_inside_a_checkpoint_save_is_named_within_the_timeout(tmp
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_a_rank_stalled_inside_the_resume_is_named_within_the_timeout(tmp_path):
-    """Rank 1 stalls in its read of step 4's checkpoint on resume: rank 0 waits in the load's
+def test_a_rank_stalled_inside_the_resume_is_named_within_the_timeout(tmp_path, two_fits):
+    """Rank 1 stalls in its read of step 3's checkpoint on resume: rank 0 waits in the load's
     collectives (the checkpoint's gloo group). It fails naming rank 1 and the start-up load,
-    within the timeout (the load was not under the diagnosis: a bare gloo traceback)."""
-    base = [sys.executable, "-m", "ddpkit.train.node", "--standalone", "--nproc-per-node", "2",
-            "--", "-m", "ddpkit.train", "--no-eval", "--timeout-s", "5", "--progress", "plain",
-            "--run-dir", "runs/t"]  # fmt: skip
-    first = subprocess.run(
-        [*base, "--steps", "4"], cwd=tmp_path, env=clean_env(), capture_output=True,
-        text=True, timeout=300,
-    )  # fmt: skip
-    assert first.returncode == 0, first.stdout + first.stderr
+    within the timeout (the load was not under the diagnosis: a bare gloo traceback). The run
+    resumed is a copy of the first fit()'s of two_fits: the kit's trainer, 2 ranks, 3 steps,
+    its checkpoint at the end (not a launch of its own to make one)."""
+    fits_dir, fits = two_fits
+    assert fits.returncode == 0, fits.stdout + fits.stderr
+    assert (fits_dir / "runs/a/checkpoints/step-3/.complete").is_file()
+    shutil.copytree(fits_dir / "runs" / "a", tmp_path / "runs" / "t")
     t0 = time.monotonic()
     r = subprocess.run(
-        [*base, "--steps", "8"], cwd=tmp_path, env=clean_env(DDPKIT_FAULT="hangload@4:1:900"),
-        capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "ddpkit.train.node", "--standalone", "--nproc-per-node", "2",
+         "--", "-m", "ddpkit.train", "--no-eval", "--timeout-s", "5", "--progress", "plain",
+         "--run-dir", "runs/t", "--steps", "6"],
+        cwd=tmp_path, env=clean_env(DDPKIT_FAULT="hangload@3:1:900"), capture_output=True,
+        text=True, timeout=300,
     )  # fmt: skip
     elapsed = time.monotonic() - t0
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
-    assert "[fault injection] hangload on rank 1 at step 4" in out, out
+    assert "[fault injection] hangload on rank 1 at step 3" in out, out
     assert "collective checkpoint load at start-up failed on rank 0 of 2 (--timeout-s 5)" in out
     assert "Ranks [1] never reached it" in out, out
     assert r.stderr.splitlines()[-1].startswith(
@@ -307,17 +312,26 @@ def _node(tmp_path: Path, script: str, env: dict[str, str] | None = None):
     )  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def two_fits(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """TWO_FITS on 2 ranks, once: read by the second-fit test, and its runs/a (the kit's
+    trainer, 3 steps, a checkpoint at the end) copied as the run the resume-stall test
+    resumes (one launch of 2 ranks, each importing torch, instead of two)."""
+    where = tmp_path_factory.mktemp("two_fits")
+    return where, _node(where, TWO_FITS)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_a_second_fit_in_one_process_trains_in_the_same_group(tmp_path):
+def test_a_second_fit_in_one_process_trains_in_the_same_group(two_fits):
     """The second fit() used to re-create the process group from the same rendezvous and
     hang in its first barrier until the 600 s timeout."""
-    r = _node(tmp_path, TWO_FITS)
+    where, r = two_fits
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert out.count("first 0") == 2 and out.count("second 0") == 2, out
     for run in ("a", "b"):
-        assert json.loads((tmp_path / "runs" / run / "summary.json").read_text())["steps"] == 3
+        assert json.loads((where / "runs" / run / "summary.json").read_text())["steps"] == 3
 
 
 @pytest.mark.slow
@@ -551,9 +565,14 @@ def test_a_hung_rank_is_stopped_for_the_restart_within_the_jobs_shutdown_budget(
     instead, whatever --shutdown-timeout said: rank 1 then gave up by itself (exit 1)."""
     from ddpkit.train import goodput
 
+    t0 = time.monotonic()
     rd, outs = _two_nodes(
         tmp_path, "hang@30:1:900", "--timeout-s", "8", "--shutdown-timeout-s", "2"
     )
+    elapsed = time.monotonic() - t0
+    # rank 0 waited in step 30's gradient all-reduce: the step's collective is named
+    phase = "collective forward/backward (DDP gradient all_reduce) at step 30"
+    assert f"{phase} failed on rank 0 of 2 (--timeout-s 8)" in outs[0], outs[0]
     assert "Ranks [1] never reached it" in outs[0], outs[0]
     assert "current step did not finish" not in outs[1], outs[1]
     # its end as its launcher saw it: SIGKILL, or none when torchrun reaped it first
@@ -561,6 +580,7 @@ def test_a_hung_rank_is_stopped_for_the_restart_within_the_jobs_shutdown_budget(
     assert [r["code"] for r in ends if r["code"] != 0] in ([], [-signal.SIGKILL]), ends
     (hang,) = goodput.report(rd).failures
     assert (hang.kind, hang.rank, hang.recovered) == ("hang", 1, True), hang
+    assert elapsed < 240, elapsed  # two start-ups + the 8 s timeout + teardown, not the stall
 
 
 @pytest.mark.slow
