@@ -15,13 +15,19 @@ import pytest
 from ddpkit.tools.chaos import ChaosError, Injection
 
 DDPKIT = Path(sys.executable).with_name("ddpkit")
-JOB = """\
+# 1200 steps of at least 20 ms, mostly asleep (DDPKIT_STEP_PACE_S, train/fault.py): the run is
+# still training well after each injection's step on a loaded machine, as 3000 unpaced steps of
+# ~5 ms were, for under half of their CPU.
+STEPS = 1200
+JOB = f"""\
 name = "drill"
 nproc_per_node = 2
 accelerator = "cpu"
+[env]
+DDPKIT_STEP_PACE_S = "0.02"
 [train]
 model = "mlp"
-steps = 3000
+steps = {STEPS}
 batch_size = 16
 log_interval = 10
 ckpt_interval = 100
@@ -67,7 +73,7 @@ def test_a_drill_kills_and_stops_ranks_and_the_job_recovers_from_both(tmp_path):
     hang = rep["failures"][1]
     assert hang["detect_s"] >= 10  # the peers waited out the collective timeout
     summary = json.loads((tmp_path / "runs/drill/summary.json").read_text())
-    assert summary["steps"] == 3000 and summary["resumed_from"]
+    assert summary["steps"] == STEPS and summary["resumed_from"]
     assert "kind   attempt      rank" in out and "     killed" in out
 
 
