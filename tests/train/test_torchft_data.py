@@ -3,7 +3,8 @@ installed `ddpkit run`: what a lost group means for the data (each sample traine
 per epoch; the lost group's share of the steps it missed skipped, never re-read), and a
 whole-job failure (every group and the lighthouse SIGKILLed) resuming from the storage
 checkpoints to the weights of the run that never failed.
-Budget: about 3-4 min on 2 busy cores."""
+The lost-group run is also the 2 x 1 DDP group-kill test (restarts, the survivor's bounds,
+equal weights). Budget: about 3-4 min on 2 busy cores."""
 
 from __future__ import annotations
 
@@ -18,17 +19,28 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.test_torchft import DDPKIT, NET_PY, Watched, env, run_killing_group_1
+from tests.launch.test_torchft import (
+    DDPKIT,
+    NET_PY,
+    PACE_S,
+    Watched,
+    assert_the_bounds,
+    env,
+    run_killing_group_1,
+)
 
 pytestmark = pytest.mark.slow
 SAMPLES, BATCH = 448, 8  # NET_PY's training set; 2 data ranks: 28 steps an epoch
 
 
-def project(root: Path, steps: int, ckpt_interval: int, trace: Path | None = None) -> Path:
+def project(
+    root: Path, steps: int, ckpt_interval: int, trace: Path | None = None, pace_s: float = 0
+) -> Path:
     (root / "mymodels").mkdir(parents=True)
     (root / "mymodels" / "__init__.py").write_text("")
     (root / "mymodels" / "net.py").write_text(NET_PY)
     extra = f'DDPKIT_TRACE_SAMPLES = "{trace}"\n' if trace else ""
+    extra += f'DDPKIT_STEP_PACE_S = "{pace_s}"\n' if pace_s else ""
     (root / "ddpkit.toml").write_text(
         'name = "ft"\nnproc_per_node = 1\naccelerator = "cpu"\nfault_tolerance = "torchft"\n'
         f'replica_groups = 2\n[env]\nTORCHFT_QUORUM_TIMEOUT_SEC = "20"\n{extra}'
@@ -56,12 +68,28 @@ def committed(trace: Path, data_rank: int) -> list[tuple[int, int, int, list[int
 
 
 def test_each_sample_is_trained_once_per_epoch_but_a_lost_groups_share_is_skipped(tmp_path):
+    """Also the 2 x 1 DDP group kill of tests/launch/test_torchft.py (one run for both): group
+    1's torchrun SIGKILLed at its step 20 rejoins from group 0 while group 0 trains on, within
+    issue 35's bounds; both finish every step with equal weights and their own checkpoints."""
     trace = tmp_path / "trace"
     trace.mkdir()
-    steps = 1200  # with 600, group 0 finished before group 1 was back twice (load ~15)
-    proj = project(tmp_path / "proj", steps, 400, trace)
-    run, rc, _, _ = run_killing_group_1(proj, heal_timeout=180)
+    # Paced (PACE_S a step): 340 steps after the kill last as long as 1,180 of NET_PY's 50 ms
+    # did (with 600 of those, group 0 finished before group 1 was back twice, load ~15).
+    steps = 360
+    proj = project(tmp_path / "proj", steps, 120, trace, pace_s=PACE_S)
+    run, rc, killed_at, healed_at = run_killing_group_1(proj, heal_timeout=180)
     assert rc == 0, run.text()[-4000:]
+    assert_the_bounds(run, killed_at, healed_at, steps=steps)
+    status = json.loads((proj / "runs/ft/replica_groups.json").read_text())
+    assert [g["restarts"] for g in status["groups"]] == [0, 1]
+    assert status["groups"][1]["exits"][0] == -signal.SIGKILL
+    summaries = [json.loads((proj / f"runs/ft/group-{g}/summary.json").read_text()) for g in (0, 1)]
+    assert [s["steps"] for s in summaries] == [steps, steps]
+    assert summaries[0]["param_digest"] == summaries[1]["param_digest"]
+    # storage checkpoints still on their interval, in each group's own dir
+    assert (proj / f"runs/ft/group-0/checkpoints/step-{steps}").is_dir()
+    assert (proj / f"runs/ft/group-1/checkpoints/step-{steps}").is_dir()
+
     g0, g1 = committed(trace, 0), committed(trace, 1)
     # group 0 was never lost: every step committed once, in order
     assert [s for s, *_ in g0] == list(range(1, steps + 1))
