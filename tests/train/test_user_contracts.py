@@ -59,11 +59,6 @@ def unused_but_frozen(cfg):
     return Unused(frozen=True)
 
 
-def float_loss(output, target):
-    # float() of a tensor that requires grad: torch warns, on every rank
-    return float(nn.functional.cross_entropy(output, target))
-
-
 def warns_and_returns_a_dict(cfg):
     import warnings
 
@@ -126,12 +121,9 @@ def test_an_unused_parameter_trains_where_it_breaks_nothing(model, parallel, tmp
     assert (tmp_path / "r" / "summary.json").is_file()
 
 
+# A loss returning a float is the campaign's own case: test_a_float_loss_through_ddpkit_run_is
+# _the_one_line runs it as the campaign did (its exit 2, the line, no warning, no checkpoint).
 WRONG_RETURNS = {
-    "loss": (
-        ("mlp", "--loss", "contracts:float_loss"),
-        "error: --loss contracts:float_loss returned a float; expected a function (output, "
-        "target) -> scalar tensor",
-    ),
     "model": (
         ("contracts:warns_and_returns_a_dict",),
         "error: --model contracts:warns_and_returns_a_dict returned a dict; expected a factory "
@@ -144,8 +136,9 @@ WRONG_RETURNS = {
 def test_a_hook_returning_the_wrong_type_is_one_line_without_its_warnings(
     hook, tmp_path, one_line_error
 ):
-    """The campaign's case (a loss returning a Python float printed torch's warning on each
-    rank around the one line) and a model factory that warns before returning a dict."""
+    """A model factory that warns before returning a dict: the one line, not the warning
+    (the campaign's loss returning a Python float printed torch's warning on each rank around
+    the one line: test_a_float_loss_through_ddpkit_run_is_the_one_line)."""
     (model, *more), expected = WRONG_RETURNS[hook]
     assert one_line_error(_node(tmp_path, model, "ddp", *more)) == expected
     assert not list((tmp_path / "r").glob("checkpoints/step-*"))
@@ -185,3 +178,6 @@ def test_a_float_loss_through_ddpkit_run_is_the_one_line(tmp_path):
         "error: --loss losses:float_loss returned a float; expected a function (output, "
         "target) -> scalar tensor"
     ]
+    assert "Traceback" not in p.stdout + p.stderr
+    assert (tmp_path / "runs/lossy").is_dir()  # the run dir the glob below looks in
+    assert not list((tmp_path / "runs/lossy").glob("checkpoints/step-*"))
