@@ -5,6 +5,7 @@ order mid-epoch (another --seed, another dataset size) says which samples it aff
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import time
@@ -45,6 +46,17 @@ def test_ranks_with_datasets_of_different_lengths_are_refused_in_one_line(tmp_pa
     ], out[-3000:]
 
 
+BASE = ["--steps", "3", "--synthetic-samples", "8192", "--seed", "0", "--no-eval"]
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory):
+    """The 3-step run every case below resumes (one run, not one per case)."""
+    run_dir = tmp_path_factory.mktemp("base") / "r"
+    train(run_dir, *BASE)
+    return run_dir
+
+
 @pytest.mark.parametrize(
     "again, warned",
     [
@@ -53,10 +65,11 @@ def test_ranks_with_datasets_of_different_lengths_are_refused_in_one_line(tmp_pa
         ([], None),
     ],
 )
-def test_a_resume_that_changes_the_order_mid_epoch_says_what_it_breaks(tmp_path, again, warned):
-    base = ["--steps", "3", "--synthetic-samples", "8192", "--seed", "0", "--no-eval"]
-    train(tmp_path / "r", *base)
-    run = train(tmp_path / "r", *base, "--steps", "5", *again)
+def test_a_resume_that_changes_the_order_mid_epoch_says_what_it_breaks(
+    base_run, tmp_path, again, warned
+):
+    shutil.copytree(base_run, tmp_path / "r")  # each case resumes its own copy
+    run = train(tmp_path / "r", *BASE, "--steps", "5", *again)
     assert "resumed from" in run.out
     line = next((x for x in run.out.splitlines() if x.startswith("warning: resumed with")), None)
     if warned is None:

@@ -164,7 +164,18 @@ def test_hf_text_data_exactly_once_across_a_world_size_change(tiny, ddp_and_fsdp
     assert set(seen) <= set(range(n)) and n - len(seen) < BATCH
 
 
-def test_bad_hf_paths_exit_2_with_one_line(tiny, tmp_path):
+def test_bad_hf_paths_exit_2_with_one_line(tiny, tmp_path, monkeypatch, capfd):
+    """Each bad hf: path is exit 2, one line, no run dir. The last case (the tokenizer's, the
+    most imports) runs `python -m ddpkit.train` as a process; the others run its main() in
+    this process, as the process runs it (a process per case imports torch again; a warning
+    that a process would print counts as a second line). `ddpkit ckpt export --format hf` of
+    a missing step dir runs in this process too (its process's exit 2 and one line:
+    tests/launch/test_bad_input.py's export tests)."""
+    import warnings
+
+    from ddpkit.tools import ckpt
+    from ddpkit.train import __main__ as entry
+
     model, data, env = tiny
     (tmp_path / "empty").mkdir()
     cases = [
@@ -184,37 +195,44 @@ def test_bad_hf_paths_exit_2_with_one_line(tiny, tmp_path):
             "more than --vocab-size 10; pass --vocab-size 25 or more",
         ),
     ]
-    for args, text in cases:
-        rd = tmp_path / "r"
-        p = subprocess.run(
-            [PY, "-m", "ddpkit.train", "--run-dir", str(rd), *args],
-            cwd=ROOT,
-            env=clean_env(**env),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        lines = [x for x in p.stderr.splitlines() if x.strip()]
-        assert p.returncode == 2 and len(lines) == 1 and text in lines[0], (args, p.stderr)
+    rd = tmp_path / "r"
+    *here, (last_args, last_text) = cases
+    # the process's environment (clean_env(**env)), its directory, no signal handlers
+    for k, v in clean_env(**env).items():
+        monkeypatch.setenv(k, v)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+              "MASTER_PORT", "DDPKIT_FAULT", "TORCHELASTIC_RUN_ID"):  # fmt: skip
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(entry.startup_signals, "install", lambda: None)
+    monkeypatch.setattr(entry.teardown, "install", lambda: None)
+    for args, text in here:
+        capfd.readouterr()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")  # Python's own filters, as a process starts with
+            for hidden in (DeprecationWarning, PendingDeprecationWarning, ImportWarning,
+                           ResourceWarning):  # fmt: skip
+                warnings.simplefilter("ignore", hidden)
+            rc = entry.main(["--run-dir", str(rd), *args])
+        err = capfd.readouterr().err
+        err += "".join(f"{w.category.__name__}: {w.message}\n" for w in caught)
+        lines = [x for x in err.splitlines() if x.strip()]
+        assert rc == 2 and len(lines) == 1 and text in lines[0], (args, err)
         assert not rd.exists()
     p = subprocess.run(
-        [
-            PY,
-            "-m",
-            "ddpkit.tools.ckpt",
-            "export",
-            str(tmp_path / "nope"),
-            str(tmp_path / "o"),
-            "--format",
-            "hf",
-        ],
+        [PY, "-m", "ddpkit.train", "--run-dir", str(rd), *last_args],
         cwd=ROOT,
         env=clean_env(**env),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
     )
-    assert p.returncode == 2 and "no such directory" in p.stderr
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and last_text in lines[0], (last_args, p.stderr)
+    assert not rd.exists()
+    capfd.readouterr()
+    rc = ckpt.main(["export", str(tmp_path / "nope"), str(tmp_path / "o"), "--format", "hf"])
+    assert rc == 2 and "no such directory" in capfd.readouterr().err
 
 
 def test_the_vocabulary_comes_from_the_models_config_json(tmp_path):
