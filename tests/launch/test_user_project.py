@@ -471,9 +471,16 @@ def test_a_refused_second_submit_changes_no_record(tmp_path):
     refused before its workers start; `ddpkit status` and `cancel` still find the first,
     which then ends (saved)."""
     proj = make_project(tmp_path / "proj")
-    long_job = KIT_JOB.replace("steps = 12", "steps = 100000").replace("max_restarts = 1", "")
+    # One rank, its steps paced (0.25 s each, the rest asleep): nothing here depends on the
+    # count or the speed, and unpaced the long job kept the cores busy until its cancel.
+    long_job = (
+        KIT_JOB.replace("steps = 12", "steps = 100000")
+        .replace("max_restarts = 1", "")
+        .replace("nproc_per_node = 2", "nproc_per_node = 1")
+    )
     (proj / "kit.toml").write_text(long_job)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["DDPKIT_STEP_PACE_S"] = "0.25"
     first = subprocess.Popen(
         [str(DDPKIT), "run", "--config", "kit.toml"], cwd=proj, env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
