@@ -162,6 +162,9 @@ def _kill_node(run: Path, step: int) -> None:
         [str(DDPKIT), "chaos", "--attach", str(run), "--inject", f"kill-node@step={step}:node=0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # as from a terminal: a suite started in the background (`cmd &` in a script) ignores
+        # SIGINT, its children inherit that, and Python then raises no KeyboardInterrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     seen: list[str] = []
     try:
