@@ -178,6 +178,7 @@ def test_a_deleted_pod_is_recreated_and_the_job_resumes_to_the_same_weights(clus
     summ = summary(cluster, "gone")
     assert wait_finished(cluster, "ref") == "Succeeded"
     assert summ["param_digest"] == summary(cluster, "ref")["param_digest"]
+    assert summ["resumed_from"], pod_logs(cluster, "gone")[-8000:]  # what the pods said
     step = int(str(summ["resumed_from"]).rsplit("-", 1)[-1])
     assert 40 <= step < STEPS, summ["resumed_from"]
     # Both pods were recreated once (ExitCode: the worker's peers exit EXIT_RESTART_POD).
