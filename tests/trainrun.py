@@ -8,8 +8,10 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -138,3 +140,20 @@ def last_checkpoint(run_dir: Path) -> Path:
     steps = sorted((run_dir / "checkpoints").glob("step-*"), key=lambda p: int(p.name[5:]))
     assert steps, f"no checkpoint under {run_dir}"
     return steps[-1]
+
+
+def as_a_process(capfd: Any, call: Callable[[], int]) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `call()` run in this process as a new process would
+    show them: Python's default warning filters, and each warning on stderr as a line of its
+    own (a warning beside a one-line error is a second line). Saves a torch import per case."""
+    import warnings
+
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for hidden in (DeprecationWarning, PendingDeprecationWarning, ImportWarning,
+                       ResourceWarning):  # fmt: skip
+            warnings.simplefilter("ignore", hidden)
+        rc = call()
+    out, err = capfd.readouterr()
+    return rc, out, err + "".join(f"{w.category.__name__}: {w.message}\n" for w in caught)

@@ -15,6 +15,8 @@ import pytest
 from ddpkit.train.contract import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_REQUEUE
 from ddpkit.train.outcome import Failure, WorkerEnd, culprit, last_attempt_exits_0, outcome
 
+from tests.trainrun import as_a_process
+
 TERM, KILL, ABRT, SEGV = (-signal.SIGTERM, -signal.SIGKILL, -signal.SIGABRT, -signal.SIGSEGV)
 HERE = f"(node 0, host {socket.gethostname()})"  # where a one-node launch's ranks ran
 
@@ -136,23 +138,13 @@ def test_a_bad_number_for_a_node_flag_is_one_line_and_starts_nothing(
     """The launcher's main in this process, as `python -m ddpkit.train.node` runs it (its exit
     status is run_cli's; the two tests below run the process itself): a process per flag
     would import torch again. A warning that a process would print counts as a second line."""
-    import warnings
-
     from ddpkit.train import node
     from ddpkit.train.errors import run_cli
 
     (tmp_path / "s.py").write_text("open('started', 'w').close()\n")
     monkeypatch.chdir(tmp_path)
     argv = ["--standalone", *flags, "--", "s.py"]
-    capfd.readouterr()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("default")  # Python's own filters, as a process starts with:
-        for hidden in (DeprecationWarning, PendingDeprecationWarning, ImportWarning,
-                       ResourceWarning):  # fmt: skip
-            warnings.simplefilter("ignore", hidden)
-        rc = run_cli(lambda: node.main(argv))
-    out, err = capfd.readouterr()
-    err += "".join(f"{w.category.__name__}: {w.message}\n" for w in caught)
+    rc, out, err = as_a_process(capfd, lambda: run_cli(lambda: node.main(argv)))
     line = one_line_error(subprocess.CompletedProcess([*NODE, *argv], rc, out, err))
     assert named in line and accepted in line, line
     assert not (tmp_path / "started").exists()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.hf_fixtures import make_all, make_model_dir
-from tests.trainrun import PY, ROOT, clean_env, full_params, last_checkpoint, train
+from tests.trainrun import PY, ROOT, as_a_process, clean_env, full_params, last_checkpoint, train
 
 pytestmark = pytest.mark.slow
 
@@ -171,8 +171,6 @@ def test_bad_hf_paths_exit_2_with_one_line(tiny, tmp_path, monkeypatch, capfd):
     that a process would print counts as a second line). `ddpkit ckpt export --format hf` of
     a missing step dir runs in this process too (its process's exit 2 and one line:
     tests/launch/test_bad_input.py's export tests)."""
-    import warnings
-
     from ddpkit.tools import ckpt
     from ddpkit.train import __main__ as entry
 
@@ -207,15 +205,7 @@ def test_bad_hf_paths_exit_2_with_one_line(tiny, tmp_path, monkeypatch, capfd):
     monkeypatch.setattr(entry.startup_signals, "install", lambda: None)
     monkeypatch.setattr(entry.teardown, "install", lambda: None)
     for args, text in here:
-        capfd.readouterr()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("default")  # Python's own filters, as a process starts with
-            for hidden in (DeprecationWarning, PendingDeprecationWarning, ImportWarning,
-                           ResourceWarning):  # fmt: skip
-                warnings.simplefilter("ignore", hidden)
-            rc = entry.main(["--run-dir", str(rd), *args])
-        err = capfd.readouterr().err
-        err += "".join(f"{w.category.__name__}: {w.message}\n" for w in caught)
+        rc, _, err = as_a_process(capfd, lambda a=args: entry.main(["--run-dir", str(rd), *a]))
         lines = [x for x in err.splitlines() if x.strip()]
         assert rc == 2 and len(lines) == 1 and text in lines[0], (args, err)
         assert not rd.exists()
