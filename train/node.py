@@ -362,7 +362,12 @@ def _watch_end(
     # nothing new, and after a stop signal the store may be on its way down (torch's client
     # then printed a C++ stack trace on a clean stop's stderr).
     stopped = code == -signal.SIGTERM or (bool(_STOP_AT) and code == -signal.SIGKILL)
-    if code and not stopped and env is not None:
+    # Nor a Ctrl-C's: it reaches every rank (torchrun forwards it; a terminal signals the whole
+    # group, maybe before this launcher's handler ran), so no peer waits on this rank's report,
+    # and the store is going down: a publish then printed torch's `recvValue failed` warning
+    # after the launcher's one line (CI of 41026cf).
+    interrupted = code in (EXIT_INTERRUPTED, -signal.SIGINT)
+    if code and not stopped and not interrupted and env is not None:
         from ddpkit.train import fault
 
         threading.Thread(target=fault.publish_end, args=(env, rank, code), daemon=True).start()

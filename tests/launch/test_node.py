@@ -618,3 +618,35 @@ def test_ranks_on_other_nodes_are_placed_from_the_rendezvous_store(monkeypatch):
     assert outcome(waited, marker_fresh=False)[1].startswith(
         "ddpkit node: rank 3 (node 0, host node1) never reached the collective all_reduce()"
     )
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "published"),
+    [(1, True), (130, False), (-signal.SIGINT, False), (-signal.SIGTERM, False)],
+    ids=["failed", "ctrl-c 130", "ctrl-c signal", "sigterm"],
+)
+def test_a_workers_failure_is_published_to_its_peers_but_not_a_stops_own_end(
+    tmp_path, monkeypatch, exit_code, published
+):
+    """_watch_end on a real child: a failure goes to the attempt's store (fault.publish_end), a
+    Ctrl-C's or a stop's end does not (after one, the store may be gone, and torch's client
+    printed a warning after the launcher's one line)."""
+    from ddpkit.train import fault, goodput, node
+
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(fault, "publish_end", lambda env, rank, code: calls.append((rank, code)))
+    monkeypatch.setattr(goodput, "launcher_end", lambda *a, **k: None)
+    monkeypatch.setattr(node, "_STOP_AT", [])
+    body = (
+        f"import os, signal; os.kill(os.getpid(), {-exit_code})"
+        if exit_code < 0
+        else f"raise SystemExit({exit_code})"
+    )
+    child = subprocess.Popen([sys.executable, "-c", body])
+    try:
+        node._watch_end(child.pid, 1, 0, "", {"MASTER_ADDR": "127.0.0.1"})
+        time.sleep(0.2)  # publish_end runs on a thread of its own
+    finally:
+        child.wait(timeout=30)
+    assert node.ENDS[child.pid].code == exit_code
+    assert calls == ([(1, exit_code)] if published else [])
