@@ -202,8 +202,11 @@ def jobs(cluster, tmp_path_factory):
     assert "nvidia.com/gpu: '2'" in r.stdout  # the default render asks for GPUs
     applied = kubectl(cluster, "apply", "-f", "-", input=r.stdout)
     assert applied.returncode == 0, applied.stderr
-    elastic = ("--set", "k8s.elastic.min=1", "--set", "k8s.elastic.max=2")
-    for name, extra in (("tj", ("--set", "k8s.api=trainjob")), ("cut", ()), ("el", elastic)):
+    # cut and el are struck once step 40 is logged: at 0.1 s a step (DDPKIT_STEP_PACE_S, mostly
+    # asleep) the strike has 16 s to land; unpaced, a loaded machine's job could end first.
+    paced = ("--set", "env.DDPKIT_STEP_PACE_S=0.1")
+    elastic = ("--set", "k8s.elastic.min=1", "--set", "k8s.elastic.max=2", *paced)
+    for name, extra in (("tj", ("--set", "k8s.api=trainjob")), ("cut", paced), ("el", elastic)):
         sub = ddpkit(cluster, out[name], "submit", "k8s", *tiny(name, *extra))
         assert sub.returncode == 0 and f"/{name} in namespace" in sub.stdout, (
             sub.stdout + sub.stderr
