@@ -50,6 +50,9 @@ from pathlib import Path
 from tests import testcost
 
 ROOT = Path(__file__).resolve().parents[1]
+LANES_ENV = (
+    "DDPKIT_TEST_LANES"  # another lane count, to measure one (`DDPKIT_TEST_LANES=3 make test`)
+)
 LANES = 2  # the machines' cores
 CPU_TOP = 30  # the heaviest tests by CPU, listed at the end (tests/testcost.py)
 # Engine markers, by chunk: a test carrying several belongs to the first chunk naming one.
@@ -249,16 +252,30 @@ def check(extra: list[str]) -> int:
     return 0
 
 
+def lane_count(raw: str) -> int:
+    """LANES, or DDPKIT_TEST_LANES when it names a whole number from 1 to 8."""
+    if not raw.strip():
+        return LANES
+    if not raw.strip().isdigit() or not 1 <= int(raw) <= 8:
+        raise ValueError(f"{LANES_ENV}={raw!r} is not a lane count: give 1 to 8, or unset it")
+    return int(raw)
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--check"]:
         return check(argv[1:])
+    try:
+        lanes = lane_count(os.environ.get(LANES_ENV, ""))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     runner = Runner(argv)
     every = chunks()
     cpu_dir = tempfile.TemporaryDirectory(prefix="ddpkit-testcpu-")
     os.environ[testcost.CPU_DIR_ENV] = cpu_dir.name  # each pytest run records its tests' CPU
     todo = list(every)
     start = time.monotonic()
-    threads = [threading.Thread(target=runner.lane, args=(todo,)) for _ in range(LANES)]
+    threads = [threading.Thread(target=runner.lane, args=(todo,)) for _ in range(lanes)]
     for t in threads:
         t.start()
     for t in threads:
@@ -282,7 +299,7 @@ def main(argv: list[str]) -> int:
     for line in testcost.cost_table(testcost.read_costs(Path(cpu_dir.name)), CPU_TOP):
         print(f"lanes: {line}")
     cpu_dir.cleanup()
-    print(f"lanes: {time.monotonic() - start:.0f} s in all (wall), {LANES} lanes")
+    print(f"lanes: {time.monotonic() - start:.0f} s in all (wall), {lanes} lanes")
     failed = total.get("failed", 0) + total.get("errors", 0)
     if failures and not failed:
         failed = len(failures)  # a run that died without a summary still fails the total

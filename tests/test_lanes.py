@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from _pytest.mark.expression import Expression
 
 from tests import lanes
@@ -95,3 +96,19 @@ def test_a_failing_test_is_named_again_in_the_closing_lines(tmp_path, capsys):
     assert chunk.counts == {"failed": 1, "passed": 1} and chunk.failure == "exited 1"
     assert [ln.split(" - ")[0].split("::")[-1] for ln in chunk.failed_tests] == ["test_broken"]
     assert all(ln.startswith("FAILED ") for ln in chunk.failed_tests)
+
+
+def test_the_lane_count_is_two_unless_a_whole_number_is_given():
+    assert lanes.lane_count("") == lanes.LANES == 2
+    assert lanes.lane_count("3") == 3
+    for bad in ("0", "three", "-1", "9", "2.5"):
+        with pytest.raises(ValueError, match="DDPKIT_TEST_LANES=.* is not a lane count: give 1"):
+            lanes.lane_count(bad)
+
+
+def test_a_bad_lane_count_is_one_line_and_exit_2(monkeypatch, capsys):
+    monkeypatch.setenv(lanes.LANES_ENV, "many")
+    assert lanes.main([]) == 2
+    assert capsys.readouterr().err == (
+        "error: DDPKIT_TEST_LANES='many' is not a lane count: give 1 to 8, or unset it\n"
+    )
