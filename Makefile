@@ -47,7 +47,7 @@ $(STAMP): $(KIT)/pyproject.toml
 
 setup: $(STAMP) ## Create .venv with every dependency (idempotent)
 
-test: $(STAMP) ## Run the whole test suite in two lanes side by side (tests/lanes.py; GPU tests skip without CUDA)
+test: $(STAMP) ## Run the whole test suite in three lanes side by side (tests/lanes.py; GPU tests skip without CUDA)
 	cd $(KIT) && $(PY) -m tests.lanes
 
 test-fast: $(STAMP) ## Unit tests only (no multi-process, SLURM or container tests)

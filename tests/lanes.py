@@ -1,10 +1,11 @@
-"""`make test`: the whole suite as a queue of pytest runs (chunks) that two lanes work through
+"""`make test`: the whole suite as a queue of pytest runs (chunks) that three lanes work through
 side by side, every test in exactly one chunk.
 
 Why: the end-to-end tiers (a real SLURM cluster, podman, a real Kubernetes control plane) spend
 much of their time waiting on daemons, queues and pods, and even the multi-process tests leave
 a core idle while processes start, rendezvous and wait on each other (one pytest run kept the
-2 cores 50-60% busy). Two runs at once fill that idle time. A new machine builds the Go
+2 cores 50-60% busy). Runs side by side fill that idle time: two lanes kept the cores 73% busy
+once the drills paced their steps asleep, three 97% (LANES). A new machine builds the Go
 binaries (k8s/local/build.sh, tools/s3local/build.sh, started by .ci/run beside `make setup`):
 while a build runs, its chunk waits behind every other, so the build overlaps them instead of
 coming before them all (`take`).
@@ -50,10 +51,11 @@ from pathlib import Path
 from tests import testcost
 
 ROOT = Path(__file__).resolve().parents[1]
-LANES_ENV = (
-    "DDPKIT_TEST_LANES"  # another lane count, to measure one (`DDPKIT_TEST_LANES=3 make test`)
-)
-LANES = 2  # the machines' cores
+LANES_ENV = "DDPKIT_TEST_LANES"  # another lane count, to measure one: DDPKIT_TEST_LANES=2 make test
+# Three on the 2 cores: the same fresh-clone CI run on the same warm machine took 2,025 and 2,071 s
+# with two lanes (the cores 73% busy) and 1,818 s with three (97% busy), every test passing
+# (2026-12-05, docs/development.md). More would only add contention: the cores are full.
+LANES = 3
 CPU_TOP = 30  # the heaviest tests by CPU, listed at the end (tests/testcost.py)
 # Engine markers, by chunk: a test carrying several belongs to the first chunk naming one.
 ENGINE_STEPS: list[tuple[str, ...]] = [("container", "slurm"), ("s3",), ("k8s",)]

@@ -98,9 +98,9 @@ def test_a_failing_test_is_named_again_in_the_closing_lines(tmp_path, capsys):
     assert all(ln.startswith("FAILED ") for ln in chunk.failed_tests)
 
 
-def test_the_lane_count_is_two_unless_a_whole_number_is_given():
-    assert lanes.lane_count("") == lanes.LANES == 2
-    assert lanes.lane_count("3") == 3
+def test_the_lane_count_is_lanes_unless_a_whole_number_is_given():
+    assert lanes.lane_count("") == lanes.LANES == 3
+    assert lanes.lane_count(" 2 ") == 2
     for bad in ("0", "three", "-1", "9", "2.5"):
         with pytest.raises(ValueError, match="DDPKIT_TEST_LANES=.* is not a lane count: give 1"):
             lanes.lane_count(bad)
