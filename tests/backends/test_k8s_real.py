@@ -141,6 +141,10 @@ def test_the_webhook_refuses_what_render_refuses_first(cluster, tmp_path):
 # 2 nodes x 2 processes, short enough for 2 busy cores; the rendered PVC is mounted at the run
 # dir (subPath runs/<name>), so summary.json and the checkpoints below it land on the volume.
 STEPS = 200
+# A job struck from outside once step 40 is logged steps at 0.1 s (DDPKIT_STEP_PACE_S, mostly
+# asleep), so the strike has 16 s to land: unpaced, the 200 steps took 3-10 s, and under load the
+# job could end before the strike (it then ran through with no restart).
+PACED = ("--set", "env.DDPKIT_STEP_PACE_S=0.1")
 
 
 def tiny(name: str, *extra: str) -> list[str]:
@@ -202,11 +206,8 @@ def jobs(cluster, tmp_path_factory):
     assert "nvidia.com/gpu: '2'" in r.stdout  # the default render asks for GPUs
     applied = kubectl(cluster, "apply", "-f", "-", input=r.stdout)
     assert applied.returncode == 0, applied.stderr
-    # cut and el are struck once step 40 is logged: at 0.1 s a step (DDPKIT_STEP_PACE_S, mostly
-    # asleep) the strike has 16 s to land; unpaced, a loaded machine's job could end first.
-    paced = ("--set", "env.DDPKIT_STEP_PACE_S=0.1")
-    elastic = ("--set", "k8s.elastic.min=1", "--set", "k8s.elastic.max=2", *paced)
-    for name, extra in (("tj", ("--set", "k8s.api=trainjob")), ("cut", paced), ("el", elastic)):
+    elastic = ("--set", "k8s.elastic.min=1", "--set", "k8s.elastic.max=2", *PACED)  # struck
+    for name, extra in (("tj", ("--set", "k8s.api=trainjob")), ("cut", PACED), ("el", elastic)):
         sub = ddpkit(cluster, out[name], "submit", "k8s", *tiny(name, *extra))
         assert sub.returncode == 0 and f"/{name} in namespace" in sub.stdout, (
             sub.stdout + sub.stderr

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.backends.test_k8s_real import (  # noqa: F401  (cluster: the module's control plane)
+    PACED,
     cluster,
     ddpkit,
     finished,
@@ -75,15 +76,10 @@ def jobs(cluster, tmp_path_factory):  # noqa: F811
     backoffLimit 1). Name -> its workspace; "deleted_at": when the pod was deleted; "lost":
     what the drill did."""
     out: dict = {n: tmp_path_factory.mktemp(n) for n in ("ref", "kill", "gone", "lost", "loop")}
-    # gone and lost are struck from outside once step 40 is logged. Unpaced, the 200 steps took
-    # 3-10 s, and under load the job could end before the strike: it then ran through with no
-    # restart (pod logs: each pod started once, step-200 saved). At 0.1 s a step
-    # (DDPKIT_STEP_PACE_S, train/fault.py; mostly asleep) the strike has 16 s after step 40.
-    paced = ("--set", "env.DDPKIT_STEP_PACE_S=0.1")
     extra = {
         "kill": ("--set", "env.DDPKIT_FAULT=kill@60:3"),
-        "gone": paced,
-        "lost": paced,
+        "gone": PACED,  # struck from outside once step 40 is logged
+        "lost": PACED,
         # train.timeout_s: once in CI the job took 597 s of wait_finished's 600, as if the
         # master pod's ranks saw the killed peer only at the collective timeout (600 s by
         # default; likely no FIN reached them, the pod's network torn down with it)

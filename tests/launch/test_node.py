@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 from ddpkit.train.contract import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_REQUEUE
@@ -626,7 +627,7 @@ def test_ranks_on_other_nodes_are_placed_from_the_rendezvous_store(monkeypatch):
     ids=["failed", "ctrl-c 130", "ctrl-c signal", "sigterm"],
 )
 def test_a_workers_failure_is_published_to_its_peers_but_not_a_stops_own_end(
-    tmp_path, monkeypatch, exit_code, published
+    monkeypatch, exit_code, published
 ):
     """_watch_end on a real child: a failure goes to the attempt's store (fault.publish_end), a
     Ctrl-C's or a stop's end does not (after one, the store may be gone, and torch's client
@@ -637,6 +638,15 @@ def test_a_workers_failure_is_published_to_its_peers_but_not_a_stops_own_end(
     monkeypatch.setattr(fault, "publish_end", lambda env, rank, code: calls.append((rank, code)))
     monkeypatch.setattr(goodput, "launcher_end", lambda *a, **k: None)
     monkeypatch.setattr(node, "_STOP_AT", [])
+
+    class Inline:  # the publishing thread, run at start(): no wait for it, however loaded
+        def __init__(self, target, args, daemon):
+            self.run = lambda: target(*args)
+
+        def start(self):
+            self.run()
+
+    monkeypatch.setattr(node, "threading", SimpleNamespace(Thread=Inline))
     body = (
         f"import os, signal; os.kill(os.getpid(), {-exit_code})"
         if exit_code < 0
@@ -645,7 +655,6 @@ def test_a_workers_failure_is_published_to_its_peers_but_not_a_stops_own_end(
     child = subprocess.Popen([sys.executable, "-c", body])
     try:
         node._watch_end(child.pid, 1, 0, "", {"MASTER_ADDR": "127.0.0.1"})
-        time.sleep(0.2)  # publish_end runs on a thread of its own
     finally:
         child.wait(timeout=30)
     assert node.ENDS[child.pid].code == exit_code
