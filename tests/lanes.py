@@ -206,9 +206,13 @@ class Runner:
         start = time.monotonic()
         cmd = [sys.executable, "-m", "pytest", "-q", *chunk.args, *self.extra]
         self.say(chunk.name, "$ pytest -q " + " ".join(chunk.args + self.extra))
+        # pytest cuts a `FAILED id - why` line at the terminal's width, and a test id alone fills
+        # 80 columns, unless it runs on CI (the CI variable): then the reason stays.
+        env = {**os.environ, "CI": os.environ.get("CI") or "true"}
         proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
-        )
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            bufsize=1,
+        )  # fmt: skip
         last_summary = ""
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -282,33 +286,39 @@ def main(argv: list[str]) -> int:
         t.start()
     for t in threads:
         t.join()
-    total: dict[str, int] = {}
+    costs = testcost.cost_table(testcost.read_costs(Path(cpu_dir.name)), CPU_TOP)
+    cpu_dir.cleanup()
+    lines, rc = closing_lines(every, costs, time.monotonic() - start, lanes)
+    print("\n".join(lines))
+    return rc
+
+
+def closing_lines(
+    every: list[Chunk], costs: list[str], seconds: float, lanes: int
+) -> tuple[list[str], int]:
+    """The run's closing lines and exit status. A CI log is read from its tail, so the failing
+    tests come last, just above `total:` (their tracebacks are far above, under the chunk's
+    name), after the chunk times and the CPU table."""
+    lines, total = [], {}
     for chunk in every:
         for key, n in chunk.counts.items():
             total[key] = total.get(key, 0) + n
         counts = ", ".join(f"{n} {k}" for k, n in sorted(chunk.counts.items())) or "no summary"
-        print(f"lanes: {chunk.name} {chunk.seconds:.0f} s: {counts}")
-    failures = [f"{c.name} {c.failure}" for c in every if c.failure]
-    for f in failures:
-        print(f"lanes: FAILED {f}")
-    # The failing tests again, at the end where a CI log's tail shows them (their tracebacks are
-    # above, under the chunk's name).
-    for chunk in every:
-        for line in chunk.failed_tests:
-            print(f"lanes: [{chunk.name}] {line[:400]}")
+        lines.append(f"lanes: {chunk.name} {chunk.seconds:.0f} s: {counts}")
     # Where the CPU goes: the suite is CPU-bound, so this, not wall time, is what a lane takes
     # from the other (docs/development.md).
-    for line in testcost.cost_table(testcost.read_costs(Path(cpu_dir.name)), CPU_TOP):
-        print(f"lanes: {line}")
-    cpu_dir.cleanup()
-    print(f"lanes: {time.monotonic() - start:.0f} s in all (wall), {lanes} lanes")
+    lines += [f"lanes: {line}" for line in costs]
+    lines.append(f"lanes: {seconds:.0f} s in all (wall), {lanes} lanes")
+    failures = [f"{c.name} {c.failure}" for c in every if c.failure]
+    lines += [f"lanes: FAILED {f}" for f in failures]
+    lines += [f"lanes: [{c.name}] {line[:400]}" for c in every for line in c.failed_tests]
     failed = total.get("failed", 0) + total.get("errors", 0)
     if failures and not failed:
         failed = len(failures)  # a run that died without a summary still fails the total
-    print(
+    lines.append(
         f"total: {total.get('passed', 0)} passed, {failed} failed, {total.get('skipped', 0)} skipped"
     )
-    return 1 if failures else 0
+    return lines, 1 if failures else 0
 
 
 if __name__ == "__main__":
