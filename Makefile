@@ -50,7 +50,8 @@ setup: $(STAMP) ## Create .venv with every dependency (idempotent)
 # The checkout's modules byte-compiled once, as pip compiles an installed package's. Where
 # PYTHONDONTWRITEBYTECODE is set (this machine's environment sets it) no process writes a
 # .pyc, so each Python process the suite or a benchmark starts compiled the kit's modules it
-# imports again: about 0.1 CPU-s a launch (bench/README.md). Up to date, this takes 0.04 s.
+# imports again: 0.01-0.07 CPU-s a process, 0.05-0.1 a launch (bench/README.md; the suite's
+# total CPU did not measurably change, docs/development.md). Up to date, this takes 0.04 s.
 PYC = $(PY) -m compileall -q $(addprefix $(KIT)/,bench ddpkit docker examples k8s slurm tests tools train)
 
 test: $(STAMP) ## Run the whole test suite in three lanes side by side (tests/lanes.py; GPU tests skip without CUDA)

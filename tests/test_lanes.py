@@ -84,7 +84,7 @@ def test_pytests_closing_line_is_read_as_counts():
     assert lanes.summary_counts("5 passed in 0.10s") == {"passed": 5}
 
 
-def test_a_failing_test_is_named_again_in_the_closing_lines(tmp_path, capsys):
+def test_a_failing_test_is_named_again_in_the_closing_lines(tmp_path):
     """A CI log is read from its tail: the failing test's id and reason come last, after the
     chunk times and the CPU table, just above `total:`, not only thousands of lines up in the
     chunk's own output."""
