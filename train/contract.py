@@ -101,6 +101,11 @@ CKPT_DIR_ENV = "DDPKIT_CKPT_DIR"
 # Whole seconds a worker has after a stop signal before torchrun kills it (the node
 # launcher's --shutdown-timeout); ddpkit.train.preempt.seconds_left() counts down from it.
 SHUTDOWN_ENV = "DDPKIT_SHUTDOWN_TIMEOUT_S"
+# What Intel lists for MKL results that repeat bit for bit from run to run (oneMKL developer
+# guide, "Reproducibility Conditions"): a fixed thread count that is not adjusted at run time.
+# MKL_DYNAMIC is on by default, and the kit's exact resume and its tests compare bits, so the
+# node launcher gives the workers both switches off unless the job sets its own.
+REPRODUCIBLE_MATH_ENV = {"MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE"}
 
 
 def default_run_dir(name: str) -> str:

@@ -15,6 +15,8 @@ ddpkit.train.contract, so no backend retypes it:
   - DDPKIT_LAUNCH_ID (one id per launch, the same on every node of it), DDPKIT_RUN_DIR and
     DDPKIT_SHUTDOWN_TIMEOUT_S for the workers (train/preempt.py reads them); a requeue
     marker only counts when it carries this launch's id;
+  - MKL_DYNAMIC=FALSE and OMP_DYNAMIC=FALSE unless the job sets them (REPRODUCIBLE_MATH_ENV):
+    Intel's conditions for MKL results that repeat from run to run (exact resume compares bits);
   - for the default entry point, the training flags are checked BEFORE torchrun starts, with
     the world size this launch will have: a bad flag is one line + exit 2, no process group;
     so is a checkpoint or run dir that a live job on this host holds (train/loop/runlock.py).
@@ -60,6 +62,7 @@ from ddpkit.train.contract import (
     LAUNCH_ID_ENV,
     PREEMPT_SIGNALS,
     RDZV_ROUND_ENV,
+    REPRODUCIBLE_MATH_ENV,
     RUN_DIR_ENV,
     SHUTDOWN_ENV,
     STOP_SIGNALS,
@@ -465,6 +468,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[RUN_DIR_ENV] = str(Path(run_dir))
     os.environ.setdefault(CKPT_DIR_ENV, default_ckpt_dir(run_dir))  # the job's, when it set one
     os.environ[SHUTDOWN_ENV] = str(args.shutdown_timeout)
+    for name, value in REPRODUCIBLE_MATH_ENV.items():  # the job's own value wins
+        os.environ.setdefault(name, value)
     # A script's own directory comes first on its sys.path, not the submit directory: put the
     # submit directory (the repository root) next, so `from train import preempt` resolves.
     paths = [os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]

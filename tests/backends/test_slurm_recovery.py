@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from ddpkit.train import goodput
 
-from tests.backends.test_slurm_e2e import job_file, reference, submit  # noqa: F401  (reference: fixture)
+from tests.backends.test_slurm_e2e import diverged, job_file, reference, submit  # noqa: F401  (reference: fixture)
 from tests.slurm_fixtures import (  # noqa: F401  (slurm_cluster: fixture)
     REQUEUE_SETTLE_S,
     scontrol,
@@ -54,7 +54,7 @@ def test_a_lost_node_requeues_the_job_which_resumes_and_matches(
     assert "(a lost node, or workers past the in-place restart budget); requeue 1 of 3" in logs
     summary = json.loads((run / "summary.json").read_text())
     assert summary["resumed_from"].endswith("step-100"), summary["resumed_from"]
-    assert summary["param_digest"] == reference["param_digest"]
+    assert summary["param_digest"] == reference["param_digest"], diverged(run)
     lost = [f for f in summary["goodput"]["failures"] if f["kind"] == "node lost"]
     assert lost and lost[0]["node"] and lost[0]["recovered"], summary["goodput"]
     assert lost[0]["restart_s"] < 90, lost[0]  # SLURM's own hold alone is about 120 s

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.test_slurm_e2e import REPO, job_file, reference  # noqa: F401  (reference: fixture)
+from tests.backends.test_slurm_e2e import REPO, diverged, job_file, reference  # noqa: F401  (reference: fixture)
 from tests.s3_fixtures import S3Server, s3_server  # noqa: F401  (fixture)
 from tests.slurm_fixtures import scontrol, slurm_cluster, until_done  # noqa: F401  (fixture)
 
@@ -71,7 +71,7 @@ def test_a_preempted_job_resumes_from_the_store_with_the_same_digest(
     assert resumed and f"resumed from {url}/step-" in resumed[0], logs[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["resumed_from"].startswith(f"{url}/step-")
-    assert summary["param_digest"] == reference["param_digest"]
+    assert summary["param_digest"] == reference["param_digest"], diverged(run)
     fs = s3_server.fs()
     assert fs.exists(f"slurm/e2e/step-{summary['steps']}/.complete")
     assert not (run / "checkpoints").exists()  # nothing of the store's on the shared disk

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -202,9 +203,11 @@ def test_the_workers_of_a_user_script_die_with_a_sigkilled_launcher(tmp_path):
     signal the launcher sets, a user script (which knows nothing of ddpkit) trains on after
     the launcher is SIGKILLed, holding its port and GPU."""
     (tmp_path / "sleeper.py").write_text(SLEEPER)
+    env = {**os.environ, "MKL_DYNAMIC": "TRUE"}  # the job's own value, kept (read below)
+    env.pop("OMP_DYNAMIC", None)
     proc = subprocess.Popen(
         [*NODE, "--standalone", "--nproc-per-node", "2", "--", "sleeper.py"],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
     )  # fmt: skip
     pids: list[int] = []
@@ -213,6 +216,11 @@ def test_the_workers_of_a_user_script_die_with_a_sigkilled_launcher(tmp_path):
         assert _wait_for(lambda: all(f.exists() for f in files), 120), "workers never started"
         pids = [int(f.read_text()) for f in files]
         assert all(_alive(p) for p in pids)
+        # While they run: the launcher's REPRODUCIBLE_MATH_ENV reached both workers, under
+        # the job's own MKL_DYNAMIC.
+        for pid in pids:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            assert b"OMP_DYNAMIC=FALSE" in environ and b"MKL_DYNAMIC=TRUE" in environ, pid
         proc.kill()
         proc.wait(timeout=10)
         assert _wait_for(lambda: not any(_alive(p) for p in pids), 5), (
