@@ -91,9 +91,10 @@ def diverged(run: Path) -> str:
     """Why a run's digest differs from the reference's, for the assertion's message: the
     first logged step whose loss or grad norm differs (attempts in order), and the steps it
     resumed at. A difference before the resume means two runs of one job computed
-    differently (stop 49's CI, 1 of 11 loaded runs here), after it the resume did."""
+    differently (test_slurm_s3 in d67e86c's CI, and 1 of 14 loaded runs of it here), after it
+    the resume did."""
 
-    def logged(path: Path) -> list[tuple[int, float, float]]:
+    def logged(path: Path) -> list[tuple[int, float, float | None]]:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         return [(r["step"], r["loss"], r.get("grad_norm")) for r in rows if "lr" in r]
 
