@@ -122,3 +122,31 @@ def test_less_than_one_global_batch_left_moves_to_the_next_epoch():
     s.load_state_dict({"epoch": 3, "consumed": 1024 - 128})
     assert s.state_dict() == {"epoch": 4, "consumed": 0}
     assert len(list(s.epoch_indices())) == 4
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 20000),
+    batch=st.integers(1, 5000),
+    world=st.integers(1, 4),
+    seed=SEEDS,
+    shuffle=st.booleans(),
+    at=st.floats(0, 1),
+)
+def test_an_epoch_walked_a_chunk_at_a_time_is_the_batch_by_batch_order(
+    n, batch, world, seed, shuffle, at
+):
+    """The sampler permutes several batches' positions per call (PERMUTE_CHUNK); each
+    batch must be exactly `indices()` of its own positions, from any resume point."""
+    gb = batch * world
+    for rank in range(world):
+        s = GlobalBatchSampler(n, batch, world, rank, seed, shuffle=shuffle)
+        s.consumed = int(at * (n // gb)) * gb if n >= gb else 0
+        want = []
+        start = s.consumed
+        while start + gb <= n:
+            want.append(s.indices(0, start + rank * batch, batch))
+            start += gb
+        got = [a.tolist() for a in s.epoch_index_arrays()]
+        assert got == want
+        assert list(s.epoch_indices()) == want

@@ -4,7 +4,7 @@ from a non-finite state). Each writes its last words and returns the process's e
 
 `RunEnd` is the trainer's base: the loop (trainer.py) decides when; this module decides
 what is written and which code the process returns. It reads the trainer's state, declared
-below, and calls three of its methods: `save`, `evaluate` and `log_eval`.
+below, and calls four of its methods: `save`, `evaluate`, `log_eval` and `end_log`.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ class RunEnd:
     def preempted(self, signum: int) -> int:
         import signal as _signal
 
+        self.end_log()  # the last logging step's line before this one
         self.stop.drain()
         self.profiler.close()
         name = _signal.Signals(signum).name
