@@ -16,9 +16,10 @@
                                      # not part of "all": = python -m bench.steptime_accuracy)
     python -m bench --quick          # tiny sizes, one repetition: checks the scripts run
 
-Speed is reported, never asserted: the targets (kit step time within 3% of the plain loop;
-a loop blocked by an async save for at most 5% of the sync save time) are printed as
-met / not met with the numbers behind them. See bench/README.md for how to read them.
+Speed is reported, never asserted: the targets (issue 34: kit step time within 1% of the
+like-for-like plain loop; a loop blocked by an async save for at most 5% of the sync save
+time) are printed as met / not met with the numbers behind them. See bench/README.md for how
+to read them.
 """
 
 from __future__ import annotations
@@ -35,28 +36,33 @@ from typing import Any
 from bench import checkpoint_io, loop_overhead
 from bench.common import ROOT, BenchError, fmt_spread, table, write_json
 
-STEP_TARGET = 1.03  # kit step time / plain step time
+STEP_TARGET = 1.01  # kit step time / like-for-like plain step time (issue 34)
 BLOCKED_TARGET = 0.05  # async blocked time (save() + wait_staging()) / sync save time
 
 
-ALL = ("plain", "plain-gather", "kit", "kit-nolog", "kit-nostop")
+ALL = ("plain", "plain-gather", "plain-log", "kit", "kit-nolog", "kit-nostop")
 
 
 def plan(quick: bool) -> dict[str, Any]:
     if quick:
         return {
-            "interleaved": [loop_overhead.Interleaved("mlp", ALL, 3, warmup_cycles=1)],
+            "interleaved": [loop_overhead.Interleaved("mlp", ALL, 3, warmup_cycles=1, block=20)],
             "launch_cases": [loop_overhead.Case("mlp", 14, 2, ("plain", "kit"))],
             "ckpt_model": "mlp",
             "ckpt_reps": 1,
             "resume_model": "mlp",
             "resume_pairs": 1,
         }
+    lean = ("plain-gather", "plain-log", "kit", "kit-nolog")
     return {
         "interleaved": [
-            loop_overhead.Interleaved("mlp", ALL, 120),
-            # ~0.5 s steps: the overheads are below the noise here, so only plain vs kit
-            loop_overhead.Interleaved("mlp-deep", ("plain", "kit"), 10, warmup_cycles=1),
+            # blocks of 40 steps, the kit logging every 10: a 4 ms step on 2 ranks varies
+            # by 2x from step to step here, and longer blocks average that out
+            loop_overhead.Interleaved("mlp", ALL, 60, block=40),
+            # one rank: the loop's own cost per step, without a peer's jitter (~1.5 ms steps)
+            loop_overhead.Interleaved("mlp", lean, 150, block=40, nproc=1, label="mlp-1rank"),
+            # ~0.35 s steps: the overheads are below the noise here, so only these two
+            loop_overhead.Interleaved("mlp-deep", ("plain-gather", "kit"), 12, warmup_cycles=1),
         ],
         "launch_cases": [loop_overhead.Case("mlp", 60, 10, ("plain", "kit"))],
         "ckpt_model": "mlp-deep",
@@ -245,17 +251,31 @@ def run_steps(cfg: dict[str, Any], reps: int, work: Path, out: Path, env: dict) 
     for r in inter:
         rows += loop_overhead.interleaved_rows(r)
     lines = [
-        "== step time: blocks of 10 steps alternating in one launch; ratios paired per cycle ==",
+        "== step time: blocks of steps alternating in one launch, the kit logging every 10 "
+        "steps; ratios paired per cycle ==",
         table(rows),
     ]
     for r in inter:
-        s, model = r["summary"], r["case"]["model"]
-        ratio = s["kit"]["ratio_vs_plain"]
+        s, model = r["summary"], r["case"].get("label") or r["case"]["model"]
+        # like for like: the plain loop with the kit's data path, where it ran
+        base = "plain-gather" if "plain-gather" in r["case"]["variants"] else "plain"
+        ratio = s["kit"][f"ratio_vs_{base}"]
         verdict = "met" if ratio["median"] <= STEP_TARGET else "NOT met"
         lines.append(
-            f"{model}: kit/plain {fmt_spread(ratio)} over {ratio['n']} cycles; target <= "
-            f"{STEP_TARGET}: {verdict}"
+            f"{model}: kit/{base} {fmt_spread(ratio)} over {ratio['n']} cycles of "
+            f"{r['case']['block']}-step blocks on {r['case'].get('nproc', 2)} rank(s); target "
+            f"<= {STEP_TARGET}: {verdict}"
         )
+        if "kit-nolog" in s:
+            lines.append(
+                f"{model}: without its logging steps, kit-nolog/{base} "
+                f"{fmt_spread(s['kit-nolog'][f'ratio_vs_{base}'])}"
+            )
+        if "plain-log" in s:
+            lines.append(
+                f"{model}: against a plain loop that logs as often (an all-reduced loss, one "
+                f"line; bench/README.md), kit/plain-log {fmt_spread(s['kit']['ratio_vs_plain-log'])}"
+            )
         costs = s.get("costs_per_step", {})
         for key, label in (
             ("stop_allreduce_s", "stop-signal all_reduce"),

@@ -1,7 +1,7 @@
 """The kit's loop and the plain loop in the same two processes, in alternating blocks.
 
-    torchrun --nproc-per-node 2 -m bench.interleaved --out FILE --block 10 --cycles 60 \\
-        --variants plain,plain-gather,kit,kit-nolog,kit-nostop -- <python -m ddpkit.train flags>
+    torchrun --nproc-per-node 2 -m bench.interleaved --out FILE --block 40 --log-every 10 \\
+        --cycles 60 --variants plain,plain-gather,kit,kit-nolog,kit-nostop -- <train flags>
 
 On a shared machine, separate launches of each loop see different background load; here
 every cycle runs one block of `--block` steps of each variant back to back (order rotated
@@ -12,10 +12,17 @@ each step's logging, checkpoint poll and stop-signal check, since it runs from o
 start to the next), runs the plain blocks due next (bench.plain_ddp.PlainLoop: its own
 model, DDP, sampler and AdamW on the kit's data tensors; plain-fsdp: bench.plain_fsdp, an
 hf: model under FSDP2 by hand), and switches the kit variant:
-  kit         as users run it, logging every `--block` steps (pass --log-interval = --block)
+  kit         as users run it, logging every `--log-every` steps (a divisor of --block)
   kit-nolog   --log-interval set above the run length for this block (no logging step)
   kit-nostop  StopRequest.agreed patched to "no signal" (no per-step all_reduce)
-Both ranks follow the same schedule, so their collectives stay matched.
+and the plain loop (bench.plain_ddp.PlainLoop):
+  plain         DataLoader, per-sample collate
+  plain-gather  one gather per batch (the kit's data path for in-memory tensors)
+  plain-log     plain-gather that also logs every `--log-every` steps as a plain script
+                does: the loss all-reduced, read, and printed by rank 0
+Both ranks follow the same schedule, so their collectives stay matched. Blocks start half a
+logging interval off the logging steps: a logging step's all-reduce, which the kit finishes
+in the next step, falls inside the block that started it, not across a plain block.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import time
 from pathlib import Path
 
 KIT = ("kit", "kit-nolog", "kit-nostop")
-PLAIN = ("plain", "plain-gather", "plain-fsdp")
+PLAIN = ("plain", "plain-gather", "plain-log", "plain-fsdp")
 
 
 def schedule(variants: list[str], cycles: int) -> list[tuple[int, str]]:
@@ -54,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.interleaved")
     p.add_argument("--out", required=True)
     p.add_argument("--block", type=int, default=10)
+    p.add_argument("--log-every", type=int, default=0, help="the kit's logging interval (--block)")
     p.add_argument("--cycles", type=int, default=40)
     p.add_argument("--variants", default="plain,kit")
     p.add_argument("train_args", nargs=argparse.REMAINDER)
@@ -72,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     from bench.plain_ddp import PlainLoop
 
     block = args.block
+    log_every = args.log_every or block
+    if block % log_every:
+        p.error(f"--log-every {log_every} must divide --block {block}")
     plan = schedule(variants, args.cycles)
     blocks: list[dict] = []
     loops: dict[str, PlainLoop] = {}
@@ -86,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         if v not in loops:  # built lazily: DDP's constructor broadcasts, on both ranks alike
             c = tr.cfg
             mode = "loader" if v == "plain" else "gather"
-            loops[v] = PlainLoop(c, tr.data, c.batch_size, c.lr, c.weight_decay, mode)
+            every = log_every if v == "plain-log" else 0
+            loops[v] = PlainLoop(c, tr.data, c.batch_size, c.lr, c.weight_decay, mode, every)
         return loops[v]
 
     def advance(tr) -> None:
@@ -103,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 continue
             fault.StopRequest.agreed = (lambda s, d: 0) if v == "kit-nostop" else orig_agreed
-            tr.cfg.log_interval = 10**9 if v == "kit-nolog" else block
+            tr.cfg.log_interval = 10**9 if v == "kit-nolog" else log_every
             st["current"] = (c, v)
             return
         st["current"] = None
@@ -115,8 +127,11 @@ def main(argv: list[str] | None = None) -> int:
                 c, v = st["current"]
                 steps = _diffs([*st["stamps"], now])
                 blocks.append({"variant": v, "cycle": c, "s": now - st["start"], "steps": steps})
+            first = st["current"] is None
             advance(tr)
-            st["count"], st["start"], st["stamps"] = 0, time.perf_counter(), []
+            # the first block (warmup) is shorter: the others start half an interval off
+            st["count"] = log_every // 2 if first else 0
+            st["start"], st["stamps"] = time.perf_counter(), []
         st["stamps"].append(time.perf_counter())  # each kit step: entry to next entry
         st["count"] += 1
         return orig_step(tr, batches)

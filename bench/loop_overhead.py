@@ -205,13 +205,15 @@ class Interleaved:
     model: str
     variants: tuple[str, ...]
     cycles: int
-    block: int = 10  # steps per block = the kit's --log-interval inside the run
+    block: int = 10  # steps per block
+    log_every: int = 10  # the kit's --log-interval inside the run (divides block)
     warmup_cycles: int = 2
     batch_size: int = 64
     synthetic_samples: int = 8192
     timeout_s: float = 420.0
     kit_args: tuple[str, ...] = ()  # more `python -m ddpkit.train` flags (hf: dataset, FSDP, ...)
     label: str = ""  # the name in tables and file names (default: the model)
+    nproc: int = 2  # ranks (1: the loop's own cost, without a peer's jitter)
 
     @property
     def name(self) -> str:
@@ -221,12 +223,14 @@ class Interleaved:
 def interleaved_command(case: Interleaved, out: Path, run_dir: Path) -> list[str]:
     steps = interleaved.kit_steps(list(case.variants), case.cycles, case.block)
     return torchrun_cmd(
-        2,
+        case.nproc,
         "bench.interleaved",
         "--out",
         str(out),
         "--block",
         str(case.block),
+        "--log-every",
+        str(case.log_every),
         "--cycles",
         str(case.cycles),
         "--variants",
@@ -245,7 +249,7 @@ def interleaved_command(case: Interleaved, out: Path, run_dir: Path) -> list[str
         "--synthetic-samples",
         str(case.synthetic_samples),
         "--log-interval",
-        str(case.block),
+        str(case.log_every),
         *case.kit_args,
         *kit_run_flags(run_dir),
     )
@@ -281,7 +285,7 @@ def summarize_blocks(case: Interleaved, runs: list[dict[str, Any]]) -> dict[str,
     out: dict[str, Any] = {}
     for v in case.variants:
         out[v] = {"step_s": spread([c[v] for c in cycles if v in c])}
-        for base in (*BASELINES, "plain-fsdp"):
+        for base in (*BASELINES, "plain-log", "plain-fsdp"):
             if v in interleaved.KIT and base in case.variants:
                 pairs = [c[v] / c[base] for c in cycles if v in c and base in c]
                 out[v][f"ratio_vs_{base}"] = spread(pairs)

@@ -107,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
 class PlainLoop:
     """The plain loop's state; run(n) trains n more steps and returns their end times."""
 
-    def __init__(self, cfg, data, batch_size: int, lr: float, weight_decay: float, mode: str):
+    def __init__(
+        self, cfg, data, batch_size: int, lr: float, weight_decay: float, mode: str, log_every=0
+    ):
         import torch
         from ddpkit.train.models import build_model
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -127,6 +129,7 @@ class PlainLoop:
         )
         self.batches = self._epochs()
         self.loss = None
+        self.step, self.log_every = 0, log_every
 
     def _epochs(self):
         epoch = 0
@@ -145,9 +148,23 @@ class PlainLoop:
             loss = F.cross_entropy(self.model(x), y)
             loss.backward()
             self.optimizer.step()
+            self.step += 1
+            if self.log_every and self.step % self.log_every == 0:
+                self._log(loss)
             ends.append(time.perf_counter())
         self.loss = loss
         return ends
+
+    def _log(self, loss) -> None:
+        """What a plain script's log line costs: the loss averaged over ranks (one
+        all-reduce, read on the host), printed by rank 0."""
+        import torch.distributed as dist
+
+        t = loss.detach().clone()
+        dist.all_reduce(t)
+        avg = t.item() / dist.get_world_size()
+        if dist.get_rank() == 0:
+            print(f"step {self.step} loss {avg:.4f}", flush=True)
 
 
 class TensorBatches:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 from ddpkit.train.config import ConfigError, parse_config
 from ddpkit.train.data import GlobalBatchSampler
 from ddpkit.train.loop.schedule import lr_multiplier, scaled_lr
@@ -122,3 +123,18 @@ def test_a_paced_step_sleeps_out_the_rest_of_its_time(monkeypatch):
     assert len(slept) == 1 and 0.1 < slept[0] <= 0.15
     fault.pace(time.perf_counter() - 0.3, 0.2)
     assert len(slept) == 1
+
+
+def test_the_logged_grad_norm_is_get_total_norms_bit_for_bit():
+    """total_norm skips get_total_norm's grouping for one device and dtype (a logging step's
+    cost on a small model); the value must not move by a bit, and mixed dtypes still work."""
+    from ddpkit.train.loop.trainer import total_norm
+
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(256, 784), (256,), (10, 256), (10,)]
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        grads = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
+        assert torch.equal(total_norm(grads), torch.nn.utils.get_total_norm(grads))
+    mixed = [torch.randn(3, generator=gen), torch.randn(3, generator=gen).double()]
+    assert torch.equal(total_norm(mixed), torch.nn.utils.get_total_norm(mixed))
+    assert float(total_norm([])) == 0.0

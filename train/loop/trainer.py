@@ -62,6 +62,19 @@ class CollectiveFailure(RuntimeError):
     pass
 
 
+def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The gradients' L2 norm, as torch.nn.utils.get_total_norm computes it. When every
+    gradient is a plain tensor on one device in one dtype (DDP's), the same two ops without
+    its grouping pass: a third of its time, on a logging step of a small model."""
+    if grads:
+        t0 = grads[0]
+        if all(
+            type(g) is torch.Tensor and g.device == t0.device and g.dtype == t0.dtype for g in grads
+        ):
+            return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    return torch.nn.utils.get_total_norm(grads)
+
+
 @dataclass
 class PendingLog:
     """A logging step's all-reduce in flight (Trainer.log_step), and what its line needs."""
@@ -385,8 +398,7 @@ class Trainer(RunEnd):
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
         elif logging_now:  # measure only: no pass over the gradients to scale them by 1
             self.phase = "grad-norm all_reduce"
-            grads = [p.grad for p in model.parameters() if p.grad is not None]
-            gnorm = torch.nn.utils.get_total_norm(grads)
+            gnorm = total_norm([p.grad for p in model.parameters() if p.grad is not None])
         # fp16: the grad scaler skips steps with inf gradients by design; only the loss counts.
         checked = None if self.scaler else gnorm
         if cfg.max_bad_steps:
