@@ -20,9 +20,11 @@ def t(v: float) -> torch.Tensor:
     return torch.tensor(v)
 
 
-def feed(h: Health, losses: dict[int, float], steps: range, gnorms: dict[int, float] = {}) -> None:  # noqa: B006
+def feed(
+    h: Health, losses: dict[int, float], steps: range, gnorms: dict[int, float] | None = None
+) -> None:
     for s in steps:
-        g = gnorms.get(s)
+        g = (gnorms or {}).get(s)
         h.observe(s, t(losses.get(s, 1.0)), None if g is None else t(g))
 
 

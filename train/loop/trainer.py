@@ -81,7 +81,8 @@ class PendingLog:
 
     work: Any  # dist.Work
     stats: torch.Tensor
-    record: dict[str, Any]
+    record: dict[str, Any]  # the line's fields known at the logging step
+    cuda: dict[str, int]  # peak CUDA memory, last in the line
 
 
 class Trainer(RunEnd):
@@ -464,8 +465,8 @@ class Trainer(RunEnd):
                 "mem_bytes": memory_bytes(self.world.device) if main else 0,
                 "epoch": self.sampler.epoch,
                 "time_s": time.perf_counter() - self.t_start,
-                **(cuda_memory(self.world.device) if main else {}),
             },
+            cuda_memory(self.world.device) if main else {},
         )
 
     def end_log(self) -> None:
@@ -495,7 +496,6 @@ class Trainer(RunEnd):
             self.throughputs.append(throughput)
             if mfu is not None:
                 self.mfus.append(mfu)
-        cuda = {k: v for k, v in rec.items() if k.startswith("max_mem_")}
         self.reporter.log(
             {
                 "step": rec["step"],
@@ -510,7 +510,7 @@ class Trainer(RunEnd):
                 "epoch": rec["epoch"],
                 "time_s": rec["time_s"],
                 "mfu": mfu,
-                **cuda,
+                **p.cuda,
             }
         )
         if Health.flagged(kept_sum, bad):  # the same on every rank: all join the MIN
