@@ -116,10 +116,17 @@ def test_a_stopped_rank_is_detected_named_and_restarted_in_place(
     assert f"failure: hang {where} in attempt 0" in status.stdout, status.stdout
 
 
+def _state(info: dict[str, str]) -> str:
+    """What a failed wait needs to say (pytest cuts the whole dict to its first keys)."""
+    keys = ("JobState", "Reason", "Restarts", "BatchHost", "NodeList", "ExcNodeList", "ReqNodeList")
+    keys += ("StartTime", "EndTime", "RunTime", "Requeue")
+    return " ".join(f"{k}={info.get(k)}" for k in keys)
+
+
 def _wait_state(job: str, states: tuple[str, ...], timeout_s: float = 300) -> dict[str, str]:
     deadline = time.monotonic() + timeout_s
     while (info := scontrol(job))["JobState"] not in states:
-        assert time.monotonic() < deadline, info
+        assert time.monotonic() < deadline, f"not {states} in {timeout_s} s: {_state(info)}"
         time.sleep(1)
     return info
 
@@ -129,10 +136,15 @@ def _release_requeued(job: str, restarts: int, *update: str) -> None:
     after REQUEUE_SETTLE_S (see slurm_fixtures.until_done: an immediate start can be
     revoked), with `update` (scontrol's KEY=VALUE) applied to the pending job first."""
     deadline = time.monotonic() + 300
+    seen: list[str] = []  # each state the job passed through while the test waited
     while not (
         (info := scontrol(job))["JobState"] == "PENDING" and info["Restarts"] == str(restarts)
     ):
-        assert time.monotonic() < deadline and info["JobState"] not in ("COMPLETED", "FAILED"), info
+        now = f"{info['JobState']}/{info.get('Reason')}/Restarts={info.get('Restarts')}"
+        if not seen or seen[-1] != now:
+            seen.append(now)
+        why = f"no requeue {restarts} (PENDING) in 300 s; seen {seen}; now {_state(info)}"
+        assert time.monotonic() < deadline and info["JobState"] not in ("COMPLETED", "FAILED"), why
         time.sleep(1)
     time.sleep(REQUEUE_SETTLE_S)
     if update:
@@ -203,6 +215,11 @@ def test_a_node_that_fails_twice_is_excluded_and_the_job_ends_on_the_other(
         assert _excluded(job, {bad}) == {bad}
         _release_requeued(job, 2, "ReqNodeList=")  # the test's pin lifted
         info = _wait_state(job, ("COMPLETED", "FAILED", "CANCELLED"), 400)
+    except AssertionError as e:  # a wait that failed: with what the job's attempts printed
+        tail = "".join(p.read_text() for p in sorted((run / "slurm").glob(f"{job}_*_log.*")))
+        raise AssertionError(
+            f"{e}\n--- the job's logs, last 4000 characters:\n{tail[-4000:]}"
+        ) from e
     finally:
         subprocess.run(["scancel", job], check=False)
     logs = "".join(p.read_text() for p in sorted((run / "slurm").glob(f"{job}_*_log.*")))
