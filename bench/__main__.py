@@ -263,7 +263,7 @@ def run_steps(cfg: dict[str, Any], reps: int, work: Path, out: Path, env: dict) 
         verdict = "met" if ratio["median"] <= STEP_TARGET else "NOT met"
         lines.append(
             f"{model}: kit/{base} {fmt_spread(ratio)} over {ratio['n']} cycles of "
-            f"{r['case']['block']}-step blocks on {r['case'].get('nproc', 2)} rank(s); target "
+            f"{r['case']['block']}-step blocks on {r['case']['nproc']} rank(s); target "
             f"<= {STEP_TARGET}: {verdict}"
         )
         if "kit-nolog" in s:

@@ -49,10 +49,13 @@ class GlobalBatchSampler:
         """Positions start .. start+count-1 of the epoch's order, as sample indices.
         Older kits drew the order with torch.randperm: their checkpoint taken mid-epoch resumes
         that epoch in this order, so its rest is not exactly-once (the epochs after it are)."""
-        pos = np.arange(start, start + count, dtype=np.int64)
-        if not self.shuffle:
-            return pos.tolist()
-        return permute(pos, self.n, epoch_key(self.seed, epoch)).tolist()
+        return self._order(np.arange(start, start + count, dtype=np.int64), epoch).tolist()
+
+    def _order(self, positions: np.ndarray, epoch: int) -> np.ndarray:
+        """The sample indices at these positions of the epoch's order."""
+        return (
+            permute(positions, self.n, epoch_key(self.seed, epoch)) if self.shuffle else positions
+        )
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "consumed": self.consumed}
@@ -87,15 +90,13 @@ class GlobalBatchSampler:
         # whatever their length, once per batch of 64 a tenth of an mlp step's data path.
         # The same positions as one call per batch, so the same indices.
         per_call = max(1, PERMUTE_CHUNK // self.batch)
-        key = epoch_key(self.seed, epoch) if self.shuffle else 0
         within = np.arange(self.batch, dtype=np.int64)
         left = (self.n - start) // self.global_batch if start <= self.n else 0
         while left > 0:
             k = min(per_call, left)
             firsts = start + self.rank * self.batch + self.global_batch * np.arange(k)
             pos = (firsts[:, None] + within).ravel()
-            idx = permute(pos, self.n, key) if self.shuffle else pos
-            yield from idx.reshape(k, self.batch)
+            yield from self._order(pos, epoch).reshape(k, self.batch)
             start += k * self.global_batch
             left -= k
 
