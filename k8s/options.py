@@ -14,6 +14,10 @@ from ddpkit.tools.jobspec import ENV_NAME_RE, JobSpec, SpecError
 class ElasticOptions:
     min: int | None = None  # minimum nodes (replicas); unset = not elastic
     max: int | None = None  # maximum nodes
+    # Once `min` nodes have joined a rendezvous, how long it waits for more before the group
+    # starts (torchrun's last_call_timeout, default 30 s; elasticPolicy.rdzvConf). A recreated
+    # pod that starts later finds a smaller group training and joins at its next restart.
+    last_call_s: int | None = None
 
 
 @dataclass
@@ -76,4 +80,11 @@ def validate_k8s(spec: JobSpec) -> None:
         raise SpecError(
             f"k8s.elastic min={e.min} max={e.max}: set both, with 1 <= min <= max, or neither"
         )
+    if e.last_call_s is not None and e.min is None:
+        raise SpecError(
+            "k8s.elastic.last_call_s is for an elastic job: set k8s.elastic.min and max too, "
+            "or drop it"
+        )
+    if e.last_call_s is not None and not 1 <= e.last_call_s <= INT32_MAX:
+        raise SpecError(f"k8s.elastic.last_call_s = {e.last_call_s}: give whole seconds, 1 or more")
     check_ckpt_dir(spec)

@@ -375,6 +375,9 @@ def pytorchjob(spec: JobSpec) -> dict[str, Any]:
             "maxReplicas": e.max,
             "maxRestarts": max_restarts(spec),
         }
+        if e.last_call_s is not None:  # the operator passes it as PET_RDZV_CONF (launch.sh)
+            conf = [{"key": "last_call_timeout", "value": str(e.last_call_s)}]
+            body["elasticPolicy"]["rdzvConf"] = conf
         body["pytorchReplicaSpecs"] = {"Worker": replica(spec.nodes)}
     else:
         body["pytorchReplicaSpecs"] = {"Master": replica(1)}

@@ -10,6 +10,9 @@ whose pods run as local processes in their own mount and network namespaces, wit
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import threading
@@ -55,7 +58,16 @@ def server_dry_run(env: dict, manifest: str) -> subprocess.CompletedProcess[str]
     "args",
     [
         ("--nodes", "2", "--gpus", "2"),  # the README's default render (nvidia.com/gpu)
-        ("--nodes", "2", "--set", "k8s.elastic.min=1", "--set", "k8s.elastic.max=2"),
+        (
+            "--nodes",
+            "2",
+            "--set",
+            "k8s.elastic.min=1",
+            "--set",
+            "k8s.elastic.max=2",
+            "--set",
+            "k8s.elastic.last_call_s=60",
+        ),  # fmt: skip
         ("--nodes", "2", "--gpus", "2", "--set", "k8s.api=trainjob"),  # Trainer v2.3
         ("--nodes", "2", "--set", "k8s.pvc_size=10Gi", "--set", "accelerator=cpu"),
         ("--set", "env.A=1e-3", "--set", "env.B=yes", "--", "--lr", "1e-3"),  # YAML 1.2 numbers
@@ -147,9 +159,9 @@ STEPS = 200
 PACED = ("--set", "env.DDPKIT_STEP_PACE_S=0.1")
 
 
-def tiny(name: str, *extra: str) -> list[str]:
+def tiny(name: str, *extra: str, steps: int = STEPS) -> list[str]:
     return ["--nodes", "2", "--gpus", "2", "--set", f"name={name}", "--set", "k8s.pvc_size=1Gi",
-            "--set", f"train.steps={STEPS}",
+            "--set", f"train.steps={steps}",
             "--set", "train.ckpt_interval=100", "--set", "train.log_interval=10", *extra]  # fmt: skip
 
 
@@ -192,40 +204,93 @@ def summary(env: dict, name: str) -> dict:
 WORLD = "world: 4 ranks (2 nodes x 2 processes), backend gloo on cpu, DDP"
 
 
+SG_STEPS = 400  # the shrinking job's: its group of 2 trains on while the other worker is away
+
+
+def pod_logs(env: dict, pod: str) -> str:
+    """Every run of pod `pod` (its recreations and in-place restarts) as the node agent wrote
+    them: kubectl logs shows the current container's run only."""
+    pods = Path(env["DDPKIT_K8S_STATE"]) / "node" / "pods"
+    return "".join(f.read_text() for f in sorted(pods.glob(f"default_{pod}_*/pytorch.log")))
+
+
+def pod_starts(env: dict, pod: str) -> list[int]:
+    """The pids of pod `pod`'s container starts, in order (the node agent's log): each runs in
+    a process group of its own."""
+    agent = (Path(env["DDPKIT_K8S_STATE"]) / "logs" / "node-agent.log").read_text()
+    return [int(m) for m in re.findall(rf"{pod}/pytorch: started .*\(pid (\d+)\)", agent)]
+
+
 @pytest.fixture(scope="module")
 def jobs(cluster, tmp_path_factory):
-    """Four jobs started at once (most of a job's minute is waiting, not computing): the
+    """Five jobs started at once (most of a job's minute is waiting, not computing): the
     README's way in, `ddpkit render k8s --nodes 2 --gpus 2 | kubectl apply -f -` (ref); the
     same as a TrainJob through `ddpkit submit` (tj); one whose worker pod is deleted once it
-    trains (cut); an elastic one (workers only, c10d rendezvous on worker-0) whose second
-    worker is deleted (el). Name -> its workspace; "deleted" lists the pods deleted."""
-    out: dict = {name: tmp_path_factory.mktemp(name) for name in ("ref", "tj", "cut", "el")}
-    out["deleted"] = []
+    trains (cut); two elastic ones (workers only, c10d rendezvous on worker-0) whose second
+    worker is deleted: el, whose rendezvous waits 120 s for the recreated worker, and sg,
+    whose rendezvous waits 10 s and whose recreated worker is held (SIGSTOP, standing in for a
+    pod slow to come back: an image pull, a busy node) until worker-0 trains on in a group
+    of its own. Name -> its workspace; "deleted" lists the pods deleted, "held" the recreated
+    pods held and "thawed" (a bool) whether sg's worker-0 trained alone while it was held."""
+    out: dict = {name: tmp_path_factory.mktemp(name) for name in ("ref", "tj", "cut", "el", "sg")}
+    out["deleted"], out["held"] = [], []
     r = ddpkit(cluster, out["ref"], "render", "k8s", *tiny("ref"))
     assert r.returncode == 0, r.stderr
     assert "nvidia.com/gpu: '2'" in r.stdout  # the default render asks for GPUs
     applied = kubectl(cluster, "apply", "-f", "-", input=r.stdout)
     assert applied.returncode == 0, applied.stderr
     elastic = ("--set", "k8s.elastic.min=1", "--set", "k8s.elastic.max=2", *PACED)  # struck
-    for name, extra in (("tj", ("--set", "k8s.api=trainjob")), ("cut", PACED), ("el", elastic)):
-        sub = ddpkit(cluster, out[name], "submit", "k8s", *tiny(name, *extra))
+    for name, args in (
+        ("tj", tiny("tj", "--set", "k8s.api=trainjob")),
+        ("cut", tiny("cut", *PACED)),
+        ("el", tiny("el", *elastic, "--set", "k8s.elastic.last_call_s=120")),
+        ("sg", tiny("sg", *elastic, "--set", "k8s.elastic.last_call_s=10", steps=SG_STEPS)),
+    ):
+        sub = ddpkit(cluster, out[name], "submit", "k8s", *args)
         assert sub.returncode == 0 and f"/{name} in namespace" in sub.stdout, (
             sub.stdout + sub.stderr
         )
 
-    def delete_once_training(rank0: str, victim: str) -> None:
+    def delete_once_training(rank0: str, victim: str, steps: int = STEPS) -> bool:
         end = time.monotonic() + 540
         while time.monotonic() < end:
-            if f" 40/{STEPS} " in kubectl(cluster, "logs", rank0).stdout:
+            if f" 40/{steps} " in kubectl(cluster, "logs", rank0).stdout:
                 if kubectl(cluster, "delete", "pod", victim, "--wait=false").returncode == 0:
                     out["deleted"].append(victim)
-                return
+                    return True
+                return False
             time.sleep(0.5)
+        return False
+
+    def hold_the_recreated_worker() -> None:
+        """sg: delete worker-1 at step 40; freeze its recreated pod as it starts, until
+        worker-0's group has formed without it (or 180 s)."""
+        if not delete_once_training("sg-worker-0", "sg-worker-1", SG_STEPS):
+            return
+        end = time.monotonic() + 180
+        while len(pod_starts(cluster, "sg-worker-1")) < 2 and time.monotonic() < end:
+            time.sleep(0.1)
+        if len(pod_starts(cluster, "sg-worker-1")) < 2:
+            return
+        pgid = pod_starts(cluster, "sg-worker-1")[1]
+        os.killpg(pgid, signal.SIGSTOP)
+        out["held"].append("sg-worker-1")
+        try:
+            while time.monotonic() < end:  # worker-0's group of 2 resumed and logged a step
+                log = pod_logs(cluster, "sg-worker-0")
+                shrunk = log.find("world size 4 -> 2")
+                if shrunk >= 0 and "\nstep " in log[shrunk:]:
+                    out["thawed"] = True
+                    break
+                time.sleep(0.2)
+        finally:
+            os.killpg(pgid, signal.SIGCONT)
 
     watchers = [
         threading.Thread(target=delete_once_training, args=pods, daemon=True)
         for pods in (("cut-master-0", "cut-worker-0"), ("el-worker-0", "el-worker-1"))
     ]
+    watchers.append(threading.Thread(target=hold_the_recreated_worker, daemon=True))
     for w in watchers:
         w.start()
     yield out
@@ -291,8 +356,11 @@ def test_a_deleted_pod_saves_on_sigterm_and_the_job_resumes_to_the_same_weights(
 
 def test_an_elastic_job_recovers_from_a_deleted_worker_to_the_same_weights(cluster, jobs):
     """torchrun on worker-0 re-forms the rendezvous when worker-1 goes (its pod is not
-    restarted: --max-restarts at the torchrun level); the recreated worker-1 joins, and the
-    world of 4 resumes from the SIGTERM save."""
+    restarted: --max-restarts at the torchrun level); the recreated worker-1 joins within
+    the rendezvous' last call (k8s.elastic.last_call_s=120), and the world of 4 resumes from
+    the SIGTERM save to the uninterrupted run's weights. (With torchrun's own 30 s, a
+    recreated pod slower than that finds worker-0 training in a group of 2, and the weights
+    differ: CI saw it once under load; test_an_elastic_job_trains_on_without_a_worker...)"""
     wait_until("PyTorchJob el finished", lambda: finished(cluster, "pytorchjob", "el"), 600,
                cluster)  # fmt: skip
     assert "el-worker-1" in jobs["deleted"], "el-worker-1 was never deleted while training"
@@ -300,14 +368,42 @@ def test_an_elastic_job_recovers_from_a_deleted_worker_to_the_same_weights(clust
     summ = summary(cluster, "el")
     step = int(str(summ["resumed_from"]).rsplit("-", 1)[-1])
     assert 40 <= step < STEPS and summ["world_size"] == 4, summ["resumed_from"]
+    logs = pod_logs(cluster, "el-worker-0") + pod_logs(cluster, "el-worker-1")
+    worlds = re.findall(r"^world: (\d+) ranks", logs, re.M)
+    assert set(worlds) == {"4"}, f"worlds {worlds}; resumes {re.findall('resumed from .*', logs)}"
     wait_until("PyTorchJob ref finished", lambda: finished(cluster, "pytorchjob", "ref"), 600,
                cluster)  # fmt: skip
     assert summ["param_digest"] == summary(cluster, "ref")["param_digest"]
     # Rank 0 after the new rendezvous may be either pod, and the operator may already have
-    # removed the other: read the node agent's log files, which outlive the pods.
-    pods = Path(cluster["DDPKIT_K8S_STATE"]) / "node" / "pods"
-    logs = "".join(f.read_text() for f in pods.glob("default_el-worker-*/pytorch.log"))
+    # removed the other: the node agent's log files outlive the pods.
     assert f"resumed from runs/el/checkpoints/step-{step} at step {step}" in logs, logs[-3000:]
+
+
+def test_an_elastic_job_trains_on_without_a_worker_slow_to_return_and_grows_back(cluster, jobs):
+    """sg: worker-1 deleted at step 40 and its recreated pod held; worker-0's rendezvous
+    (last call 10 s) starts a group of 2 from the SIGTERM save (global batch 256 -> 128), and
+    when worker-1 comes, torchrun stops that group (a SIGTERM save at step M) and the world of
+    4 resumes from step M to the end. (A worker-1 that starts more than 10 s after worker-0
+    makes the same shrink at start-up, grown back at step 0: CI's load can do that.)"""
+    wait_until("PyTorchJob sg finished", lambda: finished(cluster, "pytorchjob", "sg"), 600,
+               cluster)  # fmt: skip
+    assert jobs["held"] == ["sg-worker-1"], f"deleted {jobs['deleted']}, held {jobs['held']}"
+    logs = pod_logs(cluster, "sg-worker-0") + pod_logs(cluster, "sg-worker-1")
+    tail = logs[-3000:]
+    assert jobs.get("thawed"), "worker-0 never trained in a group of its own\n" + tail
+    assert finished(cluster, "pytorchjob", "sg") == "Succeeded", tail
+    # The resumes after the deletion, in the order of their steps (rank 0 of a group may be
+    # on either pod).
+    resumes = re.findall(r"resumed from runs/sg/checkpoints/step-(\d+) at step \d+.*?"
+                         r"world size (\d) -> (\d): global batch (\d+) -> (\d+)", logs)  # fmt: skip
+    resumes = sorted((r for r in resumes if int(r[0]) >= 40), key=lambda r: int(r[0]))
+    assert [r[1:] for r in resumes] == [("4", "2", "256", "128"), ("2", "4", "128", "256")], tail
+    shrunk_at, grown_at = int(resumes[0][0]), int(resumes[1][0])
+    assert shrunk_at < grown_at < SG_STEPS, resumes  # the group of 2 trained steps
+    summ = summary(cluster, "sg")
+    assert summ["world_size"] == 4 and summ["steps"] == SG_STEPS
+    assert summ["resumed_from"] == f"runs/sg/checkpoints/step-{grown_at}"
+    assert f"done: {SG_STEPS} steps" in logs
 
 
 def test_cancel_deletes_a_running_job_and_its_pods(cluster, tmp_path):

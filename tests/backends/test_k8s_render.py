@@ -246,6 +246,18 @@ def test_elastic_gang_job_shape() -> None:
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
 
 
+def test_an_elastic_jobs_last_call_reaches_torchrun_through_the_operator() -> None:
+    """k8s.elastic.last_call_s: elasticPolicy.rdzvConf, which the operator hands the pods as
+    PET_RDZV_CONF; launch.sh passes it to torchrun's --rdzv-conf beside is_host."""
+    assert "rdzvConf" not in job_of(docs_for("gpt-elastic-gang"))["spec"]["elasticPolicy"]
+    job = job_of(docs_for("gpt-elastic-gang", "k8s.elastic.last_call_s=120"))
+    assert job["spec"]["elasticPolicy"]["rdzvConf"] == [
+        {"key": "last_call_timeout", "value": "120"}
+    ]
+    (c,) = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    assert '--rdzv-conf "${PET_RDZV_CONF:+$PET_RDZV_CONF,}is_host=$is_host"' in c["command"][2]
+
+
 def test_kueue_label_and_cpu_resources() -> None:
     (job,) = docs_for("mnist-kueue-cpu")
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
@@ -312,6 +324,12 @@ def test_user_strings_come_out_literally(payload: str) -> None:
         (["env.PET_NNODES=3"], None, "set by the Kubeflow controller"),
         (["k8s.api=trainjob", "k8s.elastic.min=1", "k8s.elastic.max=2"], None, "not supported"),
         (["k8s.elastic.min=2", "k8s.elastic.max=4"], 1, "outside k8s.elastic"),
+        (["k8s.elastic.last_call_s=60"], None, "set k8s.elastic.min and max too"),
+        (
+            ["k8s.elastic.min=1", "k8s.elastic.max=2", "k8s.elastic.last_call_s=0"],
+            None,
+            "give whole seconds, 1 or more",
+        ),  # fmt: skip
         (["k8s.pvc=Bad_Name"], None, "not a Kubernetes object name"),
         (["k8s.namespace=ML"], None, "not a namespace name"),
         (["k8s.pvc_size=lots"], None, "not a Kubernetes quantity"),
