@@ -42,6 +42,9 @@ def cluster(tmp_path_factory):
     yield from running_cluster({**env, "DDPKIT_TEST_PROJECT": str(project)})
 
 
+ELASTIC = ("--set", "k8s.elastic.min=1", "--set", "k8s.elastic.max=2")  # workers only, c10d
+
+
 def render(cwd: Path, *args: str) -> str:
     r = subprocess.run([sys.executable, "-m", "ddpkit", "render", "k8s", *args], cwd=cwd,
                        capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -58,16 +61,7 @@ def server_dry_run(env: dict, manifest: str) -> subprocess.CompletedProcess[str]
     "args",
     [
         ("--nodes", "2", "--gpus", "2"),  # the README's default render (nvidia.com/gpu)
-        (
-            "--nodes",
-            "2",
-            "--set",
-            "k8s.elastic.min=1",
-            "--set",
-            "k8s.elastic.max=2",
-            "--set",
-            "k8s.elastic.last_call_s=60",
-        ),  # fmt: skip
+        ("--nodes", "2", *ELASTIC, "--set", "k8s.elastic.last_call_s=60"),
         ("--nodes", "2", "--gpus", "2", "--set", "k8s.api=trainjob"),  # Trainer v2.3
         ("--nodes", "2", "--set", "k8s.pvc_size=10Gi", "--set", "accelerator=cpu"),
         ("--set", "env.A=1e-3", "--set", "env.B=yes", "--", "--lr", "1e-3"),  # YAML 1.2 numbers
@@ -239,7 +233,7 @@ def jobs(cluster, tmp_path_factory):
     assert "nvidia.com/gpu: '2'" in r.stdout  # the default render asks for GPUs
     applied = kubectl(cluster, "apply", "-f", "-", input=r.stdout)
     assert applied.returncode == 0, applied.stderr
-    elastic = ("--set", "k8s.elastic.min=1", "--set", "k8s.elastic.max=2", *PACED)  # struck
+    elastic = (*ELASTIC, *PACED)  # struck
     for name, args in (
         ("tj", tiny("tj", "--set", "k8s.api=trainjob")),
         ("cut", tiny("cut", *PACED)),
@@ -268,11 +262,11 @@ def jobs(cluster, tmp_path_factory):
         if not delete_once_training("sg-worker-0", "sg-worker-1", SG_STEPS):
             return
         end = time.monotonic() + 180
-        while len(pod_starts(cluster, "sg-worker-1")) < 2 and time.monotonic() < end:
+        while len(starts := pod_starts(cluster, "sg-worker-1")) < 2:
+            if time.monotonic() > end:
+                return
             time.sleep(0.1)
-        if len(pod_starts(cluster, "sg-worker-1")) < 2:
-            return
-        pgid = pod_starts(cluster, "sg-worker-1")[1]
+        pgid = starts[1]
         os.killpg(pgid, signal.SIGSTOP)
         out["held"].append("sg-worker-1")
         try:

@@ -205,6 +205,10 @@ def test_a_node_that_fails_twice_is_excluded_and_the_job_ends_on_the_other(
     cfg = job_file(tmp_path, "rec-badnode")
     run = tmp_path / "rec-badnode"
     job = submit(cfg, "--nodes", "1", "--set", "slurm.requeue_delay_s=none")  # the test releases
+
+    def job_logs() -> str:  # every attempt's, in order
+        return "".join(p.read_text() for p in sorted((run / "slurm").glob(f"{job}_*_log.*")))
+
     try:
         bad = _wait_state(job, ("RUNNING",))["BatchHost"]
         other = "node2" if bad == "node1" else "node1"
@@ -216,13 +220,11 @@ def test_a_node_that_fails_twice_is_excluded_and_the_job_ends_on_the_other(
         _release_requeued(job, 2, "ReqNodeList=")  # the test's pin lifted
         info = _wait_state(job, ("COMPLETED", "FAILED", "CANCELLED"), 400)
     except AssertionError as e:  # a wait that failed: with what the job's attempts printed
-        tail = "".join(p.read_text() for p in sorted((run / "slurm").glob(f"{job}_*_log.*")))
-        raise AssertionError(
-            f"{e}\n--- the job's logs, last 4000 characters:\n{tail[-4000:]}"
-        ) from e
+        tail = job_logs()[-4000:]
+        raise AssertionError(f"{e}\n--- the job's logs, last 4000 characters:\n{tail}") from e
     finally:
         subprocess.run(["scancel", job], check=False)
-    logs = "".join(p.read_text() for p in sorted((run / "slurm").glob(f"{job}_*_log.*")))
+    logs = job_logs()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "2", (info, logs[-3000:])
     assert info["ExcNodeList"] == bad and info["BatchHost"] == other, info
     assert f"requeue 2 of 3, excluding {bad} (failed 2 times or more)" in logs, logs[-3000:]
