@@ -162,16 +162,24 @@ _warned: set[str] = set()  # a bad marker is said once, not on every poll
 
 
 def _written_by_launch(path: Path, launch_id: str | None, since: float) -> bool:
+    return launch_record(path, launch_id, since) is not None
+
+
+def launch_record(path: str | Path, launch_id: str | None, since: float) -> dict | None:
+    """The JSON object at `path` when this launch wrote it (the rule of fresh_requeue_marker:
+    its "launch_id", else its "time" or mtime against `since`), else None: missing, an
+    earlier launch's, or not a stamped object (one warning)."""
+    path = Path(path)
     try:
         body = load(path, _STAMP)
         mtime = path.stat().st_mtime
     except OSError:
-        return False
+        return None
     except ShapeError as e:  # not this launch's: one warning, no requeue on its word
         if str(path) not in _warned:
             _warned.add(str(path))
             print(f"warning: ignoring {path} ({e})", file=sys.stderr, flush=True)
-        return False
+        return None
     if launch_id and body.get("launch_id") is not None:
-        return body.get("launch_id") == launch_id
-    return float(body.get("time") or mtime) >= since
+        return body if body.get("launch_id") == launch_id else None
+    return body if float(body.get("time") or mtime) >= since else None

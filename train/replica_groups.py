@@ -16,7 +16,12 @@ the groups (one per node by default) and restarts them in place; the node of ran
 from `--node-rank-env`, SLURM_NODEID) also runs the lighthouse, at the address every node
 finds in TORCHFT_LIGHTHOUSE (the node script sets it: the head node, the job's port), unless
 `--no-lighthouse` (Kubernetes runs it as its own pod, behind a Service). Each
-node writes its own status file, `replica_groups.node-<rank>.json`.
+node writes its own status file, `replica_groups.node-<rank>.json`, stamped with the launch
+(DDPKIT_LAUNCH_ID). Where the run dir is shared (SLURM), the nodes read each other's: once the
+run finished on one node's groups, the others restart none of theirs (a group still rejoining
+has no live peer to heal from), and the node that finished stays in the job step until the
+other nodes' groups have ended: srun kills the tasks left `--wait` seconds after the first one
+exits, and that kill would read as a lost node and requeue a finished job.
 
 Torch-free: the node launchers import torch; this process only watches them.
 """
@@ -36,7 +41,14 @@ import time
 from pathlib import Path
 
 from ddpkit.train import lighthouse
-from ddpkit.train.contract import CKPT_DIR_ENV, EXIT_BAD_INPUT, STOP_SIGNALS, ckpt_join
+from ddpkit.train.contract import (
+    CKPT_DIR_ENV,
+    EXIT_BAD_INPUT,
+    LAUNCH_ID_ENV,
+    STOP_SIGNALS,
+    ckpt_join,
+    launch_record,
+)
 from ddpkit.train.ft_env import LIGHTHOUSE_ENV, ReplicaGroup
 
 STATUS_FILE = "replica_groups.json"
@@ -44,6 +56,10 @@ RESTART_DELAY_S = 1.0
 # Once a group has finished the run, the others (in lockstep) end within a step, a save and an
 # evaluation; a group still rejoining then has no live peer to heal from: it is stopped.
 FINISH_GRACE_S = 60.0
+# On a cluster: how often a node reads the others' status files, and how long a node whose
+# groups finished waits for the others' to end (a rejoining group's grace, then its stop).
+PEER_POLL_S = 1.0
+PEER_END_WAIT_S = FINISH_GRACE_S + 60.0
 FORWARDED = tuple(getattr(signal, name) for name in (*STOP_SIGNALS, "SIGHUP"))
 
 
@@ -77,6 +93,10 @@ def group_argv(node_argv: list[str], group: int, run_dir: str, ckpt_dir: str | N
     return argv
 
 
+def status_name(nodes: int, node_rank: int) -> str:
+    return STATUS_FILE if nodes == 1 else f"replica_groups.node-{node_rank}.json"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -89,15 +109,17 @@ class Supervisor:
         self.run_dir = Path(args.run_dir)
         per_node = args.groups // args.nodes
         self.groups = list(range(node_rank * per_node, (node_rank + 1) * per_node))
-        self.status_file = (
-            STATUS_FILE if args.nodes == 1 else f"replica_groups.node-{node_rank}.json"
-        )
+        self.status_file = status_name(args.nodes, node_rank)
+        # this launch's stamp on the status file: the other nodes read only this launch's
+        self.launch_id = os.environ.get(LAUNCH_ID_ENV) or None
+        self.since = time.time()
         self.lighthouse: subprocess.Popen | None = None
         self.procs: dict[int, subprocess.Popen] = {}
         self.restarts = dict.fromkeys(self.groups, 0)
         self.exits: dict[int, list[int]] = {g: [] for g in self.groups}
         self.done: dict[int, int] = {}  # group -> its final exit status
         self.stopping = False
+        self.signalled = False  # a stop signal came from outside (a cancel, a preemption)
         self.lock = threading.Lock()  # the output lines of the groups' reader threads
 
     # --- the lighthouse ----------------------------------------------------------------------
@@ -179,6 +201,10 @@ class Supervisor:
 
     def write_status(self) -> None:
         status = {
+            "launch_id": self.launch_id,
+            "time": time.time(),
+            "node": self.node_rank,
+            "finished": 0 in self.done.values(),  # a group here ended the run
             "lighthouse": self.address,
             "groups": [
                 {
@@ -196,6 +222,49 @@ class Supervisor:
         tmp.write_text(json.dumps(status, indent=2) + "\n")
         os.replace(tmp, path)
 
+    def peers(self) -> list[dict]:
+        """The other nodes' status files of this launch: none where each node has a run dir
+        of its own (Kubernetes without a claim), and then each node ends on its own."""
+        found = []
+        for r in range(self.args.nodes):
+            if r != self.node_rank:
+                path = self.run_dir / status_name(self.args.nodes, r)
+                body = launch_record(path, self.launch_id, self.since)
+                if body is not None:
+                    found.append(body)
+        return found
+
+    def await_peers(self) -> None:
+        """The run finished and this node's groups have ended: stay in the job step until the
+        other nodes' groups have ended too (at most PEER_END_WAIT_S), so that srun's --wait,
+        which starts when the first node's task exits, does not kill a node still stopping a
+        rejoining group. The lighthouse stops first: a group still rejoining finds no quorum
+        and ends, instead of training on alone from its own step."""
+        if self.lighthouse is not None and self.lighthouse.poll() is None:
+            self.lighthouse.terminate()
+            self.lighthouse.wait()
+        deadline = time.monotonic() + PEER_END_WAIT_S
+        said = False
+        while not self.signalled:
+            busy = [
+                str(p.get("node"))
+                for p in self.peers()
+                if any(g.get("running") for g in p.get("groups") or [])
+            ]
+            if not busy:
+                return
+            if time.monotonic() > deadline:
+                self.say(f"node(s) {', '.join(busy)} still running after {PEER_END_WAIT_S:g} s")
+                return
+            if not said:
+                said = True
+                self.say(f"the run finished; waiting for node(s) {', '.join(busy)} to end")
+            time.sleep(PEER_POLL_S)
+
+    def on_signal(self, signum: int, _frame: object = None) -> None:
+        self.signalled = True
+        self.stop(signum)
+
     def stop(self, signum: int, _frame: object = None) -> None:
         self.stopping = True
         for g, proc in self.procs.items():
@@ -205,10 +274,20 @@ class Supervisor:
     def watch(self) -> int:
         """Until every group has ended for good: restart the ones that die."""
         finished_at = None
+        next_poll = 0.0
         while len(self.done) < len(self.groups):
             time.sleep(0.2)
             if finished_at is None and 0 in self.done.values():
                 finished_at = time.monotonic()
+            if finished_at is None and self.args.nodes > 1 and time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + PEER_POLL_S
+                ended = [str(p.get("node")) for p in self.peers() if p.get("finished")]
+                if ended:
+                    finished_at = time.monotonic()
+                    self.say(
+                        f"the run finished on node {ended[0]}'s groups; a group here that ends "
+                        "is not restarted (nothing left to heal from)"
+                    )
             late = finished_at is not None and time.monotonic() - finished_at > FINISH_GRACE_S
             if late and not self.stopping:
                 left = sorted(set(self.groups) - set(self.done))
@@ -237,10 +316,14 @@ class Supervisor:
                     time.sleep(RESTART_DELAY_S)
                     self.start(g)
                     continue
+                if finished_at is not None and rc != 0 and not self.stopping:
+                    self.say(f"group {g} exited ({rc}) after the run finished; not restarted")
                 self.done[g] = rc
                 self.write_status()
                 if rc == EXIT_BAD_INPUT and not self.stopping:
                     self.stop(signal.SIGTERM)
+        if self.args.nodes > 1 and (finished_at is not None or 0 in self.done.values()):
+            self.await_peers()
         codes = [self.done[g] for g in self.groups]
         if finished_at is not None and EXIT_BAD_INPUT not in codes:
             return 0  # the run finished on the groups that were live at its end
@@ -251,7 +334,7 @@ class Supervisor:
     def run(self) -> int:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.address = self.start_lighthouse() if self.args.nodes == 1 else self.find_lighthouse()
-        previous = {s: signal.signal(s, self.stop) for s in FORWARDED}
+        previous = {s: signal.signal(s, self.on_signal) for s in FORWARDED}
         try:
             mine = ", ".join(map(str, self.groups))
             where = "" if self.args.nodes == 1 else f" (node {self.node_rank} runs {mine})"

@@ -48,3 +48,63 @@ def test_a_users_script_gets_only_the_node_launchers_run_dir():
     argv = group_argv([*NODE, "train.py", "--steps", "5"], 0, "runs/x", None)
     assert _launcher_run_dir(argv) == "runs/x/group-0"
     assert argv[-3:] == ["train.py", "--steps", "5"]
+
+
+def _supervisor(run_dir, monkeypatch, launch: str | None, node_rank: int = 0):
+    from ddpkit.train.replica_groups import Supervisor, build_parser
+
+    if launch is None:
+        monkeypatch.delenv("DDPKIT_LAUNCH_ID", raising=False)
+    else:
+        monkeypatch.setenv("DDPKIT_LAUNCH_ID", launch)
+    args = build_parser().parse_args(["--groups", "2", "--nodes", "2", "--run-dir", str(run_dir)])
+    return Supervisor(args, [*NODE, "train.py"], node_rank)
+
+
+def _peer_status(run_dir, launch: str | None, running: bool, stamp: float | None = None):
+    import json
+    import time
+
+    body = {
+        "launch_id": launch, "time": time.time() if stamp is None else stamp, "node": 1,
+        "finished": False, "groups": [{"group": 1, "running": running}],
+    }  # fmt: skip
+    (run_dir / "replica_groups.node-1.json").write_text(json.dumps(body))
+
+
+def test_a_node_reads_only_this_launchs_status_of_the_other_nodes(tmp_path, monkeypatch):
+    sup = _supervisor(tmp_path, monkeypatch, "ddpkit-7-1")
+    assert sup.peers() == []  # no file: nothing known
+    _peer_status(tmp_path, "ddpkit-7-0", running=True)  # the attempt before the requeue
+    assert sup.peers() == []
+    _peer_status(tmp_path, "ddpkit-7-1", running=True)
+    assert [p["node"] for p in sup.peers()] == [1]
+    # without a launch id (a Kubernetes pod): written since this supervisor started
+    sup = _supervisor(tmp_path, monkeypatch, None)
+    _peer_status(tmp_path, None, running=True, stamp=sup.since - 5)
+    assert sup.peers() == []
+    _peer_status(tmp_path, None, running=True)
+    assert len(sup.peers()) == 1
+
+
+def test_a_finished_node_stays_until_the_other_nodes_groups_ended(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    import ddpkit.train.replica_groups as rg
+
+    monkeypatch.setattr(rg, "PEER_POLL_S", 0.05)
+    sup = _supervisor(tmp_path, monkeypatch, "ddpkit-7-0")
+    _peer_status(tmp_path, "ddpkit-7-0", running=True)
+    ended = threading.Timer(0.5, _peer_status, (tmp_path, "ddpkit-7-0", False))
+    ended.start()
+    t0 = time.monotonic()
+    sup.await_peers()
+    assert time.monotonic() - t0 >= 0.5  # left once node 1's group had ended, not before
+    ended.join()
+    # a node that never says so is waited for PEER_END_WAIT_S, then left (srun's --wait next)
+    monkeypatch.setattr(rg, "PEER_END_WAIT_S", 0.3)
+    _peer_status(tmp_path, "ddpkit-7-0", running=True)
+    t0 = time.monotonic()
+    sup.await_peers()
+    assert 0.3 <= time.monotonic() - t0 < 5
