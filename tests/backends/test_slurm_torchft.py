@@ -21,7 +21,7 @@ import pytest
 
 from tests.backends.test_slurm_e2e import free_port, scontrol
 from tests.launch.test_torchft import NET_PY
-from tests.slurm_fixtures import slurm_cluster  # noqa: F401  (fixture)
+from tests.slurm_fixtures import slurm_cluster, until_done  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 DDPKIT = Path(sys.executable).with_name("ddpkit")
@@ -81,14 +81,6 @@ def submit(proj: Path) -> str:
     return sub.stdout.split("submitted job ", 1)[1].split()[0]
 
 
-def until_ended(job: str, timeout: float) -> dict[str, str]:
-    deadline = time.monotonic() + timeout
-    while (info := scontrol(job))["JobState"] not in ("COMPLETED", "FAILED", "CANCELLED"):
-        assert time.monotonic() < deadline, info
-        time.sleep(1)
-    return info
-
-
 def kill_group_1(run: Path, job: str, at_step: int) -> int:
     """SIGKILL group 1's torchrun (on node 1) once it logged `at_step`: its pid."""
     wait_until(
@@ -118,7 +110,7 @@ def test_a_killed_group_restarts_in_place_and_rejoins_while_the_other_trains(
             job, timeout=240, run=run,
         )  # fmt: skip
         survivor_at_heal = max(steps_of(node_log(run, job, 0), 0))
-        info = until_ended(job, 400)
+        info = until_done(job, 400)
     finally:
         subprocess.run(["scancel", job], check=False)
     logs = node_log(run, job, 0) + node_log(run, job, 1)
@@ -173,7 +165,7 @@ def test_a_group_still_rejoining_when_the_run_finishes_ends_the_job_completed_no
         )  # fmt: skip
         os.kill(held, signal.SIGCONT)
         held = None
-        info = until_ended(job, 300)
+        info = until_done(job, 300)
     finally:
         if held is not None:
             os.kill(held, signal.SIGCONT)

@@ -3,9 +3,14 @@ node launcher command (train/ft_env.py, train/replica_groups.py)."""
 
 from __future__ import annotations
 
+import json
+import threading
+import time
+
+import ddpkit.train.replica_groups as rg
 import pytest
 from ddpkit.train.ft_env import ReplicaGroup
-from ddpkit.train.replica_groups import group_argv
+from ddpkit.train.replica_groups import Supervisor, build_parser, group_argv
 
 NODE = ["py", "-m", "ddpkit.train.node", "--run-dir", "runs/x", "--standalone", "--"]
 
@@ -51,8 +56,6 @@ def test_a_users_script_gets_only_the_node_launchers_run_dir():
 
 
 def _supervisor(run_dir, monkeypatch, launch: str | None, node_rank: int = 0):
-    from ddpkit.train.replica_groups import Supervisor, build_parser
-
     if launch is None:
         monkeypatch.delenv("DDPKIT_LAUNCH_ID", raising=False)
     else:
@@ -62,9 +65,6 @@ def _supervisor(run_dir, monkeypatch, launch: str | None, node_rank: int = 0):
 
 
 def _peer_status(run_dir, launch: str | None, running: bool, stamp: float | None = None):
-    import json
-    import time
-
     body = {
         "launch_id": launch, "time": time.time() if stamp is None else stamp, "node": 1,
         "finished": False, "groups": [{"group": 1, "running": running}],
@@ -88,11 +88,6 @@ def test_a_node_reads_only_this_launchs_status_of_the_other_nodes(tmp_path, monk
 
 
 def test_a_finished_node_stays_until_the_other_nodes_groups_ended(tmp_path, monkeypatch):
-    import threading
-    import time
-
-    import ddpkit.train.replica_groups as rg
-
     monkeypatch.setattr(rg, "PEER_POLL_S", 0.05)
     sup = _supervisor(tmp_path, monkeypatch, "ddpkit-7-0")
     _peer_status(tmp_path, "ddpkit-7-0", running=True)
