@@ -8,7 +8,9 @@ import json
 import shutil
 import socket
 import subprocess
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -79,18 +81,29 @@ def test_a_resume_that_changes_the_order_mid_epoch_says_what_it_breaks(
         assert "in the middle of epoch 0" in line and "exactly-once holds again" in line
 
 
+def _beat(lock: Path, stop: threading.Event) -> None:
+    while not stop.wait(1.0):
+        lock.touch(exist_ok=True)
+
+
 def test_a_second_run_in_a_live_run_dir_is_refused_even_with_its_own_checkpoint_dir(tmp_path):
     """Two runs in one run dir would interleave metrics.jsonl and overwrite each other's
     config.json and summary.json: the run dir is locked like the checkpoint dir."""
     rd = tmp_path / "run"
     rd.mkdir()
     other = subprocess.Popen(["sleep", "300"])
+    # The owner beats its lock as a live run does (runlock: a lock unbeaten for LOCK_STALE_S
+    # is a dead job's): in CI the trainer's start alone once took longer than that.
+    beating = threading.Event()
+    beat = threading.Thread(target=_beat, args=(rd / ".lock", beating), daemon=True)
     try:
         owner = {"host": socket.gethostname(), "pid": other.pid, "agent_pid": None,
                  "launch_id": "old", "time": time.time()}  # fmt: skip
         (rd / ".lock").write_text(json.dumps(owner))
+        beat.start()
         run = train(rd, "--steps", "2", "--ckpt-dir", str(tmp_path / "ck"), check=False)
     finally:
+        beating.set()
         other.kill()
         other.wait()
     assert run.rc == 2 and "Traceback" not in run.out, run.out
