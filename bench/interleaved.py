@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--variants: need at least one kit variant; unknown: {sorted(unknown)}")
 
     import ddpkit.train.__main__ as train_main
-    from ddpkit.train import fault
+    from ddpkit.train import signals
     from ddpkit.train.loop import trainer
 
     from bench.common import write_json
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = schedule(variants, args.cycles)
     blocks: list[dict] = []
     loops: dict[str, PlainLoop] = {}
-    orig_step, orig_agreed = trainer.Trainer.train_step, fault.StopRequest.agreed
+    orig_step, orig_agreed = trainer.Trainer.train_step, signals.StopRequest.agreed
     st: dict = {"pos": 0, "current": None, "count": 0, "start": 0.0, "stamps": []}
 
     def plain_loop(tr, v: str) -> PlainLoop:
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                     {"variant": v, "cycle": c, "s": ends[-1] - t0, "steps": _diffs([t0, *ends])}
                 )
                 continue
-            fault.StopRequest.agreed = (lambda s, d: 0) if v == "kit-nostop" else orig_agreed
+            signals.StopRequest.agreed = (lambda s, d: 0) if v == "kit-nostop" else orig_agreed
             tr.cfg.log_interval = 10**9 if v == "kit-nolog" else log_every
             st["current"] = (c, v)
             return

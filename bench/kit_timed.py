@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t_torch = time.time()
     import ddpkit.train.__main__ as train_main
-    from ddpkit.train import distributed, fault
+    from ddpkit.train import distributed, signals
     from ddpkit.train.ckpt import manager as checkpoint
     from ddpkit.train.loop import trainer
 
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     _wrap(checkpoint.Checkpointer, "__init__", phases, "checkpointer (gloo group)")
     _wrap(trainer.Trainer, "maybe_resume", phases, "resume (find + load)")
     if args.variant == "kit-nostop":
-        fault.StopRequest.agreed = lambda self, device: 0
+        signals.StopRequest.agreed = lambda self, device: 0
 
     rc = train_main.main(train_args)
     if os.environ.get("RANK", "0") == "0":

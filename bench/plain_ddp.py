@@ -184,7 +184,7 @@ class TensorBatches:
 
 def probe_stop_allreduce(n: int) -> dict[str, float]:
     """Median and mean seconds of the kit's stop check alone: MAX all_reduce of one int32,
-    then .item() (ddpkit.train.fault.StopRequest.agreed). Not part of the plain loop's timing."""
+    then .item() (ddpkit.train.signals.StopRequest.agreed). Not part of the plain loop's timing."""
     import statistics
 
     import torch

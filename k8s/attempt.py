@@ -25,7 +25,7 @@ EXIT_RESTART_POD to join it, and a non-host pod starts its launcher only once th
 Exit status: the node launcher's 0, 2 (bad input) and 3 (diverged) as they are; its requeue
 (75: the pod's SIGTERM save) and a failure a restart may fix (a killed or crashed worker, a
 peer gone, past torchrun's in-place budget) -> EXIT_RESTART_POD; the user's code failing
-(failclass) or the budget spent -> 1.
+(ddpkit.train.launch.verdicts) or the budget spent -> 1.
 torch-free at import: the node launcher is imported only to run it.
 """
 
@@ -40,7 +40,6 @@ import threading
 import time
 from pathlib import Path
 
-from ddpkit.train import failclass
 from ddpkit.train.contract import (
     EXIT_BAD_INPUT,
     EXIT_DIVERGED,
@@ -48,7 +47,9 @@ from ddpkit.train.contract import (
     EXIT_OK,
     EXIT_REQUEUE,
     LAUNCH_ID_ENV,
+    SCHEDULER_ATTEMPT_ENV,
 )
+from ddpkit.train.launch import verdicts
 
 # 128 and above: the operator recreates the pod (IsRetryableExitCode). Above every
 # 128 + signal number, so it reads as the kit's request, not as a death by a signal.
@@ -197,7 +198,7 @@ def verdict(run_dir: str, launch_id: str, rc: int, restarts: int, limit: int) ->
         if restarts >= limit:
             return EXIT_FAILED, f"{how}; the pod restart budget ({limit}) is spent"
         return EXIT_RESTART_POD, f"{how}: pod restart {restarts + 1} of {limit}"
-    again, _, line = failclass.requeue_verdict(run_dir, launch_id, rc, restarts, limit)
+    again, _, line = verdicts.requeue_verdict(run_dir, launch_id, rc, restarts, limit)
     line = line.replace("not requeued", "not restarted").replace("requeue", "pod restart")
     return (EXIT_RESTART_POD if again else EXIT_FAILED), line
 
@@ -225,7 +226,7 @@ def main(argv: list[str]) -> int:
     limit = int(os.environ.get(LIMIT_ENV, "3"))
     replica = replica_name()
     if run_dir is None:  # not rendered by the kit: the node launcher as it is
-        from ddpkit.train import node
+        from ddpkit.train.launch import node
 
         return node.main(argv)
     restarts = join_attempt(run_dir, replica, os.environ.get("POD_UID") or f"{time.time_ns()}")
@@ -233,7 +234,7 @@ def main(argv: list[str]) -> int:
     # requeue marker counts only with it (the controller sets no rendezvous id here).
     launch_id = f"k8s-{restarts}"
     os.environ[LAUNCH_ID_ENV] = launch_id
-    os.environ["DDPKIT_POD_ATTEMPT"] = str(restarts)
+    os.environ[SCHEDULER_ATTEMPT_ENV] = str(restarts)  # the recreated pods: the job's attempts
     if restarts > limit:  # a pod lost outright (no exit of ours) past the budget
         print(
             f"{PREFIX}: the job's pods started {restarts + 1} times; the pod restart budget "
@@ -250,8 +251,8 @@ def main(argv: list[str]) -> int:
                 forget_attempts(run_dir)
             return code
     watching = watch_for_newer(run_dir, restarts, replica)
-    from ddpkit.train import node
     from ddpkit.train.errors import run_cli
+    from ddpkit.train.launch import node
 
     try:
         rc = run_cli(lambda: node.main(argv))

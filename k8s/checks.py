@@ -10,7 +10,7 @@ from ddpkit.tools.jobspec import JobSpec, SpecError
 
 # Set by the controllers; a user value would conflict (TrainJob rejects PET_* outright).
 RESERVED_ENV = re.compile(
-    r"^(PET_.*|MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|POD_NAME|POD_UID|NODE_NAME)$"
+    r"^(PET_.*|MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|POD_NAME|POD_UID|DDPKIT_NODE_NAME)$"
 )
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

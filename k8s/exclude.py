@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from ddpkit.train.failclass import room_for
+from ddpkit.train.launch.verdicts import room_for
 
 JOB_ENV = "DDPKIT_K8S_JOB"  # the PyTorchJob's name (rendered when exclusion is on)
 NAMESPACE_ENV = "DDPKIT_K8S_NAMESPACE"  # its namespace (downward API)

@@ -19,9 +19,10 @@ from ddpkit.k8s.options import validate_k8s
 from ddpkit.tools.backends.containers import CONTAINER_WORKDIR
 from ddpkit.tools.jobspec import JobSpec, SpecError
 from ddpkit.tools.templating import KIT_DIR, dump_yaml_all
-from ddpkit.train import lighthouse
 from ddpkit.train.ckpt.store import is_remote
+from ddpkit.train.contract import NODE_NAME_ENV
 from ddpkit.train.ft_env import LIGHTHOUSE_ENV
+from ddpkit.train.launch import lighthouse
 
 FILE_EXT = "yaml"
 PORT_NAME = "pytorchjob-port"
@@ -108,7 +109,7 @@ def env(spec: JobSpec) -> list[dict[str, Any]]:
     # pod's uid tells a recreated pod from the one before it (ddpkit.k8s.attempt).
     downward = [pod_name] + [
         {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
-        for name, path in (("NODE_NAME", "spec.nodeName"), ("POD_UID", "metadata.uid"))
+        for name, path in ((NODE_NAME_ENV, "spec.nodeName"), ("POD_UID", "metadata.uid"))
     ]
     if spec.k8s.exclude_failed_nodes:  # the pods patch their own job (k8s/exclude.py)
         values[exclude.JOB_ENV] = spec.name
@@ -134,7 +135,7 @@ def max_restarts(spec: JobSpec) -> int:
     killed or crashed worker restarts in place in a few seconds, its pod and its peers' pods
     kept; past the budget, or when a pod is lost, the operator recreates the pods
     (restart_policy). A deleted pod's peers are not restarted in place: their workers saved
-    and exited 75 with it, and train/failclass.py stops torchrun's retries on that (before,
+    and exited 75 with it, and ddpkit.train.launch.hooks stops torchrun's retries on that (before,
     a peer restarted in place waited for the recreated pod at another attempt's store keys;
     53e30b7 had set 0 here for it). An elastic job restarts its group on every membership
     change: at least its own default. A TrainJob left at the default keeps 0 (its JobSet

@@ -3,7 +3,7 @@
     python -m ddpkit.slurm.room OWN BAD      (the batch shell, teardown.sh.j2, before a requeue)
 
 OWN is the job's ExcNodeList now (the user's --exclude, earlier attempts'; "(null)" or empty
-when none), BAD the nodes that failed twice (train/failclass.py). Prints the ExcNodeList to
+when none), BAD the nodes that failed twice (ddpkit.train.launch.verdicts). Prints the ExcNodeList to
 set: OWN and the BAD nodes that still leave at least the job's node count (SLURM_JOB_NUM_NODES)
 of the partition's usable nodes; nothing when no node is added. A node left in is named on
 stderr: excluding it would leave the job pending for good (SLURM: BadConstraints), which no
@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 
-from ddpkit.train.failclass import room_for
+from ddpkit.train.launch.verdicts import room_for
 
 UNUSABLE = ("down", "drain", "drng", "fail", "maint", "unk", "futr", "inval", "boot")
 

@@ -91,7 +91,7 @@ def test_a_process_a_test_starts_is_measured_as_that_tests(tmp_path: Path):
     rc = tmp_path / "coveragerc"
     rc.write_text(coverage_run.rc_text(tmp_path))
     calls = {
-        "t.py::pace": "from ddpkit.train import fault; fault.step_pace_s()",
+        "t.py::pace": "from ddpkit.train import drills; drills.step_pace_s()",
         "t.py::parse": "from ddpkit.train import config; config.parse_config(['--steps', '3'])",
     }
     for test, code in calls.items():
@@ -106,6 +106,6 @@ def test_a_process_a_test_starts_is_measured_as_that_tests(tmp_path: Path):
     assert set(data.measured_contexts()) == set(calls)
     unique = coverage_run.unique_lines(data)
     assert unique["t.py::parse"] > unique["t.py::pace"] > 0
-    fault = next(f for f in data.measured_files() if f.endswith("train/fault.py"))
+    drills = next(f for f in data.measured_files() if f.endswith("train/drills.py"))
     data.set_query_contexts(["t.py::pace"])
-    assert data.lines(fault)
+    assert data.lines(drills)

@@ -41,11 +41,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddpkit.train import goodput
+from ddpkit.train import contract, failure, goodput
 from ddpkit.train.contract import METRICS_FILE, RUN_DIR_ENV
 from ddpkit.train.errors import CliParser, UserError
 
-KINDS = ("kill-rank", "kill-node", "stop-rank", "preempt")
+KINDS = failure.drill_kinds()  # kill-rank, kill-node, stop-rank, preempt
 TARGET_WAIT_S = 30  # the injection's rank or node, once the job's first workers run
 ATTACH_WAIT_S = 600  # --attach to a queued job: how long its workers may take to start
 
@@ -182,7 +182,7 @@ def inject(run_dir: Path, inj: Injection) -> str:
         launchers = sorted({p.ppid for p in procs})
         if not launchers:
             raise ChaosError(f"no workers of {run_dir} on this machine to preempt")
-        goodput.record(run_dir, "inject", what="preempted")
+        goodput.record(run_dir, "inject", what=failure.drilled(inj.kind).name)
         for pid in launchers:
             os.kill(pid, _preempt_signal(pid))
         return f"preemption signal to launcher(s) {launchers}"
@@ -191,7 +191,9 @@ def inject(run_dir: Path, inj: Injection) -> str:
         if not mine:
             raise ChaosError(f"no workers of node rank {inj.target} of {run_dir} on this machine")
         parents = sorted({p.ppid for p in mine})
-        goodput.record(run_dir, "inject", what="node lost", node=_node_of(mine[0].pid))
+        goodput.record(
+            run_dir, "inject", what=failure.drilled(inj.kind).name, node=_node_of(mine[0].pid)
+        )
         for pid in [*parents, *(p.pid for p in mine)]:  # the launcher first: no restart
             _kill(pid, signal.SIGKILL)
         return f"SIGKILL to node rank {inj.target}: launcher(s) {parents} and their workers"
@@ -199,10 +201,10 @@ def inject(run_dir: Path, inj: Injection) -> str:
     if not hit:
         raise ChaosError(f"no worker of rank {inj.target} of {run_dir} on this machine")
     p = hit[0]
-    what = "killed" if inj.kind == "kill-rank" else "hang"
+    what = failure.drilled(inj.kind).name
     goodput.record(run_dir, "inject", what=what, rank=p.rank, node=_node_of(p.pid))
     _kill(p.pid, signal.SIGKILL if inj.kind == "kill-rank" else signal.SIGSTOP)
-    return f"{'SIGKILL' if what == 'killed' else 'SIGSTOP'} to rank {p.rank} (pid {p.pid})"
+    return f"{'SIGKILL' if inj.kind == 'kill-rank' else 'SIGSTOP'} to rank {p.rank} (pid {p.pid})"
 
 
 def _kill(pid: int, sig: int) -> None:
@@ -223,7 +225,7 @@ def _node_of(pid: int) -> str | None:
     env = _environ(pid)
     if not env:
         return None
-    return env.get("SLURMD_NODENAME") or env.get("NODE_NAME") or os.uname().nodename
+    return contract.node_name(env)
 
 
 def _preempt_signal(launcher: int) -> int:

@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any
 
-from ddpkit.train import startup_signals, teardown
+from ddpkit.train import signals, teardown
 from ddpkit.train.config import EXIT_BAD_INPUT, ConfigError, dump, parse_config
 
 
@@ -21,7 +21,7 @@ def main(
 ) -> int:
     """`defaults`: settings a script passes through train.fit (flags and --config win);
     `states`: its own objects with state_dict/load_state_dict, checkpointed by name."""
-    startup_signals.install()  # first: a stop signal during start-up is recorded, not fatal
+    signals.install()  # first: a stop signal during start-up is recorded, not fatal
     teardown.install()  # the exit waits for gloo's threads (train/teardown.py)
     try:
         cfg, print_only = parse_config(argv, defaults)
@@ -107,7 +107,7 @@ def _before_group(e: ConfigError) -> int:
         import time
 
         deadline = time.monotonic() + _LET_RANK_0_SAY_S
-        while time.monotonic() < deadline and startup_signals.received() is None:
+        while time.monotonic() < deadline and signals.received() is None:
             time.sleep(0.05)
     return EXIT_BAD_INPUT
 
@@ -115,7 +115,7 @@ def _before_group(e: ConfigError) -> int:
 def _claim_user_error() -> bool:
     """True for the first rank of this attempt that reports a user error (the store's
     counter); with no store (one process) always True."""
-    from ddpkit.train.fault import _store
+    from ddpkit.train.diagnosis import _store
 
     store = _store()
     if store is None:
@@ -128,7 +128,7 @@ def _claim_user_error() -> bool:
 
 def _user_error_seen() -> bool:
     """A peer reported a user error: this rank's collective failed because that peer left."""
-    from ddpkit.train.fault import _store
+    from ddpkit.train.diagnosis import _store
 
     store = _store()
     try:
@@ -141,7 +141,7 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except Exception as e:  # the launcher retries a crash, never the code's own exception
-        from ddpkit.train.failclass import note_cause
+        from ddpkit.train.failure import note_cause
 
         note_cause(e)
         raise

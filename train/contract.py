@@ -45,7 +45,7 @@ CKPT_STEP_PREFIX = "step-"  # <ckpt_dir>/step-<N>/
 # configures: USR1/USR2), Kubernetes pod deletion and docker stop (TERM). ddpkit.train.preempt
 # catches these for a user's script.
 PREEMPT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
-# What the kit's trainer stops on at a step boundary (ddpkit.train.startup_signals records them
+# What the kit's trainer stops on at a step boundary (ddpkit.train.signals records them
 # from its first line): the preemption signals, and Ctrl-C, which saves and stops without a
 # requeue.
 STOP_SIGNALS = (*PREEMPT_SIGNALS, "SIGINT")
@@ -106,6 +106,44 @@ SHUTDOWN_ENV = "DDPKIT_SHUTDOWN_TIMEOUT_S"
 # MKL_DYNAMIC is on by default, and the kit's exact resume and its tests compare bits, so the
 # node launcher gives the workers both switches off unless the job sets its own.
 REPRODUCIBLE_MATH_ENV = {"MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE"}
+
+
+# --- where a worker runs: what each engine tells the node -----------------------------------------
+# Each engine binds these in its own render (SLURM's node script from SLURMD_NODENAME,
+# SLURM_NODEID and SLURM_RESTART_COUNT; Kubernetes from the downward API and its pod attempts);
+# nothing outside the engine packages reads a scheduler's own variables, so a new engine binds
+# these three and touches no file of train/. Unset (local, Docker): the host's name, the
+# rendezvous' node rank, no earlier attempt.
+NODE_NAME_ENV = "DDPKIT_NODE_NAME"  # the node's name as its scheduler knows it
+NODE_NUMBER_ENV = "DDPKIT_NODE_NUMBER"  # the node's number as the user sees it (SLURM's node id)
+# How many times the scheduler started this job before this attempt (SLURM's requeues, the
+# recreated pods of a Kubernetes job): in-place restarts under one launch are torchrun's own.
+SCHEDULER_ATTEMPT_ENV = "DDPKIT_SCHEDULER_ATTEMPT"
+
+
+def node_name(env: Mapping[str, str] | None = None) -> str:
+    """This node's name as its scheduler knows it (several SLURM nodes may share a host here,
+    pods on one machine too), else the host name."""
+    import socket
+
+    return (os.environ if env is None else env).get(NODE_NAME_ENV) or socket.gethostname()
+
+
+def node_number(env: Mapping[str, str] | None = None) -> int | None:
+    """This node's number as its scheduler numbers it, when the engine says; else None (the
+    caller takes the rendezvous' node rank)."""
+    try:
+        return int((os.environ if env is None else env).get(NODE_NUMBER_ENV, ""))
+    except ValueError:
+        return None
+
+
+def scheduler_attempt(env: Mapping[str, str] | None = None) -> int:
+    """How many times the scheduler started this job before (0: the first time)."""
+    try:
+        return max(0, int((os.environ if env is None else env).get(SCHEDULER_ATTEMPT_ENV) or 0))
+    except ValueError:
+        return 0
 
 
 def default_run_dir(name: str) -> str:

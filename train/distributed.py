@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from ddpkit.train import places
 from ddpkit.train.config import TrainConfig
-from ddpkit.train.fault import attempt_store
+from ddpkit.train.diagnosis import attempt_store
 from ddpkit.train.preflight import check_world, world_from_env
 
 
@@ -62,7 +62,7 @@ def init(cfg: TrainConfig) -> World:
             dist.init_process_group(
                 backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
             )
-    if size > 1:  # for a collective's diagnosis (ddpkit.train.fault): where each rank runs
+    if size > 1:  # for a collective's diagnosis (ddpkit.train.diagnosis): where each rank runs
         places.publish(dist.distributed_c10d._get_default_store(), rank)
     return World(rank, size, local_rank, local_size, device, backend)
 

@@ -32,7 +32,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import time
 import uuid
 from collections.abc import Mapping
@@ -40,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddpkit.train import contract, failure
 from ddpkit.train.contract import LAUNCH_ID_ENV, RDZV_ROUND_ENV, RUN_DIR_ENV
 
 GOODPUT_DIR = "goodput"  # <run dir>/goodput/<time>-<node>-<uid>-<kind>.json
@@ -49,9 +49,8 @@ KINDS = ("attempt", "end", "ready", "save", "stop", "done", "inject", "finished"
 
 
 def node_name() -> str:
-    """The node a record comes from: SLURM's node name (several slurmds may share a host
-    here), the pod's node on Kubernetes (NODE_NAME from the downward API), else the host."""
-    return os.environ.get("SLURMD_NODENAME") or os.environ.get("NODE_NAME") or socket.gethostname()
+    """The node a record comes from, as its scheduler names it (contract.node_name)."""
+    return contract.node_name()
 
 
 def attempt_number(env: Mapping[str, str] | None = None) -> int:
@@ -73,9 +72,7 @@ def first_start() -> bool:
     stays 0 on a node restarted for another node's failure), no
     requeue (SLURM's count) and no recreated pod (Kubernetes: ddpkit.k8s.attempt's count)
     before it. A run that starts over starts over here only."""
-    names = ("SLURM_RESTART_COUNT", "DDPKIT_POD_ATTEMPT")
-    counts = (os.environ.get(v, "0") for v in names)
-    return attempt_number() == 0 and all(c.strip() in ("", "0") for c in counts)
+    return attempt_number() == 0 and contract.scheduler_attempt() == 0
 
 
 def record(run_dir: str | Path | None, kind: str, **fields: Any) -> Path | None:
@@ -199,7 +196,7 @@ class Report:
         SLURM the requeue excludes them from the next attempt."""
         counts: dict[str, int] = {}
         for f in self.failures:
-            if f.node and f.kind not in ("preempted", "left early"):  # not the node's doing
+            if f.node and failure.counts_against_node(f.kind):
                 counts[f.node] = counts.get(f.node, 0) + 1
         return sorted(n for n, c in counts.items() if c >= times)
 
@@ -253,20 +250,6 @@ class Report:
         return "\n".join(rows)
 
 
-def _kind_of(code: int, facts: dict[str, Any]) -> str:
-    if facts.get("missing") or facts.get("stuck"):
-        return "hang"
-    if code in (2, 3) or facts.get("cause") == "code":
-        return "code error"
-    if code == -signal.SIGKILL:
-        return "killed"
-    if code < 0:
-        return (
-            f"signal {signal.Signals(-code).name}" if -code in signal.valid_signals() else "signal"
-        )
-    return "crashed"
-
-
 def _left_at(e: dict[str, Any]) -> float | None:
     """When a worker left of its own accord: its code returned, or it exited 0."""
     if e.get("returned") is not None:
@@ -283,7 +266,7 @@ def _culprit(
     is the cause: its peers' collectives were left waiting (a shorter data shard)."""
     silent = sorted(nodes - {e.get("node") for e in [*ends, *left]})
     if not ends:
-        return "node lost", None, silent[0] if silent else None  # nobody lived to say
+        return failure.NODE_LOST.name, None, silent[0] if silent else None  # nobody lived to say
     first = min(ends, key=lambda e: e["time"])  # the launcher timed every end as it happened
     early = sorted(
         (t, int(e.get("rank", 0)), e)
@@ -292,12 +275,16 @@ def _culprit(
     )
     if early and first.get("returned") is None:
         _, rank, e = early[0]
-        return "left early", rank, e.get("node")
+        return failure.LEFT_EARLY.name, rank, e.get("node")
     if first.get("missing"):  # it gave up waiting: the rank it waited for is the cause
         hung = int(first["missing"][0])
-        return "hang", hung, next((e.get("node") for e in ends if e.get("rank") == hung), None)
+        return (
+            failure.HANG.name,
+            hung,
+            next((e.get("node") for e in ends if e.get("rank") == hung), None),
+        )
     if silent:  # a node whose launcher reported nothing died with its workers
-        return "node lost", None, silent[0]
+        return failure.NODE_LOST.name, None, silent[0]
     by_node: dict[str, list[dict[str, Any]]] = {}
     for e in ends:
         by_node.setdefault(str(e.get("node")), []).append(e)
@@ -309,8 +296,8 @@ def _culprit(
     if len(by_node) > 1 and all(
         e.get("code") == -signal.SIGKILL and not e.get("stopped") for e in mates
     ):
-        return "node lost", None, first.get("node")
-    return _kind_of(int(first.get("code", 1)), first), first.get("rank"), first.get("node")
+        return failure.NODE_LOST.name, None, first.get("node")
+    return failure.kind_of(int(first.get("code", 1)), first), first.get("rank"), first.get("node")
 
 
 def _place(group: list[dict[str, Any]], rank: int | None) -> tuple[int | None, str | None]:
@@ -401,7 +388,7 @@ def report(run_dir: str | Path, now: float | None = None, ended: bool = False) -
         window_end = nxt[0]["time"] if nxt else float("inf")
         inj = next((r for r in injects if start <= r["time"] < window_end), None)
         if stop is not None:
-            kind, rank, node = "preempted", None, stop.get("node")
+            kind, rank, node = failure.PREEMPTED.name, None, stop.get("node")
             at = stop["time"]
             down = at
         else:

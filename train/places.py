@@ -1,18 +1,19 @@
 """Where each rank runs, for every line that names one: `rank 1 (node 1, host node2)`.
 
-The node launcher learns it at each rendezvous (install): before torchrun assigns the ranks,
+The node launcher learns it at each rendezvous (ddpkit.train.launch.hooks.learn_places): before torchrun assigns the ranks,
 each node's agent writes its node number, host and worker count into the rendezvous store;
 the assignment is a barrier (every agent writes before any gets its ranks), so afterwards
 every agent reads every node's entry without waiting, and the ranks follow in torchrun's own
 order (node by node, by rendezvous rank). The launcher of the node whose worker noticed a
 failure can then place a rank that ran elsewhere, which its own workers' ends do not tell.
 
-The node number is the scheduler's (SLURM_NODEID: the task number of the SLURM logs), else
-the rendezvous' node rank; the host is the node's name as the scheduler knows it (SLURM's
-node name, Kubernetes' node), else the host name. Both are given, always: the local SLURM
+The node number is the scheduler's (contract.NODE_NUMBER_ENV, which SLURM's node script binds to
+the task number of the SLURM logs), else the rendezvous' node rank; the host is the node's name
+as the scheduler knows it (contract.NODE_NAME_ENV: SLURM's node name, Kubernetes' node), else
+the host name. Both are given, always: the local SLURM
 cluster's two nodes share one host name, and so may pods on one machine.
 
-torch-free but for install(); a torch without the hook leaves the places of this node's own
+torch-free; a torch without the launcher's hook leaves the places of this node's own
 workers (note) and every other rank named alone (`rank 3`).
 """
 
@@ -22,23 +23,23 @@ import contextlib
 import json
 import os
 import re
-import socket
 from typing import Any
 
+from ddpkit.train import contract
+
 PLACES: dict[int, tuple[int, str]] = {}  # rank -> (node, host), from the last rendezvous
-_KEY = "ddpkit/place/"
+PLACE_KEY = "ddpkit/place/"  # + node rank: the node's entry (ddpkit.train.launch.hooks)
 
 
 def host() -> str:
     """This node's name as its scheduler knows it (goodput records use the same name)."""
-    return os.environ.get("SLURMD_NODENAME") or os.environ.get("NODE_NAME") or socket.gethostname()
+    return contract.node_name()
 
 
 def node_number(group_rank: int) -> int:
-    """The node's number as the user sees it: SLURM's, else the rendezvous' node rank."""
-    with contextlib.suppress(ValueError):
-        return int(os.environ.get("SLURM_NODEID", ""))
-    return group_rank
+    """The node's number as the user sees it: the scheduler's, else the rendezvous' node rank."""
+    number = contract.node_number()
+    return group_rank if number is None else number
 
 
 def name(rank: int, node: int | None = None, host_: str | None = None) -> str:
@@ -90,44 +91,3 @@ def published(store: Any, ranks: list[int]) -> str:
 def note(rank: int, group_rank: int) -> None:
     """A worker of this node starts (the launcher's Popen): its place, whatever the hook."""
     PLACES.setdefault(rank, (node_number(group_rank), host()))
-
-
-def _learn(store: Any, group_rank: int, group_world_size: int, workers: list[Any]) -> None:
-    keys = [f"{_KEY}{i}" for i in range(group_world_size)]
-    if not all(store.check([k]) for k in keys):
-        return  # a rendezvous without the barrier (TORCH_ELASTIC_WORKER_IDENTICAL): ours only
-    entries = [json.loads(v) for v in store.multi_get(keys)]
-    PLACES.clear()
-    first = 0
-    for entry in entries:
-        for r in range(first, first + int(entry["n"])):
-            PLACES[r] = (int(entry["node"]), str(entry["host"]))
-        first += int(entry["n"])
-
-
-def install() -> bool:
-    """Learn every rank's place at each rendezvous (torchrun's rank assignment). True when
-    installed; best effort, never in the way of the assignment itself."""
-    try:
-        from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
-    except ImportError:
-        return False
-    original = SimpleElasticAgent._assign_worker_ranks
-    if getattr(original, "_ddpkit", False):
-        return True
-
-    def assign(self: Any, store: Any, group_rank: int, group_world_size: int, spec: Any) -> Any:
-        mine = {"node": node_number(group_rank), "host": host(), "n": spec.local_world_size}
-        with contextlib.suppress(Exception):
-            store.set(f"{_KEY}{group_rank}", json.dumps(mine))
-        workers = original(self, store, group_rank, group_world_size, spec)
-        PLACES.clear()
-        for w in workers:
-            PLACES[w.global_rank] = (mine["node"], mine["host"])
-        with contextlib.suppress(Exception):
-            _learn(store, group_rank, group_world_size, workers)
-        return workers
-
-    assign._ddpkit = True  # type: ignore[attr-defined]
-    SimpleElasticAgent._assign_worker_ranks = assign  # type: ignore[method-assign]
-    return True

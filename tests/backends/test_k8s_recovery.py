@@ -248,7 +248,7 @@ FLAKY_PY = """\
 import os, signal, time
 from pathlib import Path
 
-node = os.environ["NODE_NAME"]
+node = os.environ["DDPKIT_NODE_NAME"]
 mark = Path(os.environ["DDPKIT_RUN_DIR"]) / "bad-node"  # on the claim: outlives the pods
 if not mark.exists():
     mark.write_text(node)  # the node of the first attempt is the bad one

@@ -198,7 +198,7 @@ def test_static_job_shape() -> None:
     assert {r["restartPolicy"] for r in s["pytorchReplicaSpecs"].values()} == {"ExitCode"}
     assert pod["restartPolicy"] == "Never"  # what the operator sets for ExitCode
     env = {e["name"]: e.get("value") or e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
-    assert env["DDPKIT_POD_RESTART_LIMIT"] == "3" and env["NODE_NAME"] == "spec.nodeName"
+    assert env["DDPKIT_POD_RESTART_LIMIT"] == "3" and env["DDPKIT_NODE_NAME"] == "spec.nodeName"
     assert env["POD_UID"] == "metadata.uid"
     i = cmd.index("--")
     assert cmd[i + 1 : i + 3] == ["-m", "ddpkit.train"] and cmd[i + 3 :] == spec.train_argv()

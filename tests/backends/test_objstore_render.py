@@ -56,7 +56,7 @@ def test_k8s_says_once_where_the_checkpoints_go(tmp_path):
 def test_a_store_url_is_never_folded_into_a_path(tmp_path):
     """pathlib reads `s3://b/run` as `s3:/b/run`: no claim mount at such a path, and a
     replica group's dir stays a URL."""
-    from ddpkit.train.replica_groups import group_dir
+    from ddpkit.train.launch.replica_groups import group_dir
 
     assert group_dir("s3://bucket/run/", 1) == "s3://bucket/run/group-1"
     r = _render(tmp_path, "k8s", "ckpt_dir=s3://bucket/run", "k8s.pvc=claim")

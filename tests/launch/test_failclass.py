@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from ddpkit.train import failclass
+from ddpkit.train import failure
+from ddpkit.train.launch import verdicts
 
 DDPKIT = Path(sys.executable).with_name("ddpkit")
 RAISES = """\
@@ -46,23 +47,23 @@ def test_a_script_raising_on_every_attempt_fails_once_with_its_line(tmp_path):
 @pytest.mark.parametrize(
     ("error", "cause"),
     [
-        (KeyError("label"), failclass.CODE),
-        (ValueError("shapes (3,) and (4,) not aligned"), failclass.CODE),
-        (RuntimeError("Connection closed by peer [10.0.0.2]:4242"), failclass.INFRA),
-        (RuntimeError("NCCL communicator was aborted on rank 3"), failclass.INFRA),
-        (TimeoutError("store get"), failclass.INFRA),
-        (RuntimeError("CUDA error: uncorrectable ECC error encountered"), failclass.INFRA),
+        (KeyError("label"), failure.CODE),
+        (ValueError("shapes (3,) and (4,) not aligned"), failure.CODE),
+        (RuntimeError("Connection closed by peer [10.0.0.2]:4242"), failure.INFRA),
+        (RuntimeError("NCCL communicator was aborted on rank 3"), failure.INFRA),
+        (TimeoutError("store get"), failure.INFRA),
+        (RuntimeError("CUDA error: uncorrectable ECC error encountered"), failure.INFRA),
     ],
 )
 def test_the_cause_of_an_exception(error, cause):
-    assert failclass.cause_of(error) == cause
-    assert failclass.is_code_failure(1, cause) is (cause == failclass.CODE)
+    assert failure.cause_of(error) == cause
+    assert failure.is_code_failure(1, cause) is (cause == failure.CODE)
 
 
 def test_bad_input_and_divergence_are_never_retried_and_signals_always_are():
-    assert failclass.is_code_failure(2, "") and failclass.is_code_failure(3, "")
-    assert not failclass.is_code_failure(-9, failclass.CODE)
-    assert not failclass.is_code_failure(1, "")  # unexplained: a restart may cure it
+    assert failure.is_code_failure(2, "") and failure.is_code_failure(3, "")
+    assert not failure.is_code_failure(-9, failure.CODE)
+    assert not failure.is_code_failure(1, "")  # unexplained: a restart may cure it
 
 
 def test_a_node_that_failed_twice_is_excluded_from_the_requeue(tmp_path):
@@ -75,15 +76,15 @@ def test_a_node_that_failed_twice_is_excluded_from_the_requeue(tmp_path):
         goodput.record(tmp_path, "end", time=t + 5, launch=launch, node=other, rank=0, code=143)
 
     attempt("job-0", 0, "c2")
-    again, bad, line = failclass.requeue_verdict(str(tmp_path), "job-0", 137, 0, 3)
+    again, bad, line = verdicts.requeue_verdict(str(tmp_path), "job-0", 137, 0, 3)
     assert again and bad == [] and "requeue 1 of 3" in line
     attempt("job-1", 10, "c1")
     attempt("job-2", 20, "c2")  # c2's second failure
-    again, bad, line = failclass.requeue_verdict(str(tmp_path), "job-2", 137, 2, 3)
+    again, bad, line = verdicts.requeue_verdict(str(tmp_path), "job-2", 137, 2, 3)
     assert again and bad == ["c2"] and "excluding c2 (failed 2 times" in line
-    again, _, line = failclass.requeue_verdict(str(tmp_path), "job-2", 137, 3, 3)
+    again, _, line = verdicts.requeue_verdict(str(tmp_path), "job-2", 137, 3, 3)
     assert not again and "requeue limit (3) is reached" in line
-    assert not failclass.requeue_verdict(str(tmp_path), "job-2", 143, 0, 3)[0]  # a scancel
+    assert not verdicts.requeue_verdict(str(tmp_path), "job-2", 143, 0, 3)[0]  # a scancel
     from ddpkit.train import goodput as gp
 
     lines = gp.status_lines(tmp_path)
@@ -98,10 +99,10 @@ def test_a_one_node_job_whose_node_dies_twice_excludes_it_on_the_second(tmp_path
 
     goodput.record(tmp_path, "attempt", time=1, launch="job-0", node="c1")
     goodput.record(tmp_path, "ready", time=2, launch="job-0", node="c1", step=0, load_s=0)
-    again, bad, line = failclass.requeue_verdict(str(tmp_path), "job-0", 137, 0, 3)
+    again, bad, line = verdicts.requeue_verdict(str(tmp_path), "job-0", 137, 0, 3)
     assert again and bad == [] and "requeue 1 of 3" in line
     goodput.record(tmp_path, "attempt", time=10, launch="job-1", node="c1")
-    again, bad, line = failclass.requeue_verdict(str(tmp_path), "job-1", 137, 1, 3)
+    again, bad, line = verdicts.requeue_verdict(str(tmp_path), "job-1", 137, 1, 3)
     assert again and bad == ["c1"] and "requeue 2 of 3, excluding c1" in line
     lost = goodput.report(tmp_path, ended=True).failures
     assert [(f.kind, f.node) for f in lost] == [("node lost", "c1")] * 2

@@ -15,7 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 from ddpkit.train.contract import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_REQUEUE
-from ddpkit.train.outcome import Failure, WorkerEnd, culprit, last_attempt_exits_0, outcome
+from ddpkit.train.failure import Failure, culprit
+from ddpkit.train.launch.outcome import WorkerEnd, last_attempt_exits_0, outcome
 
 from tests.trainrun import as_a_process
 
@@ -140,8 +141,8 @@ def test_a_bad_number_for_a_node_flag_is_one_line_and_starts_nothing(
     """The launcher's main in this process, as `python -m ddpkit.train.node` runs it (its exit
     status is run_cli's; the two tests below run the process itself): a process per flag
     would import torch again. A warning that a process would print counts as a second line."""
-    from ddpkit.train import node
     from ddpkit.train.errors import run_cli
+    from ddpkit.train.launch import node
 
     (tmp_path / "s.py").write_text("open('started', 'w').close()\n")
     monkeypatch.chdir(tmp_path)
@@ -558,7 +559,7 @@ def test_a_python_whose_torch_does_not_import_is_one_line_before_anything_starts
     interpreter's torch import on every run); the node launcher is that check: one line, exit 2,
     no traceback, no run dir."""
     code = (
-        "import sys; sys.modules['torch'] = None; from ddpkit.train import node; "
+        "import sys; sys.modules['torch'] = None; from ddpkit.train.launch import node; "
         "from ddpkit.train.errors import run_cli; "
         "sys.exit(run_cli(lambda: node.main(['--standalone', '--nproc-per-node=1', '--', "
         "'train.py'])))"
@@ -603,18 +604,19 @@ def test_a_dir_a_live_job_holds_is_refused_before_any_worker_starts(tmp_path, on
 
 
 def test_ranks_on_other_nodes_are_placed_from_the_rendezvous_store(monkeypatch):
-    """What node 0's launcher learns at torchrun's rank assignment (train/places.py): each
+    """What node 0's launcher learns at torchrun's rank assignment (ddpkit.train.launch.hooks): each
     node's entry in the (real) store, ranks in node order; every line names a rank so."""
     import json
 
     from ddpkit.train import places
+    from ddpkit.train.launch import hooks
     from torch.distributed import TCPStore
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     store.set("ddpkit/place/0", json.dumps({"node": 1, "host": "node2", "n": 2}))
     store.set("ddpkit/place/1", json.dumps({"node": 0, "host": "node1", "n": 2}))
     monkeypatch.setattr(places, "PLACES", {})
-    places._learn(store, 0, 2, [])
+    hooks._learn(store, 0, 2, [])
     assert places.PLACES == {0: (1, "node2"), 1: (1, "node2"), 2: (0, "node1"), 3: (0, "node1")}
     assert places.name(3) == "rank 3 (node 0, host node1)" and places.name(9) == "rank 9"
     assert places.names([1, 2]) == "ranks 1 (node 1, host node2), 2 (node 0, host node1)"
@@ -637,13 +639,16 @@ def test_ranks_on_other_nodes_are_placed_from_the_rendezvous_store(monkeypatch):
 def test_a_workers_failure_is_published_to_its_peers_but_not_a_stops_own_end(
     monkeypatch, exit_code, published
 ):
-    """_watch_end on a real child: a failure goes to the attempt's store (fault.publish_end), a
+    """_watch_end on a real child: a failure goes to the attempt's store (diagnosis.publish_end), a
     Ctrl-C's or a stop's end does not (after one, the store may be gone, and torch's client
     printed a warning after the launcher's one line)."""
-    from ddpkit.train import fault, goodput, node
+    from ddpkit.train import diagnosis, goodput
+    from ddpkit.train.launch import hooks as node
 
     calls: list[tuple[int, int]] = []
-    monkeypatch.setattr(fault, "publish_end", lambda env, rank, code: calls.append((rank, code)))
+    monkeypatch.setattr(
+        diagnosis, "publish_end", lambda env, rank, code: calls.append((rank, code))
+    )
     monkeypatch.setattr(goodput, "launcher_end", lambda *a, **k: None)
     monkeypatch.setattr(node, "_STOP_AT", [])
 

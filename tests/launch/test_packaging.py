@@ -73,7 +73,10 @@ def test_bounds_match_what_the_code_uses():
     torch_req = next(r for r in PROJECT["dependencies"] if _name(r) == "torch")
     assert ">=2.9" in torch_req
     # Every backend launches through the node launcher, which sets torchrun's signals.
-    assert "args.signals_to_handle = TORCHRUN_SIGNALS" in (ROOT / "train" / "node.py").read_text()
+    assert (
+        "args.signals_to_handle = TORCHRUN_SIGNALS"
+        in (ROOT / "train" / "launch" / "node.py").read_text()
+    )
 
 
 def test_license_is_named_in_both_places():

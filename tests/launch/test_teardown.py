@@ -199,17 +199,18 @@ def test_install_registers_once(monkeypatch):
 
 def test_the_trainer_and_a_users_entry_install_it(monkeypatch, tmp_path):
     """Both ways a worker runs under the kit register the wait before any user code."""
-    from ddpkit.train import node, startup_signals
+    from ddpkit.train import signals
+    from ddpkit.train.launch import entry
 
     calls = []
     monkeypatch.setattr(teardown, "install", lambda: calls.append("installed"))
-    monkeypatch.setattr(startup_signals, "install", lambda: None)  # signal handlers: not in pytest
+    monkeypatch.setattr(signals, "install", lambda: None)  # signal handlers: not in pytest
 
     script = tmp_path / "s.py"
     script.write_text("import ddpkit.train.teardown as t\n")
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setattr(sys, "path", list(sys.path))
-    assert node.run_entry([str(script)]) == 0
+    assert entry.run_entry([str(script)]) == 0
     from ddpkit.train.__main__ import main
 
     assert main(["--print-config"]) == 0

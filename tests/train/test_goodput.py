@@ -256,15 +256,15 @@ def test_a_fresh_start_leaves_the_run_dirs_earlier_runs_out(tmp_path):
 
 
 def test_first_start_counts_restarts_and_requeues(monkeypatch):
-    for var in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT", "DDPKIT_RDZV_ROUND"):
+    for var in ("TORCHELASTIC_RESTART_COUNT", "DDPKIT_SCHEDULER_ATTEMPT", "DDPKIT_RDZV_ROUND"):
         monkeypatch.delenv(var, raising=False)
     assert goodput.first_start()
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    monkeypatch.setenv("DDPKIT_SCHEDULER_ATTEMPT", "0")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     assert goodput.first_start()
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # a requeue: the same run goes on
+    monkeypatch.setenv("DDPKIT_SCHEDULER_ATTEMPT", "1")  # a requeue: the same run goes on
     assert not goodput.first_start()
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    monkeypatch.setenv("DDPKIT_SCHEDULER_ATTEMPT", "0")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")  # an in-place restart
     assert not goodput.first_start()
     # a node restarted for another node's failure keeps torchrun's count 0; the round says it

@@ -395,7 +395,7 @@ def test_a_barrier_only_rank_0_calls_names_rank_0_and_the_line_of_the_call(tmp_p
 
 
 def test_the_other_path_sentence_names_only_the_ranks_whose_own_code_called():
-    from ddpkit.train.fault import _other_path
+    from ddpkit.train.diagnosis import _other_path
 
     phase, when = "forward/backward (DDP gradient all_reduce)", "at step 1"
     assert _other_path({0: "", 1: ""}, phase, when) == ""  # all in the kit's collective
@@ -424,26 +424,28 @@ def _agent_store(round_: int) -> tuple[object, dict[str, str]]:
 
 
 def test_a_launchers_word_that_its_worker_ended_reaches_the_peers_of_that_attempt_only():
-    """fault.publish_end (the node launcher, from its worker's environment) and _ends (a peer
+    """diagnosis.publish_end (the node launcher, from its worker's environment) and _ends (a peer
     waiting for reports) meet in the attempt's store: the same round, not another's."""
-    from ddpkit.train import fault, goodput
+    from ddpkit.train import diagnosis, goodput
 
     from tests.trainrun import free_port
 
     server, env = _agent_store(3)
     env["TORCHELASTIC_RESTART_COUNT"] = "0"  # a node restarted for another's failure keeps 0
     assert goodput.attempt_number(env) == 3 and goodput.attempt_number({}) == 0
-    fault.publish_end(env, 1, -signal.SIGKILL)
-    here = fault.attempt_store(env, timeout_s=5)
-    assert fault._ends(here, [0, 1]) == {1: {"code": -signal.SIGKILL}}  # rank 0 said nothing
-    assert fault._ends(here, [1]) == {1: {"code": -signal.SIGKILL}}
-    other = fault.attempt_store({**env, "DDPKIT_RDZV_ROUND": "2"}, timeout_s=5)
-    assert fault._ends(other, [1]) == {}  # the round before: its own keys
-    assert fault._ended({1: {"code": -signal.SIGKILL}}, [1]) == "Rank 1 had ended (signal SIGKILL)"
-    assert fault._ended({2: {"code": 3}}, [1, 2]) == "Rank 2 had ended (exit code 3)"
-    assert fault.attempt_store({}, timeout_s=1) is None  # not under torchrun's agent store
+    diagnosis.publish_end(env, 1, -signal.SIGKILL)
+    here = diagnosis.attempt_store(env, timeout_s=5)
+    assert diagnosis._ends(here, [0, 1]) == {1: {"code": -signal.SIGKILL}}  # rank 0 said nothing
+    assert diagnosis._ends(here, [1]) == {1: {"code": -signal.SIGKILL}}
+    other = diagnosis.attempt_store({**env, "DDPKIT_RDZV_ROUND": "2"}, timeout_s=5)
+    assert diagnosis._ends(other, [1]) == {}  # the round before: its own keys
+    assert (
+        diagnosis._ended({1: {"code": -signal.SIGKILL}}, [1]) == "Rank 1 had ended (signal SIGKILL)"
+    )
+    assert diagnosis._ended({2: {"code": 3}}, [1, 2]) == "Rank 2 had ended (exit code 3)"
+    assert diagnosis.attempt_store({}, timeout_s=1) is None  # not under torchrun's agent store
     # a launcher whose store is gone (its host was the node lost) says nothing, and returns
-    fault.publish_end({**env, "MASTER_PORT": str(free_port())}, 1, -signal.SIGKILL)
+    diagnosis.publish_end({**env, "MASTER_PORT": str(free_port())}, 1, -signal.SIGKILL)
     del server
 
 
@@ -456,7 +458,7 @@ def test_a_users_env_rendezvous_in_a_restart_cannot_read_the_attempt_befores_key
     import importlib
     from datetime import timedelta
 
-    from ddpkit.train import fault
+    from ddpkit.train import diagnosis
 
     registry = importlib.import_module("torch.distributed.rendezvous")._rendezvous_handlers
     for scheme in ("env", "tcp"):  # restored after the test
@@ -465,8 +467,8 @@ def test_a_users_env_rendezvous_in_a_restart_cannot_read_the_attempt_befores_key
     env.update(RANK="0", WORLD_SIZE="1")
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    fault.scope_rendezvous_to_attempt()
-    fault.scope_rendezvous_to_attempt()  # once only: a second call wraps nothing twice
+    diagnosis.scope_rendezvous_to_attempt()
+    diagnosis.scope_rendezvous_to_attempt()  # once only: a second call wraps nothing twice
     url = "env://?rank=0&world_size=1"
     first, _, _ = next(registry["env"](url, timeout=timedelta(seconds=5)))
     first.set("rank_1", "the first attempt's rank 1")
@@ -487,18 +489,18 @@ def test_once_a_silent_rank_is_known_dead_the_wait_for_reports_ends_soon_after(m
     wait for reports ends AFTER_END_S after the end is known, not at the grace (30 s here):
     in the SLURM drill (2 nodes x 2 ranks) every kill cost the peers the whole grace."""
     import torch.distributed as dist
-    from ddpkit.train import fault
+    from ddpkit.train import diagnosis
 
     server, env = _agent_store(0)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     reports = dist.TCPStore("127.0.0.1", int(env["MASTER_PORT"]), None, is_master=False)
-    monkeypatch.setattr(fault, "_store", lambda: reports)
+    monkeypatch.setattr(diagnosis, "_store", lambda: reports)
     monkeypatch.setattr(dist, "get_rank", lambda *a: 0)
     monkeypatch.setattr(dist, "get_world_size", lambda *a: 4)
-    fault.publish_end(env, 1, -signal.SIGKILL)
+    diagnosis.publish_end(env, 1, -signal.SIGKILL)
     t0 = time.monotonic()
-    reported, _, gone = fault._exchange("ddpkit/failed/7", "forward", RuntimeError("x"), 30.0)
+    reported, _, gone = diagnosis._exchange("ddpkit/failed/7", "forward", RuntimeError("x"), 30.0)
     took = time.monotonic() - t0
     assert reported == [0] and gone == {1: {"code": -signal.SIGKILL}}, (reported, gone)
     assert took < 10, took  # AFTER_END_S (1 s) and a poll; the grace was 30 s

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-from ddpkit.train.fault import Diverged, Health
+from ddpkit.train.divergence import Diverged, Health
 
 NAN, INF = float("nan"), float("inf")
 

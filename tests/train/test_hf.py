@@ -202,7 +202,7 @@ def test_bad_hf_paths_exit_2_with_one_line(tiny, tmp_path, monkeypatch, capfd):
               "MASTER_PORT", "DDPKIT_FAULT", "TORCHELASTIC_RUN_ID"):  # fmt: skip
         monkeypatch.delenv(k, raising=False)
     monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(entry.startup_signals, "install", lambda: None)
+    monkeypatch.setattr(entry.signals, "install", lambda: None)
     monkeypatch.setattr(entry.teardown, "install", lambda: None)
     for args, text in here:
         rc, _, err = as_a_process(capfd, lambda a=args: entry.main(["--run-dir", str(rd), *a]))

@@ -146,13 +146,13 @@ def test_a_rank_other_than_0_leaves_its_bad_config_to_rank_0(monkeypatch, capsys
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "t")
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setattr(entry, "_LET_RANK_0_SAY_S", 0.5)
-    monkeypatch.setattr(entry.startup_signals, "received", lambda: None)
+    monkeypatch.setattr(entry.signals, "received", lambda: None)
     t0 = time.monotonic()
     assert entry._before_group(ConfigError("bad")) == 2
     assert 0.5 <= time.monotonic() - t0 < 3 and capsys.readouterr().err == ""
 
     stopped: list[int] = []  # the agent's SIGTERM, recorded 0.2 s in
-    monkeypatch.setattr(entry.startup_signals, "received", lambda: (15, 0.0) if stopped else None)
+    monkeypatch.setattr(entry.signals, "received", lambda: (15, 0.0) if stopped else None)
     monkeypatch.setattr(entry, "_LET_RANK_0_SAY_S", 60)
     threading.Timer(0.2, stopped.append, args=(15,)).start()
     t0 = time.monotonic()

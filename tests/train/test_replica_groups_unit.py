@@ -1,5 +1,5 @@
 """The torch-free parts of torchft replica groups: the environment contract and each group's
-node launcher command (train/ft_env.py, train/replica_groups.py)."""
+node launcher command (train/ft_env.py, train/launch/replica_groups.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 import threading
 import time
 
-import ddpkit.train.replica_groups as rg
+import ddpkit.train.launch.replica_groups as rg
 import pytest
 from ddpkit.train.ft_env import ReplicaGroup
-from ddpkit.train.replica_groups import Supervisor, build_parser, group_argv
+from ddpkit.train.launch.replica_groups import Supervisor, build_parser, group_argv
 
 NODE = ["py", "-m", "ddpkit.train.node", "--run-dir", "runs/x", "--standalone", "--"]
 
@@ -30,7 +30,7 @@ def test_a_group_id_outside_the_groups_is_named(gid, n):
 
 def _launcher_run_dir(argv: list[str]) -> str:
     """The run dir the node launcher itself takes from its flags (its own parser)."""
-    from ddpkit.train.node_flags import parse_flags, split_argv
+    from ddpkit.train.launch.flags import parse_flags, split_argv
 
     flags, entry = split_argv(argv[argv.index("ddpkit.train.node") + 1 :])
     return parse_flags(flags, entry)[0].run_dir

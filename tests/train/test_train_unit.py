@@ -112,16 +112,16 @@ def test_a_paced_step_sleeps_out_the_rest_of_its_time(monkeypatch):
     means no pace."""
     import time
 
-    from ddpkit.train import fault
+    from ddpkit.train import drills
 
     for raw, want in [("0.2", 0.2), ("", 0.0), ("fast", 0.0), ("-1", 0.0)]:
         monkeypatch.setenv("DDPKIT_STEP_PACE_S", raw)
-        assert fault.step_pace_s() == want
+        assert drills.step_pace_s() == want
     slept: list[float] = []
-    monkeypatch.setattr(fault.time, "sleep", slept.append)
-    fault.pace(time.perf_counter() - 0.05, 0.2)
+    monkeypatch.setattr(drills.time, "sleep", slept.append)
+    drills.pace(time.perf_counter() - 0.05, 0.2)
     assert len(slept) == 1 and 0.1 < slept[0] <= 0.15
-    fault.pace(time.perf_counter() - 0.3, 0.2)
+    drills.pace(time.perf_counter() - 0.3, 0.2)
     assert len(slept) == 1
 
 

@@ -194,7 +194,7 @@ class HashingWriter(FileSystemWriter):
         self.file_sums: dict[str, dict[str, Any]] = {}
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        from ddpkit.train.fault import hang_in
+        from ddpkit.train.drills import hang_in
 
         with _zip_crc32_off():
             results = super().write_data(plan, planner).wait()  # DCP's own is already done
@@ -330,7 +330,7 @@ class VerifyingReader(FileSystemReader):
         # In file order, each file is hashed in one pass without reading back.
         plan = dataclasses.replace(plan, items=sorted(plan.items, key=where))
         fut = super().read_data(plan, planner)
-        from ddpkit.train.fault import hang_in
+        from ddpkit.train.drills import hang_in
 
         hang_in("hangload", str(self.path))
         for name, rec in sorted(self.fs.expected.items()):
@@ -394,7 +394,7 @@ class UploadingWriter(HashingWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         from ddpkit.train.ckpt.store import step_number
-        from ddpkit.train.fault import kill_in_upload
+        from ddpkit.train.drills import kill_in_upload
 
         fut = super().write_data(plan, planner)  # done: every data file is in the store
         kill_in_upload(step_number(Path(self.path).name) or -1, dist.get_rank())

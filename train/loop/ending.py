@@ -33,9 +33,10 @@ from ddpkit.train.contract import (
 )
 from ddpkit.train.data import DataBundle
 from ddpkit.train.distributed import World
-from ddpkit.train.fault import Diverged, StopRequest
+from ddpkit.train.divergence import Diverged
 from ddpkit.train.metrics import Reporter, cuda_memory, gather_objects, param_digest, state_bytes
 from ddpkit.train.profiling import StepProfiler
+from ddpkit.train.signals import StopRequest
 
 
 class RunEnd:

@@ -30,18 +30,10 @@ from ddpkit.train.config import (
 )
 from ddpkit.train.data import DataBundle, GlobalBatchSampler, iterate_batches
 from ddpkit.train.data.sampler import check_same_length
+from ddpkit.train.diagnosis import diagnose_collective_failure, is_collective_error
 from ddpkit.train.distributed import World
-from ddpkit.train.fault import (
-    Diverged,
-    Fault,
-    Health,
-    StopRequest,
-    diagnose_collective_failure,
-    is_collective_error,
-    pace,
-    step_pace_s,
-    stop_check_every,
-)
+from ddpkit.train.divergence import Diverged, Health
+from ddpkit.train.drills import Fault, pace, step_pace_s
 from ddpkit.train.ft import attach as attach_ft
 from ddpkit.train.ft import buckets_across_groups
 from ddpkit.train.loop.ending import RunEnd
@@ -56,6 +48,7 @@ from ddpkit.train.metrics import (
 )
 from ddpkit.train.parallel import DTYPES, parallelize, set_grad_sync
 from ddpkit.train.profiling import StepProfiler
+from ddpkit.train.signals import StopRequest, stop_check_every
 
 
 class CollectiveFailure(RuntimeError):

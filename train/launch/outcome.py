@@ -1,11 +1,11 @@
 """What the node launcher makes of its workers' ends: which rank is to blame, and the one exit
-status a scheduler sees (the rules in train/node.py's docstring)."""
+status a scheduler sees (the rules in ddpkit.train.launch.node's docstring). The blame rule
+itself is ddpkit.train.failure's (`culprit`), shared with the goodput report."""
 
 from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
-from typing import Any
 
 from ddpkit.train import places
 from ddpkit.train.contract import (
@@ -15,13 +15,10 @@ from ddpkit.train.contract import (
     EXIT_OK,
     EXIT_REQUEUE,
 )
+from ddpkit.train.failure import COLLATERAL, Failure, culprit
+from ddpkit.train.failure import how as _how
 
 PREFIX = "ddpkit node"
-
-
-# A rank the agent stopped because another one failed dies by SIGTERM (SIGKILL after the
-# shutdown budget): it is collateral, never the cause, when another rank failed otherwise.
-COLLATERAL = (-signal.SIGTERM, -signal.SIGKILL)
 
 
 @dataclass(frozen=True)
@@ -48,63 +45,6 @@ def last_attempt_exits_0(ends: dict[int, WorkerEnd]) -> dict[int, float]:
         for e in ends.values()
         if e.attempt == last and (e.returned is not None or e.code == 0)
     }
-
-
-@dataclass(frozen=True)
-class Failure:
-    """One worker's end as torchrun reports it: its exit code (-N: killed by signal N)
-    and when it ended (seconds since the epoch; 0 when unknown). `missing` and `phase`: what
-    the kit trainer's diagnosis of a failed collective left in its error file (the ranks
-    that never reached it, and which collective: ddpkit.train.fault.tell_launcher)."""
-
-    code: int
-    when: float = 0.0
-    missing: tuple[int, ...] = ()
-    phase: str = ""
-    stuck: bool = False  # its step never finished after a stop signal (the trainer's watchdog)
-    blame: str = ""  # the ranks whose own code called a collective the others did not
-    exact: bool = False  # `when` is the moment it ended (WorkerEnd), not torchrun's poll
-    cause: str = ""  # "code": its own code raised (train/failclass.py); "infra"; "" unknown
-    error: str = ""  # the exception, in one line, when the worker noted it
-
-    @classmethod
-    def of(cls, f: Any, end: WorkerEnd | None = None) -> Failure:
-        """From torchrun's ProcessFailure, timed by the launcher's WorkerEnd when it has one."""
-        data = getattr(f, "error_file_data", None)
-        facts = (data.get("ddpkit") if isinstance(data, dict) else None) or {}
-        missing = facts.get("missing") if isinstance(facts, dict) else None
-        ok = isinstance(missing, list) and all(isinstance(r, int) for r in missing)
-        facts = facts if isinstance(facts, dict) else {}
-        return cls(
-            int(f.exitcode),
-            end.when if end else float(getattr(f, "timestamp", 0) or 0),
-            tuple(missing) if ok else (),
-            str(facts.get("phase", "")),
-            facts.get("stuck") is True,
-            str(facts.get("blame") or ""),
-            exact=end is not None,
-            cause=str(facts.get("cause") or ""),
-            error=str(facts.get("error") or ""),
-        )
-
-
-def culprit(failures: dict[int, Failure]) -> tuple[int, Failure]:
-    """The rank to blame: the first to fail for a reason of its own, not one the agent
-    stopped afterwards (torchrun SIGTERMs the rest as soon as one rank fails; a rank whose
-    step did not finish after that signal leaves through the trainer's watchdog: stuck).
-
-    When the launcher saw every end as it happened (exact), the first to end is the one:
-    whatever stopped the others came after it, so a rank SIGKILLed by the OOM killer is
-    named even though its peers failed too (a closed connection, torchrun's SIGTERM).
-    Without exact times (whole seconds, read when the agent polls), SIGTERM and SIGKILL
-    count as the agent's doing and the others are preferred."""
-    if all(f.exact for f in failures.values()):
-        own = {r: f for r, f in failures.items() if not f.stuck} or failures
-    else:
-        own = {
-            r: f for r, f in failures.items() if f.code not in COLLATERAL and not f.stuck
-        } or failures
-    return min(own.items(), key=lambda item: (item[1].when or float("inf"), item[0]))
 
 
 def _ended_first(rank: int, than: Failure, failures: dict[int, Failure]) -> bool:
@@ -203,14 +143,3 @@ def outcome(
             "rank-dependent return) leaves its peers' collectives waiting; see the output above"
         )
     return EXIT_FAILED, f"{PREFIX}: {places.name(rank)} failed ({how}); see its output above"
-
-
-def _how(code: int) -> str:
-    return f"exit code {code}" if code >= 0 else f"signal {signame(-code)}"
-
-
-def signame(num: int) -> str:
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return str(num)
