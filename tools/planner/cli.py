@@ -51,6 +51,7 @@ from ddpkit.tools.planner.model import (
     PlanError,
     describe_model,
 )
+from ddpkit.train.dataclass_fields import json_table
 from ddpkit.train.errors import CliParser, run_cli
 
 # --- output -------------------------------------------------------------------------------
@@ -134,8 +135,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     src = p.add_argument_group("what to plan (one of)")
     src.add_argument("--params", help="parameter count: 7e9, 7B, 125M")
-    src.add_argument("--model", help="mlp, mlp-deep, resnet18, gpt, pkg.module:factory, hf:PATH")
+    src.add_argument(
+        "--model",
+        help="mlp, mlp-deep, resnet18, gpt, pkg.module:factory, hf:PATH (with --config: the "
+        "model of that job, e.g. the one your own script builds)",
+    )
     src.add_argument("--config", help="a job/training TOML file (its [train] model settings)")
+    src.add_argument(
+        "--model-args",
+        type=json_table,
+        help="keywords for your factory, a JSON object: '{\"hidden\": 64}' (as ddpkit train "
+        "takes them; a job file's [train.model_args] too)",
+    )
     p.add_argument("--gpus", type=int, default=1, help="total GPUs (ranks), all nodes")
     p.add_argument("--nodes", type=int, default=1, help="nodes (HYBRID_SHARD replicates across)")
     p.add_argument("--replicate-degree", type=int, help="HYBRID_SHARD replicas (default: nodes)")
@@ -190,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     from ddpkit.tools.jobspec.load import in_workspace
+    from ddpkit.train import registry
 
     args = build_parser().parse_args(argv)
     args.config_shown = args.config  # as the user wrote it, for the report's header
@@ -197,29 +209,68 @@ def _main(argv: list[str] | None) -> int:
         value = getattr(args, key)
         if value and Path(value).is_file():
             setattr(args, key, str(Path(value).resolve()))
-    with in_workspace(workspace(args.config)):
-        return _plan(args)
+    job = read_job(args.config)
+    held = dict(registry.OBJECTS)  # a factory adapted for this plan (model.adapt_factory)
+    try:
+        with in_workspace(workspace(args.config, job)):
+            return _plan(args, job)
+    finally:
+        registry.OBJECTS.clear()
+        registry.OBJECTS.update(held)
 
 
-def workspace(config: str | None) -> Path:
-    """The job's workspace, the launcher's rule (the job file's directory or its `workspace`
-    key; without a job file, here): the user's `--model pkg.mod:factory` imports from it."""
+def read_job(config: str | None) -> dict[str, Any]:
+    """The job file's table, {} without one (or one that does not parse: load_cfg says what is
+    wrong with it, in one line)."""
     import tomllib
 
+    if not config:
+        return {}
+    try:
+        return tomllib.loads(Path(config).read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError):
+        return {}
+
+
+def workspace(config: str | None, job: dict[str, Any]) -> Path:
+    """The job's workspace, the launcher's rule (the job file's directory or its `workspace`
+    key; without a job file, here): the user's `--model pkg.mod:factory` imports from it."""
     from ddpkit.tools.jobspec.load import resolve_workspace
 
-    if not config:
-        return Path.cwd()
-    try:
-        data = tomllib.loads(Path(config).read_text())
-    except (OSError, ValueError):
-        return Path.cwd()  # load_cfg says what is wrong with the file, in one line
-    return resolve_workspace(config, data)
+    return resolve_workspace(config, job) if config and Path(config).is_file() else Path.cwd()
 
 
-def _plan(args: argparse.Namespace) -> int:
-    if sum(x is not None for x in (args.params, args.model, args.config)) != 1:
+def own_entry(job: dict[str, Any]) -> str | None:
+    """`script train.py` or `module pkg.train` when the job runs the user's own entry point
+    (the launcher's `script`/`module` keys), else None: the kit's trainer."""
+    for key in ("script", "module"):
+        if isinstance(job.get(key), str):
+            return f"{key} {job[key]}"
+    return None
+
+
+def check_source(args: argparse.Namespace, job: dict[str, Any]) -> None:
+    """What to plan: --params alone, or a model (--model, --config, or --config's job with
+    --model naming its model). A job that runs the user's own script builds its model out of
+    the planner's sight: without a model named, it is refused rather than planned as the
+    trainer's default MLP."""
+    if args.params is not None and (args.model or args.config):
+        raise PlanError("pass --params N alone, or a model: --model NAME and/or --config FILE")
+    if args.params is None and not (args.model or args.config):
         raise PlanError("pass exactly one of --params N, --model NAME or --config FILE")
+    entry = own_entry(job)
+    train = job.get("train") if isinstance(job.get("train"), dict) else {}
+    if entry and not args.model and "model" not in train:
+        raise PlanError(
+            f"{args.config_shown} runs your {entry}: the planner cannot see the model it "
+            "builds; name the function that returns it with --model pkg.module:factory, e.g. "
+            "--model models:build (imported from the workspace; its keywords with "
+            "--model-args JSON), or plan by size with --params N"
+        )
+
+
+def _plan(args: argparse.Namespace, job: dict[str, Any]) -> int:
+    check_source(args, job)
     if args.step_time:
         from ddpkit.tools.planner import steptime
 

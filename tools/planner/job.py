@@ -9,6 +9,7 @@ from typing import Any
 
 from ddpkit.tools.planner.model import PlanError
 from ddpkit.tools.planner.predict import Compute, ModelComm
+from ddpkit.train.errors import UserError
 
 
 def model_comm(cfg: Any, dtype: str) -> ModelComm:
@@ -62,15 +63,25 @@ def measure_compute(cfg: Any, reps: int = 5, warmup: int = 2) -> Compute:
         raise cannot_run(cfg, e) from None
 
 
+def stand_in_targets(out: Any) -> Any:
+    """Targets for the job's loss from what the model outputs: class indices below its last
+    size, one per row ((N, C) -> (N,), tokens (N, T, V) -> (N, T)). Not the dataset's class
+    count: a user's model with 4 outputs gets targets 0..3."""
+    import torch
+
+    return torch.randint(0, out.shape[-1], out.shape[:-1])
+
+
 def _measure(cfg: Any, reps: int, warmup: int) -> Compute:
     import torch
-    import torch.nn.functional as F
     from ddpkit.tools.planner.model import _kind, in_shape
+    from ddpkit.train import resolve
     from ddpkit.train.models import build_model
 
     torch.manual_seed(0)
     shape, classes = in_shape(cfg)
     model = build_model(cfg, shape, classes)
+    loss_fn = resolve.loss_fn(cfg)
     if cfg.optimizer == "sgd":
         opt: Any = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     else:
@@ -78,16 +89,18 @@ def _measure(cfg: Any, reps: int, warmup: int) -> Compute:
     b = cfg.batch_size
     if _kind(cfg) == "tokens":
         x = torch.randint(0, cfg.vocab_size, (b, cfg.seq_len))
-        y = torch.randint(0, cfg.vocab_size, (b, cfg.seq_len))
     else:
-        x, y = torch.randn(b, *shape), torch.randint(0, classes, (b,))
+        x = torch.randn(b, *shape)
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.mixed_precision)
+    y = None
     times: list[tuple[float, float, float]] = []
     for _ in range(warmup + reps):
         t0 = time.perf_counter()
         with torch.autocast("cpu", dtype=half, enabled=half is not None):
             out = model(x)
-        loss = F.cross_entropy(out.flatten(0, -2).float(), y.flatten())
+        if y is None:
+            y = stand_in_targets(out)
+        loss = _loss(cfg, loss_fn, out, y)
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
@@ -97,3 +110,20 @@ def _measure(cfg: Any, reps: int, warmup: int) -> Compute:
     fwd, bwd, step = (statistics.median(t[i] for t in times[warmup:]) for i in range(3))
     threads = torch.get_num_threads()
     return Compute(fwd, bwd, step, b, f"measured here: CPU, {threads} thread(s), median of {reps}")
+
+
+def _loss(cfg: Any, loss_fn: Any, out: Any, y: Any) -> Any:
+    """The job's loss on the stand-in targets; a loss that wants other targets is one line
+    (the input was fine: the forward ran)."""
+    try:
+        return loss_fn(out, y)
+    except UserError:
+        raise
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise PlanError(
+            f"--model {cfg.model}: its loss ({cfg.loss or 'cross_entropy'}) fails on the "
+            f"planner's stand-in targets, class indices below the output's last size "
+            f"{out.shape[-1]} ({type(e).__name__}: {first}); time one step of the real job "
+            "and pass it with --compute-s S"
+        ) from None

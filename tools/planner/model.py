@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import sys
 from dataclasses import dataclass, field
@@ -148,7 +149,11 @@ def load_cfg(args: argparse.Namespace) -> Any:
     global _input_shape
     _input_shape = parse_shape(args.input_shape) if getattr(args, "input_shape", None) else None
     if args.model:
+        if args.model != values.get("model"):  # another model: the file's keywords are not its
+            values.pop("model_args", None)
         values["model"] = args.model
+    if getattr(args, "model_args", None) is not None:
+        values["model_args"] = args.model_args
     for key in (*MODEL_FLAGS, "dataset"):
         if getattr(args, key, None) is not None:
             values[key] = getattr(args, key)
@@ -159,6 +164,7 @@ def load_cfg(args: argparse.Namespace) -> Any:
         raise PlanError(f"bad model settings: {e}") from None
     from ddpkit.train import resolve
 
+    adapt_factory(cfg)
     try:
         resolve.check_model(cfg)  # the model's own rules (gpt: heads divide the width)
     except UserError as e:
@@ -173,6 +179,60 @@ def load_cfg(args: argparse.Namespace) -> Any:
             f"input shape of {', '.join(images)}); pass --input-shape C,H,W or one of those"
         )
     return cfg
+
+
+def adapt_factory(cfg: Any) -> None:
+    """Call a user's factory the way its signature asks. The trainer's contract is
+    `factory(cfg, **model_args)`; a factory the user's own script calls (`build(hidden=64)`)
+    often takes its keywords alone. It gets the TrainConfig first when its first parameter is
+    required (and not one of --model-args) or is named cfg/config, else only --model-args.
+    The adapted factory is registered under its path for this plan (the registry's OBJECTS,
+    which the import source looks up before importing; cli._main restores it)."""
+    import inspect
+
+    from ddpkit.train import registry, resolve
+    from ddpkit.train.user import MODEL_CONTRACT, load_object
+
+    path = cfg.model
+    if path.startswith(resolve.HF_PREFIX) or not resolve.IMPORT_PATH.match(path):
+        return  # a built-in, hf:PATH, or a name resolve.check_model refuses in one line
+    if path in registry.OBJECTS:
+        return
+    try:
+        factory = load_object(path, "--model", MODEL_CONTRACT)
+        sig = inspect.signature(factory)
+    except UserError as e:
+        raise PlanError(str(e)) from None
+    except (TypeError, ValueError):  # no signature to read (a builtin): the trainer's contract
+        return
+    args = cfg.model_args
+    with_cfg = takes_cfg(sig, args)
+    try:
+        if with_cfg:
+            sig.bind(cfg, **args)
+        else:
+            sig.bind(**args)
+    except TypeError as e:
+        shown = f"--model-args {json.dumps(args)}" if args else "no --model-args"
+        raise PlanError(
+            f"--model {path}{sig}: {e} with {shown}{' (after cfg)' if with_cfg else ''}; "
+            "pass its keywords with --model-args JSON"
+        ) from None
+    if not with_cfg:
+        registry.OBJECTS[path] = lambda cfg, **kw: factory(**kw)
+
+
+def takes_cfg(sig: Any, model_args: dict[str, Any]) -> bool:
+    """Whether a factory's first parameter is the TrainConfig (see adapt_factory)."""
+    import inspect
+
+    params = list(sig.parameters.values())
+    if not params or params[0].kind in (params[0].KEYWORD_ONLY, params[0].VAR_KEYWORD):
+        return False
+    first = params[0]
+    if first.kind is first.VAR_POSITIONAL or first.name in ("cfg", "config"):
+        return True
+    return first.default is inspect.Parameter.empty and first.name not in model_args
 
 
 def _kind(cfg: Any) -> str:
