@@ -1,8 +1,9 @@
 """The plain script plus the ddpkit preemption contract (train/preempt.py): on a stop
-signal it saves, asks for a requeue and exits; run again, it resumes from its checkpoint.
+signal it saves in $DDPKIT_CKPT_DIR, asks for a requeue and exits; run again, it resumes
+from that checkpoint.
 
     ddpkit submit local --config examples/plain_torchrun/job.toml \
-        --set script=examples/plain_torchrun/preemptible.py
+        --set script=preemptible.py
 """
 
 import argparse
@@ -25,7 +26,11 @@ def main() -> None:
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    ckpt = os.path.join(os.path.dirname(os.path.abspath(args.out)), "ckpt.pt")
+    # The job's checkpoint dir (its ckpt_dir, else <run dir>/checkpoints): it outlives the
+    # node and the container. The launcher names it but does not create it.
+    ckpt_dir = os.environ.get("DDPKIT_CKPT_DIR", "runs/plain-torchrun/checkpoints")
+    os.makedirs(ckpt_dir, exist_ok=True)
+    ckpt = os.path.join(ckpt_dir, "ckpt.pt")
     model = torch.nn.Linear(16, 1)
     start = 0
     if os.path.exists(ckpt):
@@ -49,6 +54,7 @@ def main() -> None:
             dist.destroy_process_group()
             return
     if rank == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump({"start": start, "steps": args.steps}, f)
     dist.destroy_process_group()

@@ -311,7 +311,7 @@ def test_a_cancel_that_reaches_one_rank_of_a_users_script_saves_and_asks_for_no_
         proc.kill()
     stops = re.findall(r"rank (\d): stop at step (\d+)", out)
     assert sorted(r for r, _ in stops) == ["0", "1"] and len({s for _, s in stops}) == 1, out + err
-    assert (run / "out" / "ckpt.pt").is_file()
+    assert (run / "checkpoints" / "ckpt.pt").is_file()  # $DDPKIT_CKPT_DIR
     assert not (run / REQUEUE_MARKER).exists(), (run / REQUEUE_MARKER).read_text()
     assert proc.returncode != 75 and "Traceback" not in err, (proc.returncode, err)
 

@@ -243,7 +243,7 @@ def test_a_plain_scancel_ends_the_job_with_its_save_and_no_requeue(
         assert saved and all(int(n.split("-")[1]) < 100 for n in saved), (saved, logs)
         assert "stopped by SIGTERM" in logs and "exiting 75" not in logs, logs
     else:
-        assert (tmp_path / "proj" / "out" / "ckpt.pt").is_file(), logs
+        assert (run / "checkpoints" / "ckpt.pt").is_file(), logs  # $DDPKIT_CKPT_DIR
         assert "rank 0: stop at step" in logs, logs
 
 
