@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' | tee -a "$out/device.txt"
 
 if [ "${TESTS:-1}" != 0 ]; then
-    "$py" -m pytest -q -m gpu tests/train/test_gpu.py 2>&1 | tee "$out/pytest.txt" \
+    "$py" -m pytest -q -m gpu tests/engines/gpu/test_gpu.py 2>&1 | tee "$out/pytest.txt" \
         || echo "gpu_check: test failures above; the measurements go on"
 fi
 

@@ -78,7 +78,7 @@ class S3Server:
 
 def start(root: Path, host: str = "127.0.0.1") -> tuple[S3Server, subprocess.Popen]:
     """A server with its objects under root/data and fresh credentials (bench.objstore uses
-    it too), listening on `host` (tests/backends/test_k8s_s3.py: the pod bridge's address, which
+    it too), listening on `host` (tests/engines/k8s/test_k8s_s3.py: the pod bridge's address, which
     the pods reach); builds the binary first when absent (waiting on a running build's lock)."""
     binary = _binary()
     if not binary.exists():  # waits on a running build's lock, else builds (minutes, once)

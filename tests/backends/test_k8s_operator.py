@@ -3,7 +3,7 @@ local cluster cannot show (a listener that comes late, a name that never resolve
 memlock check on a machine without RDMA).
 
 The operator emulation that ran the rendered pods as local processes with the environment
-the controllers inject (tests/k8s_fakes.py) is gone: tests/backends/test_k8s_real.py trains the same
+the controllers inject (tests/k8s_fakes.py) is gone: tests/engines/k8s/test_k8s_real.py trains the same
 static PyTorchJob, TrainJob and elastic job on the real controllers."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """SLURM job management against fake scontrol/sacct/squeue on PATH (the process boundary):
 status falls back to sacct when slurmctld forgot the job, list shows this kit's jobs only,
 logs prefixes every node's lines. The real cluster covers submit/--wait/--follow
-(tests/backends/test_slurm_e2e.py)."""
+(tests/engines/slurm/test_slurm_e2e.py)."""
 
 from __future__ import annotations
 

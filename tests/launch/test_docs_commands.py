@@ -39,7 +39,7 @@ STAND_IN = {
     "build": "builds a container image (minutes, a registry's base image)",
 }
 # Commands that need what a test machine may lack: (what, how to tell it is here).
-NEEDS_K8S = "a Kubernetes API server and a submitted job (tests/backends/test_k8s_real.py)"
+NEEDS_K8S = "a Kubernetes API server and a submitted job (tests/engines/k8s/test_k8s_real.py)"
 
 
 def documented_commands() -> list[tuple[str, str]]:
@@ -172,7 +172,7 @@ MAKE_WHY_NOT = {
     "test-fast": "the unit tests, this file included",
     "coverage": "the whole test suite under coverage.py, this file included",
     "lint": "CI's lint step over the checkout",
-    "train": "trains for minutes; tests/launch/test_make.py runs `make train` on a short job",
+    "train": "trains for minutes; tests/process/launch/test_make.py runs `make train` on a short job",
     "bench": "benchmarks for minutes",
     "docker-build": "builds a container image (the container tests do)",
     "docker-run": "runs a container image (the container tests do)",

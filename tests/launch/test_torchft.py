@@ -137,7 +137,7 @@ def assert_the_bounds(run: Watched, killed_at: float, healed_at: float, steps: i
 
 # The 2 x 1 DDP group kill (restarts, SIGKILL exit, issue 35's bounds, equal digests, each
 # group's storage checkpoints) is asserted on the run that also counts its samples:
-# tests/train/test_torchft_data.py::test_each_sample_is_trained_once_per_epoch_but_a_lost_groups_share_is_skipped
+# tests/process/train/test_torchft_data.py::test_each_sample_is_trained_once_per_epoch_but_a_lost_groups_share_is_skipped
 # (one run of the same job kept for both).
 
 # The killed-group runs' pace (DDPKIT_STEP_PACE_S): a step lasts 0.2 s, mostly asleep, so a few
@@ -201,7 +201,7 @@ def run_groups_project(proj: Path, parallel: str) -> subprocess.CompletedProcess
 def one_4_rank_job(tmp_path_factory) -> dict:
     """The param digest of one plain 4-rank DDP job (no torchft) of 20 steps over the wide
     model: the reference both the DDP and the FSDP replica groups must end at. One run for
-    both: FULL_SHARD on 4 ranks ends at DDP's weights (tests/train/test_train_dist.py::
+    both: FULL_SHARD on 4 ranks ends at DDP's weights (tests/process/train/test_train_dist.py::
     test_fsdp_strategies_match_ddp_on_four_ranks), and a group's FSDP reduce-scatter must give
     the job's mean gradient whichever way the job itself sums it."""
     proj = groups_project(tmp_path_factory.mktemp("plain"), 20, False, "ddp", "wide:build")
@@ -237,7 +237,7 @@ def test_a_killed_fsdp_group_heals_its_shards_from_a_peer(tmp_path):
     proj = groups_project(tmp_path, steps, torchft=True, pace_s=PACE_S)
     run, rc, killed_at, healed_at = run_killing_group_1(proj, heal_timeout=300)
     assert rc == 0, run.text()[-4000:]
-    # as for 2 x 1 DDP (tests/train/test_torchft_data.py)
+    # as for 2 x 1 DDP (tests/process/train/test_torchft_data.py)
     assert_the_bounds(run, killed_at, healed_at, steps=steps)
     summaries = [json.loads((proj / f"runs/ft/group-{g}/summary.json").read_text()) for g in (0, 1)]
     assert [s["steps"] for s in summaries] == [steps, steps]

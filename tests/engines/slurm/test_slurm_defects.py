@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.test_slurm_e2e import free_port, scontrol
+from tests.engines.slurm.test_slurm_e2e import free_port, scontrol
 from tests.slurm_fixtures import slurm_cluster  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

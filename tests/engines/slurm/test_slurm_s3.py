@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.test_slurm_e2e import REPO, diverged, job_file, reference  # noqa: F401  (reference: fixture)
+from tests.engines.slurm.test_slurm_e2e import REPO, diverged, job_file, reference  # noqa: F401  (reference: fixture)
 from tests.s3_fixtures import S3Server, s3_server  # noqa: F401  (fixture)
 from tests.slurm_fixtures import scontrol, slurm_cluster, until_done  # noqa: F401  (fixture)
 

@@ -25,7 +25,7 @@ import pytest
 
 from tests.slurm_fixtures import scontrol, slurm_cluster, until_done  # noqa: F401  (fixture)
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 STEPS = 300
 

@@ -3,7 +3,7 @@ veths: the gateway's MAC, the host's side of every pod's default route, stays th
 pods come and go. Left to the kernel, a bridge takes the lowest MAC of its ports; a pod's veth
 removed then moved the gateway's MAC under the other pods, whose ARP entries pointed at nobody
 for up to a minute: a pod's S3 uploads to the host stalled past torchrun's shutdown timeout
-(tests/backends/test_k8s_s3.py lost its SIGTERM save that way). Needs root and `ip netns`;
+(tests/engines/k8s/test_k8s_s3.py lost its SIGTERM save that way). Needs root and `ip netns`;
 a bridge and address range of its own, so it runs beside the k8s chunk."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-LOCAL = Path(__file__).resolve().parents[2] / "k8s" / "local"
+LOCAL = Path(__file__).resolve().parents[3] / "k8s" / "local"
 
 
 def _cannot() -> str | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.test_k8s_real import finished, kubectl, wait_until
+from tests.engines.k8s.test_k8s_real import finished, kubectl, wait_until
 from tests.k8s_cluster import VENV, binaries_missing, cluster_env, running_cluster
 from tests.launch.test_torchft import NET_PY
 

@@ -1,5 +1,5 @@
 """submit k8s through the real `kubernetes` client against a small API server on loopback
-(tests/k8s_apiserver.py), for what the local cluster of tests/backends/test_k8s_real.py cannot be: a
+(tests/k8s_apiserver.py), for what the local cluster of tests/engines/k8s/test_k8s_real.py cannot be: a
 namespace the user may not write, a cluster without the training operator or Trainer, a job
 that ends as asked (--wait on Succeeded and Failed), and the requests a sweep makes.
 
@@ -20,7 +20,7 @@ import yaml
 from tests import k8s_apiserver
 from tests.k8s_apiserver import cli
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 cluster = k8s_apiserver.cluster  # the fake API server (a fixture)
 

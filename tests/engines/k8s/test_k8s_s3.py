@@ -1,5 +1,5 @@
 """Kubernetes with no volume: the kit's trainer as a PyTorchJob on the local control plane
-(tests/backends/test_k8s_real.py's cluster: two nodes whose pods are local processes in
+(tests/engines/k8s/test_k8s_real.py's cluster: two nodes whose pods are local processes in
 network namespaces) with `ckpt_dir = "s3://..."` on the real S3 server (tests/s3_fixtures.py),
 listening on the pod bridge's address, the host's side of every pod's default route. No claim
 is rendered or mounted; the store's credentials come from a Kubernetes Secret named by
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests import s3_fixtures
-from tests.backends.test_k8s_real import cluster, ddpkit, finished, kubectl, wait_until  # noqa: F401
+from tests.engines.k8s.test_k8s_real import cluster, ddpkit, finished, kubectl, wait_until  # noqa: F401
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 STEPS = 200

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.test_k8s_real import (  # noqa: F401  (cluster: the module's control plane)
+from tests.engines.k8s.test_k8s_real import (  # noqa: F401  (cluster: the module's control plane)
     PACED,
     cluster,
     ddpkit,

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CODE_DIRS = ("ddpkit", "train", "tools", "docker", "slurm", "k8s", "examples")
 # `README 'Section'`, `docs/x.md "Section"`, and a bare `docs/x.md`
 SECTION = re.compile(r"\b(README(?:\.md)?|docs/[\w-]+\.md)\s+['\"]([^'\"]+)['\"]")

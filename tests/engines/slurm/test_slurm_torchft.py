@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.test_slurm_e2e import free_port, scontrol
+from tests.engines.slurm.test_slurm_e2e import free_port, scontrol
 from tests.launch.test_torchft import NET_PY
 from tests.slurm_fixtures import slurm_cluster, until_done  # noqa: F401  (fixture)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from ddpkit.train import goodput
 
-from tests.backends.test_slurm_e2e import diverged, job_file, reference, submit  # noqa: F401  (reference: fixture)
+from tests.engines.slurm.test_slurm_e2e import diverged, job_file, reference, submit  # noqa: F401  (reference: fixture)
 from tests.slurm_fixtures import (  # noqa: F401  (slurm_cluster: fixture)
     REQUEUE_SETTLE_S,
     scontrol,
