@@ -4,6 +4,8 @@
                 [--optimizer adamw|adam|sgd] [--gpu-mem 80] [--json]
     ddpkit memory --model gpt --n-layer 12 --d-model 768 --gpus 8 [--batch-size 16]
     ddpkit memory --config configs/gpt.toml --gpus 8
+    ddpkit memory --config ddpkit.toml --model models:build [--model-args '{"hidden": 64}'] \
+                  --gpus 8 --dry-run        (a job that runs your own script: name its model)
     ddpkit memory --config job.toml --gpus 1024 --nodes 128 --strategy FULL_SHARD --dry-run [--json]
     ddpkit memory --config job.toml --gpus 512 --nodes 64 --step-time --inter ib400 \
                   --mfu 0.4 --peak-tflops 989 --gpu-mem 80 [--json]
@@ -133,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Per-GPU memory under DDP, SHARD_GRAD_OP, FULL_SHARD and HYBRID_SHARD.",
         epilog="Example: ddpkit memory --params 7e9 --gpus 8 --gpu-mem 80",
     )
-    src = p.add_argument_group("what to plan (one of)")
+    src = p.add_argument_group("what to plan: --params, or --model and/or --config")
     src.add_argument("--params", help="parameter count: 7e9, 7B, 125M")
     src.add_argument(
         "--model",
