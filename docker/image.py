@@ -80,19 +80,36 @@ def build_argv(
     return argv + [str(context)]
 
 
-def copy_kit_sources(dest: Path) -> None:
-    """What the wheel is built from: pyproject.toml, the files it names and the package dirs
-    its package-dir maps (read from it, so a new package needs no change here)."""
+def kit_sources() -> tuple[list[str], list[str]]:
+    """What the wheel is built from, as paths in the kit: (pyproject.toml and the files it
+    names, the package dirs its package-dir maps). Read from pyproject.toml, so a new package
+    needs no change here."""
     project = tomllib.loads((KIT_DIR / "pyproject.toml").read_text())
     meta, tool = project["project"], project["tool"]["setuptools"]
     readme = meta.get("readme", "")
     readme = readme.get("file", "") if isinstance(readme, dict) else readme
     files = ["pyproject.toml", readme, *meta.get("license-files", [])]
-    for name in filter(None, files):
+    return list(filter(None, files)), sorted(set(tool["package-dir"].values()))
+
+
+def copy_kit_sources(dest: Path) -> None:
+    """Copy the wheel's sources (kit_sources) to dest."""
+    files, folders = kit_sources()
+    for name in files:
         shutil.copy2(KIT_DIR / name, dest / name)
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    for folder in sorted(set(tool["package-dir"].values())):
+    for folder in folders:
         shutil.copytree(KIT_DIR / folder, dest / folder, ignore=skip)
+
+
+def kit_revision() -> str:
+    """The image's REVISION label: the checkout's commit, with "-dirty" when a file the image
+    is built from (kit_sources: the wheel's, the Dockerfile and the configs among them) has
+    uncommitted edits; "" for an installed kit."""
+    revision = _git("rev-parse", "HEAD")
+    if revision and _git("status", "--porcelain", "--", *(p for ps in kit_sources() for p in ps)):
+        revision += "-dirty"
+    return revision
 
 
 def kit_wheel(dest: Path) -> Path:
@@ -222,9 +239,7 @@ def build(spec: JobSpec, opts: argparse.Namespace) -> int:
     if user:
         user_image.check_files(spec)  # before minutes of building
     engine = find_engine(getattr(opts, "engine", None))
-    revision = _git("rev-parse", "HEAD")
-    if revision and _git("status", "--porcelain", "--", "train", "tools", "configs", "docker"):
-        revision += "-dirty"
+    revision = kit_revision()
     from ddpkit import __version__
 
     with tempfile.TemporaryDirectory(prefix="ddpkit-kit-") as kit_ctx:
