@@ -1,5 +1,7 @@
 """Kubernetes backend, the side effects: submit/status/logs/cancel with the `kubernetes`
-client (kubeconfig, or the in-cluster service account). Imported only by those actions.
+client (kubeconfig, or the in-cluster service account). Imported only by those actions; the
+client and its one-line errors are k8s/client.py, the objects created beside a job (RBAC,
+the lighthouse) k8s/companions.py.
 
 Every API failure a user can fix ends as one line (SpecError, exit 2): no kubeconfig, the
 CRD not installed, 403, 409 (already exists), a namespace that does not exist, a manifest the
@@ -10,131 +12,26 @@ with strict field validation before it creates anything).
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from ddpkit.k8s import crds as k8s_crds
 from ddpkit.k8s import exclude
+from ddpkit.k8s.client import FIX_SHAPE, OPERATOR, call, clients, resource
+from ddpkit.k8s.companions import (
+    RBAC_KINDS,
+    create_lighthouse,
+    create_rbac,
+    delete_lighthouse,
+    delete_rbac,
+)
 from ddpkit.k8s.crds import NODE as TRAINJOB_CONTAINER
-from ddpkit.k8s.crds import PYTORCH_CONTAINER, PYTORCHJOB, TRAINJOB
+from ddpkit.k8s.crds import PYTORCH_CONTAINER
 from ddpkit.tools.backends import JobState, JobStatus, last_job, record_job
 from ddpkit.tools.jobspec import JobSpec, SpecError
 
 JOB_LABEL = "app.kubernetes.io/instance"  # k8s.labels(): on the job and on every pod template
-
-OPERATOR = {
-    "pytorchjob": "install the Kubeflow training operator (v1.9 serves kubeflow.org/v1 "
-    "PyTorchJob), or render a TrainJob with --set k8s.api=trainjob",
-    "trainjob": "install Kubeflow Trainer v2 with its torch-distributed runtime, or render a "
-    "PyTorchJob with --set k8s.api=pytorchjob",
-}
-
-
-def _clients() -> tuple[Any, Any, Any]:
-    from kubernetes import client, config
-    from kubernetes.config.config_exception import ConfigException
-
-    cfg = client.Configuration()
-    try:
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_incluster_config(client_configuration=cfg)
-        else:  # the client reads KUBECONFIG once at import: pass it explicitly
-            config.load_kube_config(
-                config_file=os.environ.get("KUBECONFIG") or None, client_configuration=cfg
-            )
-    except (ConfigException, OSError) as e:
-        where = os.environ.get("KUBECONFIG", "~/.kube/config")
-        raise SpecError(
-            f"no Kubernetes credentials ({str(e).strip() or type(e).__name__}; looked at {where}); "
-            "point KUBECONFIG at a kubeconfig (kubectl config view) or run inside a cluster"
-        ) from None
-    api = client.ApiClient(cfg)
-    return (
-        client.CustomObjectsApi(api),
-        _OnFirstUse("CoreV1Api", api),
-        _OnFirstUse("ApiextensionsV1Api", api),
-    )
-
-
-class _OnFirstUse:
-    """One of the client's API classes, imported and built when first called: with kubernetes
-    37 the CoreV1Api import alone costs about 0.5 CPU-s (its models are pydantic classes), a
-    third of `ddpkit submit k8s`, and a plain job (no claim, Secret or RBAC to create) never
-    calls it."""
-
-    def __init__(self, name: str, api_client: Any) -> None:
-        self._name, self._api_client = name, api_client
-        self._built: Any = None
-
-    def __getattr__(self, attr: str) -> Any:
-        if self._built is None:
-            from kubernetes import client
-
-            self._built = getattr(client, self._name)(self._api_client)
-        return getattr(self._built, attr)
-
-
-def _body(e: Any) -> dict[str, Any]:
-    try:
-        return json.loads(e.body or "{}")
-    except (TypeError, ValueError):
-        return {"message": str(e.body or e.reason).strip()}
-
-
-def _call(fn: Callable[..., Any], what: str, api: str, namespace: str, *args: Any, **kw: Any):
-    """Run one API call; turn its failure into a one-line SpecError."""
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
-
-    try:
-        return fn(*args, **kw)
-    except ApiException as e:
-        body = _body(e)
-        message = body.get("message") or e.reason
-        details = body.get("details") or {}
-        if e.status == 403:
-            raise SpecError(
-                f"{what}: forbidden ({message}); ask a cluster admin for RBAC on it in "
-                f"namespace {namespace!r}, or use another namespace with -n / k8s.namespace"
-            ) from None
-        if e.status == 409:
-            name = details.get("name") or "NAME"
-            raise SpecError(
-                f"{what}: already exists in namespace {namespace!r}; delete it first "
-                f"(ddpkit cancel k8s {name} -n {namespace}, or make k8s-delete) "
-                "or rename the job (--set name=NEW)"
-            ) from None
-        if e.status == 404 and details.get("kind") == "namespaces":
-            raise SpecError(
-                f"namespace {namespace!r} does not exist; create it (kubectl create namespace "
-                f"{namespace}) or set another with --set k8s.namespace=NAME"
-            ) from None
-        if e.status == 404 and body.get("reason") == "NotFound" and details.get("name"):
-            raise SpecError(f"{what}: not found in namespace {namespace!r} ({message})") from None
-        if e.status == 404:  # the API group itself is missing: no CRD
-            raise SpecError(
-                f"{what}: the cluster does not serve this resource ({message}); {OPERATOR[api]}"
-            ) from None
-        if e.status in (400, 422):  # invalid, or a field strict validation found unknown
-            raise SpecError(
-                f"{what}: the cluster rejects the manifest: {' '.join(str(message).split())}; "
-                + FIX_SHAPE[api]
-            ) from None
-        raise SpecError(
-            f"{what}: the API server answered {e.status} {e.reason}: {message}"
-        ) from None
-    except HTTPError as e:
-        raise SpecError(f"{what}: cannot reach the Kubernetes API server ({e})") from None
-
-
-FIX_SHAPE = {
-    "pytorchjob": "upgrade the training operator to v1.9 or use --set k8s.api=trainjob",
-    "trainjob": "render for the cluster's Kubeflow Trainer release with "
-    "--set k8s.trainer_version=2.0|2.1|2.2|2.3",
-}
 
 
 def check_trainer_shape(ext: Any, spec: JobSpec) -> None:
@@ -179,9 +76,9 @@ def dry_run(custom: Any, spec: JobSpec, doc: dict[str, Any]) -> None:
     """Server-side dry run (dryRun=All, fieldValidation=Strict): admission, validation and
     pruning without persisting. A field missing from the answer was pruned: refuse."""
     api, ns = spec.k8s.api, spec.k8s.namespace
-    group, version, plural, kind = _resource(api)
+    group, version, plural, kind = resource(api)
     what = f"{kind} {spec.name}"
-    answer = _call(
+    answer = call(
         custom.create_namespaced_custom_object, what, api, ns, group, version, ns, plural, doc,
         dry_run="All", field_validation="Strict",
     )  # fmt: skip
@@ -226,16 +123,12 @@ def check_secrets(core: Any, spec: JobSpec) -> None:
             )
 
 
-def _resource(api: str) -> tuple[str, str, str, str]:
-    return TRAINJOB if api == "trainjob" else PYTORCHJOB
-
-
 def submit(spec: JobSpec, docs: list[dict[str, Any]], opts: Any) -> int:
     """Check the job against the cluster (CRD shape, dry run), then create the PVC (kept
     when it exists) and the job, as `render` shows them."""
-    custom, core, ext = _clients()
+    custom, core, ext = clients()
     ns, api = spec.k8s.namespace, spec.k8s.api
-    group, version, plural, kind = _resource(api)
+    group, version, plural, kind = resource(api)
     if api == "trainjob":
         check_trainer_shape(ext, spec)
     dry_run(custom, spec, next(d for d in docs if d["kind"] == kind))
@@ -245,7 +138,7 @@ def submit(spec: JobSpec, docs: list[dict[str, Any]], opts: Any) -> int:
         if doc["kind"] == "PersistentVolumeClaim":
             name = doc["metadata"]["name"]
             try:
-                _call(
+                call(
                     core.create_namespaced_persistent_volume_claim, f"pvc {name}", api, ns, ns, doc
                 )
                 print(f"created persistentvolumeclaim/{name}", file=sys.stderr)
@@ -254,10 +147,10 @@ def submit(spec: JobSpec, docs: list[dict[str, Any]], opts: Any) -> int:
                     raise
                 print(f"persistentvolumeclaim/{name} exists; reusing it", file=sys.stderr)
         elif doc["kind"] in RBAC_KINDS:
-            _create_rbac(core, doc, api, ns)
+            create_rbac(core, doc, api, ns)
         else:
             what = f"{kind} {spec.name}"
-            job = _call(
+            job = call(
                 custom.create_namespaced_custom_object,
                 what,
                 api,
@@ -270,70 +163,9 @@ def submit(spec: JobSpec, docs: list[dict[str, Any]], opts: Any) -> int:
             )
             print(f"created {kind.lower()}/{spec.name} in namespace {ns}")
     if owned:
-        _create_lighthouse(core, owned, job, api, ns)
+        create_lighthouse(core, owned, job, api, ns)
     record_job("k8s", spec.name, namespace=ns, api=api)
     return 0
-
-
-RBAC_KINDS = ("ServiceAccount", "Role", "RoleBinding")  # k8s.exclude_failed_nodes
-
-
-def _rbac_calls(core: Any, kind: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """(create, delete) of a namespaced ServiceAccount, Role or RoleBinding."""
-    from kubernetes import client
-
-    if kind == "ServiceAccount":
-        return core.create_namespaced_service_account, core.delete_namespaced_service_account
-    rbac = client.RbacAuthorizationV1Api(core.api_client)
-    if kind == "Role":
-        return rbac.create_namespaced_role, rbac.delete_namespaced_role
-    return rbac.create_namespaced_role_binding, rbac.delete_namespaced_role_binding
-
-
-def _create_rbac(core: Any, doc: dict[str, Any], api: str, ns: str) -> None:
-    """The service account and the rights the pods need to keep a failing node out of their
-    job (k8s/render.py rbac_objects), before the job; kept when it exists (the same job's
-    name gives the same objects). A user without the right to create them gets the line."""
-    name, kind = doc["metadata"]["name"], doc["kind"]
-    try:
-        _call(_rbac_calls(core, kind)[0], f"{kind} {name}", api, ns, ns, doc)
-        print(f"created {kind.lower()}/{name}", file=sys.stderr)
-    except SpecError as e:
-        if "already exists" not in str(e):
-            raise SpecError(
-                f"{e} (k8s.exclude_failed_nodes needs them; set it false where you may not "
-                "create service accounts, roles and role bindings)"
-            ) from None
-        print(f"{kind.lower()}/{name} exists; reusing it", file=sys.stderr)
-
-
-def _create_lighthouse(
-    core: Any, docs: list[dict[str, Any]], job: dict[str, Any], api: str, ns: str
-) -> None:
-    """fault_tolerance = torchft's lighthouse (Deployment, Service), created after the job so
-    that the job owns them: its uid exists only once it is created, and the garbage collector
-    deletes them with it (a rendered manifest has no uid: `kubectl apply` leaves them to
-    `cancel`). The groups' pods wait for the Service (k8s/launch.sh)."""
-    from kubernetes import client
-
-    owner = {
-        "apiVersion": job["apiVersion"],
-        "kind": job["kind"],
-        "name": job["metadata"]["name"],
-        "uid": job["metadata"]["uid"],
-    }
-    for doc in docs:
-        doc = {**doc, "metadata": {**doc["metadata"], "ownerReferences": [owner]}}
-        name, what = doc["metadata"]["name"], doc["kind"]
-        if what == "Service":
-            create = core.create_namespaced_service
-        else:
-            create = client.AppsV1Api(core.api_client).create_namespaced_deployment
-        _call(create, f"{what} {name}", api, ns, ns, doc)
-        print(
-            f"created {what.lower()}/{name} (owned by {job['kind']} {owner['name']})",
-            file=sys.stderr,
-        )
 
 
 def _target(job: str | None, opts: Any) -> tuple[str, str, str]:
@@ -359,8 +191,8 @@ def where(job: str) -> tuple[str, str]:
 
 
 def _get(custom: Any, name: str, ns: str, api: str) -> dict[str, Any]:
-    group, version, plural, kind = _resource(api)
-    return _call(
+    group, version, plural, kind = resource(api)
+    return call(
         custom.get_namespaced_custom_object,
         f"{kind} {name}",
         api,
@@ -382,7 +214,7 @@ def _finished(obj: dict[str, Any]) -> str | None:
 
 def poll(name: str, ns: str, api: str) -> JobStatus:
     """One look at the job, in the launcher's job-state vocabulary (Backend.wait loops on it)."""
-    custom, _, _ = _clients()
+    custom, _, _ = clients()
     try:
         obj = _get(custom, name, ns, api)
     except SpecError as e:
@@ -408,7 +240,7 @@ def _pod_selector(name: str, api: str) -> str:
 
 
 def status(job: str | None, opts: Any) -> int:
-    custom, core, _ = _clients()
+    custom, core, _ = clients()
     name, ns, api = _target(job, opts)
     obj = _get(custom, name, ns, api)
     st = obj.get("status") or {}
@@ -419,7 +251,7 @@ def status(job: str | None, opts: Any) -> int:
     for rtype, counts in (st.get("replicaStatuses") or {}).items():
         parts = ", ".join(f"{k} {counts.get(k, 0)}" for k in ("active", "succeeded", "failed"))
         print(f"  {rtype}: {parts}")
-    pods = _call(
+    pods = call(
         core.list_namespaced_pod, "pods", api, ns, ns, label_selector=_pod_selector(name, api)
     )
     for pod in pods.items:
@@ -492,16 +324,16 @@ def _stream(core: Any, pod: str, ns: str, container: str, lock: threading.Lock) 
 def logs(job: str | None, opts: Any) -> int:
     """Every pod's log with a `[pod] ` prefix. --follow: stream them (the follow API), pick
     up pods and restarted containers as they start (the watch API), end with the job."""
-    custom, core, _ = _clients()
+    custom, core, _ = clients()
     name, ns, api = _target(job, opts)
     container, lock = _container(api), threading.Lock()
     selector = _pod_selector(name, api)
     if not getattr(opts, "follow", False):
-        pods = _call(core.list_namespaced_pod, "pods", api, ns, ns, label_selector=selector)
+        pods = call(core.list_namespaced_pod, "pods", api, ns, ns, label_selector=selector)
         if not pods.items:
             raise SpecError(f"{name}: no pods yet in namespace {ns!r}; try again, or --follow")
         for pod in sorted(pods.items, key=lambda p: p.metadata.name):
-            text = _call(
+            text = call(
                 core.read_namespaced_pod_log, f"log of pod {pod.metadata.name}", api, ns,
                 pod.metadata.name, ns, container=container,
             )  # fmt: skip
@@ -540,14 +372,14 @@ def follow(custom: Any, core: Any, name: str, ns: str, api: str, lock: threading
 def list_jobs(opts: Any) -> int:
     """The ddpkit jobs (both kinds) in the namespace, newest first. Kubernetes objects do
     not record who created them, so the namespace is the unit: one per user or team."""
-    custom, _, _ = _clients()
+    custom, _, _ = clients()
     spec = getattr(opts, "spec", None)
     ns = getattr(opts, "namespace", None) or (spec.k8s.namespace if spec else "default")
     rows = []
     for api in ("pytorchjob", "trainjob"):
-        group, version, plural, kind = _resource(api)
+        group, version, plural, kind = resource(api)
         try:
-            found = _call(
+            found = call(
                 custom.list_namespaced_custom_object, f"{kind}s", api, ns, group, version, ns,
                 plural, label_selector="app.kubernetes.io/name=ddpkit",
             )  # fmt: skip
@@ -569,48 +401,14 @@ def list_jobs(opts: Any) -> int:
 
 def cancel(job: str | None, opts: Any) -> int:
     """Delete the job and (foreground) its pods; a PVC with checkpoints stays."""
-    custom, core, _ = _clients()
+    custom, core, _ = clients()
     name, ns, api = _target(job, opts)
-    group, version, plural, kind = _resource(api)
-    _call(
+    group, version, plural, kind = resource(api)
+    call(
         custom.delete_namespaced_custom_object, f"{kind} {name}", api, ns,
         group, version, ns, plural, name, propagation_policy="Foreground",
     )  # fmt: skip
     print(f"deleted {kind.lower()}/{name} in namespace {ns} (checkpoint PVCs are kept)")
-    _delete_lighthouse(core, name, ns)
-    _delete_rbac(core, name, ns)
+    delete_lighthouse(core, name, ns)
+    delete_rbac(core, name, ns)
     return 0
-
-
-def _delete_rbac(core: Any, job: str, ns: str) -> None:
-    """The job's own service account and rights (k8s.exclude_failed_nodes); none: nothing."""
-    from kubernetes.client.exceptions import ApiException
-
-    name = exclude.rbac_name(job)
-    for kind in RBAC_KINDS:
-        try:
-            _rbac_calls(core, kind)[1](name, ns)
-            print(f"deleted {kind.lower()}/{name} in namespace {ns}")
-        except ApiException as e:
-            if e.status != 404:
-                raise SpecError(f"{kind} {name}: {e.reason}; delete it with kubectl") from None
-
-
-def _delete_lighthouse(core: Any, job: str, ns: str) -> None:
-    """A fault_tolerance = torchft job's lighthouse (k8s/render.py): its Deployment and
-    Service go with the job; other jobs have none (404, nothing said)."""
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
-    name = f"{job}-lighthouse"
-    apps = client.AppsV1Api(core.api_client)
-    for what, delete in (
-        ("deployment", apps.delete_namespaced_deployment),
-        ("service", core.delete_namespaced_service),
-    ):
-        try:
-            delete(name, ns)
-            print(f"deleted {what}/{name} in namespace {ns}")
-        except ApiException as e:
-            if e.status != 404:
-                raise SpecError(f"{what} {name}: {e.reason}; delete it with kubectl") from None
