@@ -58,8 +58,8 @@ test: $(STAMP) ## Run the whole test suite in three lanes side by side (tests/la
 	$(PYC)
 	cd $(KIT) && $(PY) -m tests.lanes
 
-test-fast: $(STAMP) ## Unit tests only (no multi-process, SLURM or container tests)
-	$(PY) -m pytest -q -m "not slow and not slurm and not container"
+test-fast: $(STAMP) ## The unit tier only (tests/unit: in-process tests, well under a minute)
+	cd $(KIT) && $(PY) -m pytest -q tests/unit
 
 coverage: $(STAMP) ## The suite under coverage.py, subprocesses included; each line tagged with its tests (tests/coverage_run.py)
 	cd $(KIT) && $(PY) -m tests.coverage_run

@@ -10,28 +10,27 @@ binaries (k8s/local/build.sh, tools/s3local/build.sh, started by .ci/run beside 
 while a build runs, its chunk waits behind every other, so the build overlaps them instead of
 coming before them all (`take`).
 
-The chunks, in the order the lanes take them on a warm machine (ORDER: longest first; a lane
-takes the next one when its run ends):
+The chunks are the test folders (docs/development.md, "Tiers"); no list names a file and no
+marker decides a chunk:
 
-    engines   -m 'container or slurm'                   (the whole tree)
-    launch    tests/launch   -m 'not (container or slurm or s3 or k8s)'
-    train2    tests/train's files in SPLIT  ...
-    train     the other files of tests/train ...
-    k8s       -m 'k8s and not (...)'                    (waits for k8s/local/build.sh)
-    tools     tests/tools    ...
-    backends  tests/backends ...
-    s3        -m 's3 and not (container or slurm)'      (waits for tools/s3local/build.sh)
-    rest      tests/ without those four folders ...
+    unit              tests/unit, the whole tier in one run (in-process tests, under a minute)
+    process/<area>    each folder under tests/process that holds test files, without the
+    engines/<engine>  ... folders under it that are chunks of their own; the same under
+                      tests/engines (engines/k8s waits for k8s/local/build.sh's lock,
+                      engines/s3 for tools/s3local/build.sh's)
+    rest              test files outside the three tiers, if any
 
-A chunk is whole test files, so module fixtures (a trained run, a built image) are set up once;
-the suite has no session fixture that two chunks would build twice, except the SLURM cluster,
-whose tests are all in the first chunk. `--check` collects each chunk and shows that they are
-disjoint and add up to the whole suite. Each chunk's lines are printed as they come, prefixed
-with its name; the last line sums them up in the plain form CI reads (`total: N passed, N
-failed, N skipped`). Extra arguments go to every pytest run (`python -m tests.lanes
---durations=30`), as does PYTEST_ADDOPTS. Before the total it lists the tests that took the most
-CPU (tests/testcost.py): on 2 cores the suite is CPU-bound, so that, not a test's wall time, is
-what it takes from the other lane.
+The queue is longest first by the chunk times of the last measured run (SECONDS); a chunk not
+in it (a new folder) goes first, as if it were the longest, so it never ends a run alone. A
+chunk is whole test files, so module fixtures (a trained run, a built image) are set up once;
+the only session fixture, the SLURM cluster, is used by tests/engines/slurm alone (and
+tests/unit/suite/test_lanes.py checks that an engine's marker is only found in its folder).
+`--check` collects each chunk and shows that they are disjoint and add up to the whole suite.
+Each chunk's lines are printed as they come, prefixed with its name; the last line sums them up
+in the plain form CI reads (`total: N passed, N failed, N skipped`). Extra arguments go to every
+pytest run (`python -m tests.lanes --durations=30`), as does PYTEST_ADDOPTS. Before the total it
+lists the tests that took the most CPU (tests/testcost.py): on 2 cores the suite is CPU-bound,
+so that, not a test's wall time, is what it takes from the other lane.
 """
 
 from __future__ import annotations
@@ -57,33 +56,28 @@ LANES_ENV = "DDPKIT_TEST_LANES"  # another lane count, to measure one: DDPKIT_TE
 # (2026-12-05, docs/development.md). More would only add contention: the cores are full.
 LANES = 3
 CPU_TOP = 30  # the heaviest tests by CPU, listed at the end (tests/testcost.py)
-# Engine markers, by chunk: a test carrying several belongs to the first chunk naming one.
-ENGINE_STEPS: list[tuple[str, ...]] = [("container", "slurm"), ("s3",), ("k8s",)]
-# The chunks that wait for a Go build .ci/run starts in the background: marker -> the build's
-# versions.sh (it names the cache whose build.lock the build holds).
+TIERS = ("unit", "process", "engines")
+WHOLE = ("unit",)  # tiers run as one chunk, subfolders and all
+# The Go builds .ci/run starts in the background: build -> its versions.sh (it names the cache
+# whose build.lock the build holds); and the chunks that wait for one.
 BUILDS = {"s3": "tools/s3local/versions.sh", "k8s": "k8s/local/versions.sh"}
-ENGINE_MARKERS = [m for step in ENGINE_STEPS for m in step]
-# The process tests by folder (the queue's order is ORDER's).
-FOLDERS = ["train", "launch", "backends", "tools"]
-# Files of a folder that form a second chunk of their own (FOLDER + "2"), so that no one chunk is
-# much longer than the others and the lanes end together: tests/train alone was 1,470-1,730 s of
-# a 2,500 s run; these files are about half of it (--durations=0, 2026-12-04).
-SPLIT: dict[str, list[str]] = {
-    "train": [
-        "test_hangs.py", "test_torchft_data.py", "test_train_dist.py", "test_reliability_ckpt.py",
-        "test_hf.py",
-    ],
+WAITS = {"engines/k8s": "k8s", "engines/s3": "s3"}
+# Each chunk's seconds in the last measured run (three lanes; docs/development.md, "Where the
+# time goes"): the queue takes the longest first, so the lanes end close together. Update them
+# from a run's closing lines (`lanes: <chunk> N s`) when the chunks change much.
+SECONDS: dict[str, float] = {
+    "engines/slurm": 800, "process/train": 700, "process/launch": 650, "engines/k8s": 560,
+    "process/train/ckpt": 550, "process/tools": 350, "process/train/loop": 270,
+    "engines/container": 250, "process/train/data": 200, "engines/s3": 160,
+    "process/backends": 150, "process": 120, "process/bench": 120, "unit": 45,
+    "engines/gpu": 5, "rest": 5,
 }  # fmt: skip
-# The queue's order: longest first by the last CI run's chunk times (engines ~950 s, launch
-# ~820, each train half ~750, k8s ~600, tools ~440, backends ~180, s3 ~120, rest ~5), so the
-# lanes end close together; `take` moves a chunk whose Go build still runs behind the rest.
-ORDER = ["engines", "launch", "train2", "train", "k8s", "tools", "backends", "s3", "rest"]
 
 
 @dataclass
 class Chunk:
     name: str
-    args: list[str]  # pytest's selection: paths, --ignore and -m
+    args: list[str]  # pytest's selection: paths and --ignore
     waits_for_build: str = ""  # "k8s" / "s3": the Go build (BUILDS) this chunk waits for
     counts: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
@@ -91,31 +85,49 @@ class Chunk:
     failed_tests: list[str] = field(default_factory=list)  # pytest's `FAILED id - why` lines
 
 
-def chunks() -> list[Chunk]:
-    """The queue, in ORDER; the engine chunks split by marker over the whole tree, the rest by
-    folder (a folder in SPLIT in two) under -m 'not (engines)'."""
-    engine_exprs, before = [], []
-    for step in ENGINE_STEPS:
-        expr = " or ".join(step)
-        if before:
-            expr = f"({expr}) and not ({' or '.join(before)})"
-        engine_exprs.append((step, expr))
-        before.extend(step)
-    no_engine = f"not ({' or '.join(ENGINE_MARKERS)})"
-    first, *later = engine_exprs
-    out = [Chunk("engines", ["tests", "-m", first[1]])]
-    for f in FOLDERS:
-        split = [f"tests/{f}/{name}" for name in SPLIT.get(f, [])]
-        out.append(Chunk(f, [f"tests/{f}", *(f"--ignore={s}" for s in split), "-m", no_engine]))
-        if split:
-            out.append(Chunk(f"{f}2", [*split, "-m", no_engine]))
-    ignores = [f"--ignore=tests/{f}" for f in FOLDERS]
-    out.append(Chunk("rest", ["tests", *ignores, "-m", no_engine]))
-    out += [
-        Chunk("+".join(step), ["tests", "-m", expr], next((m for m in step if m in BUILDS), ""))
-        for step, expr in later
-    ]
-    return sorted(out, key=lambda c: ORDER.index(c.name))
+TEST_FILES = ("test_*.py", "*_test.py")  # pytest's python_files
+
+
+def holds_tests(folder: Path) -> bool:
+    """Whether test files lie directly in `folder`."""
+    return any(any(folder.glob(pattern)) for pattern in TEST_FILES)
+
+
+def files_of(folder: Path) -> list[Path]:
+    """The test files in `folder` and below it."""
+    return sorted(p for pattern in TEST_FILES for p in folder.rglob(pattern))
+
+
+def chunk_folders(tests: Path) -> list[Path]:
+    """The folders that are chunks: each whole tier of WHOLE, and under the other tiers every
+    folder holding test files (a tier's own folder too, for files put directly in it)."""
+    out = [tests / t for t in WHOLE if files_of(tests / t)]
+    for tier in TIERS:
+        if tier not in WHOLE and (tests / tier).is_dir():
+            folders = [tests / tier, *sorted(p for p in (tests / tier).rglob("*") if p.is_dir())]
+            out += [f for f in folders if "__pycache__" not in f.parts and holds_tests(f)]
+    return out
+
+
+def chunks(root: Path = ROOT) -> list[Chunk]:
+    """The queue: one chunk per chunk folder (without the chunk folders below it), `rest` for
+    test files outside the tiers; longest first by SECONDS, a chunk it does not name first."""
+    tests = root / "tests"
+    folders = chunk_folders(tests)
+    out = []
+    for f in folders:
+        name = f.relative_to(tests).as_posix()
+        below = [g for g in folders if f in g.parents]
+        below = [g for g in below if not any(h in g.parents for h in below)]  # the topmost
+        args = [
+            f"tests/{name}",
+            *(f"--ignore=tests/{g.relative_to(tests).as_posix()}" for g in below),
+        ]
+        out.append(Chunk(name, args, WAITS.get(name, "")))
+    elsewhere = [p for p in files_of(tests) if p.relative_to(tests).parts[0] not in TIERS]
+    if elsewhere:
+        out.append(Chunk("rest", ["tests", *(f"--ignore=tests/{t}" for t in TIERS)]))
+    return sorted(out, key=lambda c: (-SECONDS.get(c.name, float("inf")), c.name))
 
 
 def build_running(build: str) -> bool:
