@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DDPKIT = str(Path(sys.executable).with_name("ddpkit"))
 
 SHOW_ENV = """\
