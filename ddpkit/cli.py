@@ -25,7 +25,10 @@ TOOLS = {
         "ddpkit.train.__main__",
         "the built-in trainer in this process (python -m ddpkit.train)",
     ),
-    "node": ("ddpkit.train.node", "the node launcher every backend runs (torchrun + the contract)"),
+    "node": (
+        "ddpkit.train.launch.node",
+        "the node launcher every backend runs (torchrun + the contract)",
+    ),
     "doctor": ("ddpkit.tools.doctor.cli", "check this node: GPUs, NCCL, network, rendezvous"),
     "memory": ("ddpkit.tools.planner.cli", "plan memory per GPU for a job, a model or a size"),
     "commbench": ("ddpkit.tools.commbench", "measure collectives (run under torchrun)"),

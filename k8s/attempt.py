@@ -47,6 +47,7 @@ from ddpkit.train.contract import (
     EXIT_OK,
     EXIT_REQUEUE,
     LAUNCH_ID_ENV,
+    RUN_ID_ENV,
     SCHEDULER_ATTEMPT_ENV,
 )
 from ddpkit.train.launch import verdicts
@@ -99,6 +100,16 @@ def join_attempt(run_dir: str | Path, replica: str, pod_uid: str) -> int:
     attempt = top + 1 if any(a == top and r == replica for a, r, _ in starts) else top
     (folder / f"{attempt}.{replica}.{pod_uid}").touch()
     return attempt
+
+
+def run_id(run_dir: str | Path) -> str | None:
+    """The job's run id (contract.RUN_ID_ENV): its host pod's first start on the claim, the
+    same on every pod of every attempt of this job; the next job of this name on the claim
+    starts with none (forget_attempts) and gets its own. None before the host pod started."""
+    firsts = sorted(
+        uid for a, r, uid in _starts(Path(run_dir) / ATTEMPTS_DIR) if a == 0 and r == HOST_REPLICA
+    )
+    return f"k8s-{firsts[0][:13]}" if firsts else None
 
 
 def newest_attempt(run_dir: str | Path) -> int:
@@ -250,6 +261,8 @@ def main(argv: list[str]) -> int:
             if code == EXIT_FAILED:
                 forget_attempts(run_dir)
             return code
+    if run := run_id(run_dir):
+        os.environ[RUN_ID_ENV] = run
     watching = watch_for_newer(run_dir, restarts, replica)
     from ddpkit.train.errors import run_cli
     from ddpkit.train.launch import node
@@ -270,7 +283,10 @@ def main(argv: list[str]) -> int:
 
         if os.environ.get(exclude.JOB_ENV) or os.environ.get("PET_NODE_RANK") == "0":
             print(f"{PREFIX}: {exclude.keep_off(bad)}", file=sys.stderr, flush=True)
-    if code < EXIT_RESTART_POD and code != EXIT_OK:
+    # Ended for good: failed, or done (the host pod, the last to need them): the next job of this
+    # name on the claim is a new run with the whole budget. Kept after a done of the host pod,
+    # the next job read as attempt N+1 of this one and its goodput report as this run's.
+    if code < EXIT_RESTART_POD and (code != EXIT_OK or replica == HOST_REPLICA):
         forget_attempts(run_dir)
     return code
 

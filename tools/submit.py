@@ -182,10 +182,16 @@ def run(argv: list[str], shown: str | None = None) -> int:
     if "--make" in argv[2:]:
         argv = make_argv(argv, dict(os.environ))
     argv, entry_args = _split_entry_args(argv)
-    # The first pass reads the common flags (backend flags stay unknown); the spec is checked
-    # before submitit or the kubernetes client is imported (backends import them on use).
-    first, _ = build_parser().parse_known_intermixed_args(argv)
-    from ddpkit.tools.backends import load_backend, plugin_sections
+    from ddpkit.tools.backends import load_backend, plugin_sections, registered
+
+    if {"-h", "--help"} & set(argv) and len(argv) > 1 and argv[1] in registered():
+        build_parser(load_backend(argv[1])).parse_args(argv)  # the help lists its own flags
+    # The first pass reads the common flags (backend flags stay unknown, abbreviations are the
+    # second pass's to refuse); the spec is checked before submitit or the kubernetes client is
+    # imported (backends import them on use).
+    parser = build_parser()
+    parser.refuse_abbreviations = False  # type: ignore[attr-defined]
+    first, _ = parser.parse_known_intermixed_args(argv)
     from ddpkit.tools.backends.node_checks import check_entry_point
     from ddpkit.tools.jobspec import load_spec
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -20,16 +19,14 @@ from typing import Any, Literal, get_type_hints
 
 from ddpkit.train import dataclass_fields, resolve
 from ddpkit.train.contract import (
-    CKPT_DIR_ENV,
     EXIT_BAD_INPUT,
     EXIT_REQUEUE,
-    RUN_DIR_ENV,
     default_ckpt_dir,
     default_run_dir,
     is_remote,
 )
-from ddpkit.train.errors import CliParser, ConfigError
-from ddpkit.train.ft_env import LIGHTHOUSE_ENV
+from ddpkit.train.errors import CliParser, ConfigError, valid_keys
+from ddpkit.train.ft_env import group_dirs
 from ddpkit.train.preflight import check_packages, check_world, world_from_env
 
 
@@ -205,7 +202,7 @@ def load_toml(path: str) -> dict[str, Any]:
         name = key.replace("-", "_")
         if name not in TRAIN_KEYS:
             raise ConfigError(
-                f"--config {path}: unknown key {key!r}; valid keys: {', '.join(sorted(TRAIN_KEYS))}"
+                f"--config {path}: unknown key {key!r}; {valid_keys(name, sorted(TRAIN_KEYS))}"
             )
         out[name] = convert_value(name, value, f"--config {path}")
     return out
@@ -231,7 +228,7 @@ def parse_config(
     values: dict[str, Any] = {}
     for key, value in (defaults or {}).items():
         if key not in TRAIN_KEYS:
-            raise ConfigError(f"fit(): unknown setting {key!r}; valid: {', '.join(TRAIN_KEYS)}")
+            raise ConfigError(f"fit(): unknown setting {key!r}; {valid_keys(key, TRAIN_KEYS)}")
         values[key] = convert_value(key, value, "fit()")
     if args.config:
         values.update(load_toml(args.config))
@@ -416,8 +413,7 @@ def validate(cfg: TrainConfig, local_paths: bool = True) -> None:
     check_outputs(cfg)
     if not cfg.name.strip():
         cfg.name = entry_name()
-    if cfg.run_dir is None:
-        replica_group_dirs(cfg)
+    replica_group_dirs(cfg)
     if cfg.run_dir is None:
         cfg.run_dir = default_run_dir(cfg.name)
     if cfg.ckpt_dir is None:
@@ -425,15 +421,13 @@ def validate(cfg: TrainConfig, local_paths: bool = True) -> None:
 
 
 def replica_group_dirs(cfg: TrainConfig, env: dict[str, str] | None = None) -> None:
-    """A torchft replica group's run that names no run dir writes into its group's own (the
-    supervisor's runs/<job>/group-<g>, DDPKIT_RUN_DIR; its checkpoint dir likewise). Without
-    it every group of a user's fit() script took the same runs/<name>, and all but the first
-    found it locked. (The kit's trainer gets --run-dir from the supervisor instead.)"""
-    env = os.environ if env is None else env
-    if env.get(LIGHTHOUSE_ENV) and env.get(RUN_DIR_ENV):
-        cfg.run_dir = env[RUN_DIR_ENV]
-        if cfg.ckpt_dir is None and env.get(CKPT_DIR_ENV):
-            cfg.ckpt_dir = env[CKPT_DIR_ENV]
+    """A torchft replica group writes into its group's own dirs (the supervisor's
+    <run dir>/group-<g> and <ckpt dir>/group-<g>, ft_env.group_dirs), whatever run and
+    checkpoint dirs its flags name: those are the job's, the same for every group. Without it
+    the groups took the same dirs, and all but the first found them locked."""
+    dirs = group_dirs(env)
+    if dirs is not None:
+        cfg.run_dir, cfg.ckpt_dir = dirs
 
 
 def entry_name(argv0: str | None = None) -> str:

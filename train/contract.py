@@ -78,6 +78,15 @@ def asks_requeue(signal_name: str | None) -> bool:
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0  # torchrun's --shutdown-timeout default
 
 
+# How long a collective may wait for a rank before it fails: the kit's trainer's --timeout-s,
+# and for every entry point the default timeout of the process groups its workers make (the
+# node launcher passes it as COLLECTIVE_TIMEOUT_ENV; ddpkit.train.launch.entry applies it to a
+# user's script that names none). torch's own default is 30 min (gloo) or 10 (NCCL): a rank
+# hung in a user's script held the whole job that long with nothing said.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
+COLLECTIVE_TIMEOUT_ENV = "DDPKIT_COLLECTIVE_TIMEOUT_S"
+
+
 def shutdown_budget_s(seconds: float) -> int:
     """Whole seconds for torchrun's --shutdown-timeout and the schedulers' grace periods:
     rounded up (a budget is never cut short), at least 1."""
@@ -95,6 +104,13 @@ LAUNCH_ID_ENV = "DDPKIT_LAUNCH_ID"
 # other's failure (a membership change) keeps its count, so it cannot key the round's store.
 RDZV_ROUND_ENV = "DDPKIT_RDZV_ROUND"
 RUN_DIR_ENV = "DDPKIT_RUN_DIR"
+# One id per run: what one `ddpkit run` or `ddpkit submit` started, the same across its in-place
+# restarts and the scheduler's requeues or recreated pods; the same job submitted again is a new
+# run. The goodput report, `ddpkit status` and the run's summary are of one run: a run dir used
+# by several runs (a local smoke test, then the cluster) never mixes them. Each engine binds it
+# (SLURM: its job id; Kubernetes: ddpkit.k8s.attempt, from the job's first pod start on its
+# claim); unset, the node launcher's launch id is the run's (local, Docker: one launch a run).
+RUN_ID_ENV = "DDPKIT_RUN_ID"
 # The job's checkpoint dir (ckpt_dir, else <run dir>/checkpoints) for every entry point: where
 # a user's script saves so that its checkpoints outlive the node (the PVC or volume on k8s/docker).
 CKPT_DIR_ENV = "DDPKIT_CKPT_DIR"

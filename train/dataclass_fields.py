@@ -28,7 +28,7 @@ import types
 from collections.abc import Callable
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from ddpkit.train.errors import UserError
+from ddpkit.train.errors import UserError, valid_keys
 
 Check = Callable[[Any, str], "str | None"]  # (value, key) -> None, or the problem and its fix
 
@@ -132,7 +132,7 @@ def build(cls: type, table: dict[str, Any], where: str, error: type[UserError] =
         dotted = f"{where}.{key}" if where else key
         if name not in known:
             section = f"[{where}]" if where else "the top level"
-            raise error(f"unknown key {dotted!r}; valid keys in {section}: {', '.join(known)}")
+            raise error(f"unknown key {dotted!r}; {valid_keys(name, known, section)}")
         kwargs[name] = check_value(hints[name], value, dotted, error)
         if not getattr(cls, "__backend_options__", False):
             run_checks(cls, name, kwargs[name], dotted, error)

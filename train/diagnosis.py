@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import time
 import traceback
@@ -179,14 +180,36 @@ def scope_rendezvous_to_attempt(env: Mapping[str, str] = os.environ) -> None:
         rdzv._rendezvous_handlers[scheme] = scoped
 
 
-def publish_end(env: Mapping[str, str], rank: int, code: int) -> None:
-    """The node launcher: worker `rank` (started with `env`) ended with `code` (nonzero).
+def publish_end(env: Mapping[str, str], rank: int, code: int, when: float | None = None) -> None:
+    """The node launcher: worker `rank` (started with `env`) ended with `code` at `when` (0: it
+    left of its own accord; the other nodes' launchers read that: a rank that left early).
     Best effort: a store that is gone (its host was the node lost) says nothing."""
     with contextlib.suppress(Exception):
         store = attempt_store(env, timeout_s=2.0)
         if store is not None:
-            store.set(f"{_END_KEY}{rank}", json.dumps({"code": code}))
+            body = {"code": code} if when is None else {"code": code, "when": when}
+            store.set(f"{_END_KEY}{rank}", json.dumps(body))
             store.add(f"{_END_KEY}count", 1)
+            if code:
+                store.add(f"{_END_KEY}failed", 1)
+
+
+def peer_ends(env: Mapping[str, str], ranks: list[int]) -> dict[int, dict[str, Any]]:
+    """{rank: {"code", "when"}} of those of `ranks` (another node's workers) whose launcher
+    published an end in this attempt; {} without the attempt's store."""
+    with contextlib.suppress(Exception):
+        store = attempt_store(env, timeout_s=2.0)
+        if store is not None:
+            return _ends(store, ranks)
+    return {}
+
+
+def a_peer_failed(env: Mapping[str, str]) -> bool:
+    """Some worker of this attempt, on any node, ended with a failure (its launcher said so)."""
+    with contextlib.suppress(Exception):
+        store = attempt_store(env, timeout_s=2.0)
+        return store is not None and store.add(f"{_END_KEY}failed", 0) > 0
+    return False
 
 
 def _ends(store: Any, ranks: list[int]) -> dict[int, dict[str, Any]]:
@@ -221,21 +244,22 @@ def _signame(num: int) -> str:
         return f"signal {num}"
 
 
-def diagnose_script_failure(err: BaseException) -> None:
+def diagnose_script_failure(err: BaseException) -> str | None:
     """A user's script or module whose collective failed (run_entry): the trainer's exchange,
     so the launcher names the rank that never reached the collective (hung in its own code,
     gone) or the ranks whose code called different ones (`if rank == 0: dist.barrier()`),
-    not the first rank to notice. Only the error file is written: the script's traceback,
-    as Python prints it, says the rest."""
+    not the first rank to notice. The error file says it to the launcher; returned is one line
+    for this rank's output when another rank explains the failure (one never came, or its
+    process ended), else None (the traceback is the user's to read)."""
     frames = traceback.extract_tb(err.__traceback__)
     calls = [f.name for f in frames if f.filename.endswith(_C10D)]
     if not calls or not dist.is_initialized():
-        return  # not a collective's failure: the rank's own exception
+        return None  # not a collective's failure: the rank's own exception
     rank, world = dist.get_rank(), dist.get_world_size()
     site = user_call_site(err)
     phase = site or f"{calls[-1]}()"
     key = f"ddpkit/failed/script-{goodput.attempt_number()}"
-    reported, sites, _ = _exchange(key, phase, err, 5.0)
+    reported, sites, gone = _exchange(key, phase, err, 5.0)
     missing = [r for r in range(world) if r not in reported] if reported else []
     odd = {r: s for r, s in sites.items() if s}
     blame = ""
@@ -250,6 +274,17 @@ def diagnose_script_failure(err: BaseException) -> None:
         f"collective {phase} failed on rank {rank} of {world}: {first}",
         phase=phase, missing=missing, blame=blame, error=error,
     )  # fmt: skip
+    if not missing or blame:
+        return None
+    said = re.sub(r"^\[[^\]]*\]\s*", "", first).split(". ")[0]  # gloo's [file:line] prefix off
+    line = (
+        f"collective {phase} failed on rank {rank} of {world} ({said}): "
+        f"{'rank' if len(missing) == 1 else 'ranks'} {', '.join(map(str, missing))} never "
+        "reached it"
+    )
+    if ended := _ended(gone, missing):
+        line += f" ({ended[:1].lower()}{ended[1:]})"
+    return line + "; the launcher names the cause (DDPKIT_DEBUG=1: the whole traceback)"
 
 
 _KIT_DIR = os.path.dirname(os.path.abspath(__file__))

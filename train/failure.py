@@ -72,17 +72,24 @@ NODE_LOST = Kind(
     "a node went with its launcher: nobody on it lived to say what happened",
 )  # fmt: skip
 LEFT_EARLY = Kind(
-    "left early", True, False, (), (),
-    "a rank exited 0 while its peers still trained, leaving their collectives waiting",
+    "left early", False, False, (), (),
+    "a rank exited 0 while its peers still trained, leaving their collectives waiting: the "
+    "same on every attempt (a shorter data shard, a rank-dependent return), never retried",
 )  # fmt: skip
 PREEMPTED = Kind(
     "preempted", True, False, ("preempt",), (),
     "the scheduler asked the job to stop (SLURM's --signal, a pod deletion): saved, requeued",
 )  # fmt: skip
+STORE_LOST = Kind(
+    "store lost", True, False, (), (),
+    "the checkpoint store (an object store) stopped answering mid-run: the workers restart "
+    "from the last complete checkpoint once it answers again (ddpkit.train.ckpt.store)",
+)  # fmt: skip
 
 KINDS: dict[str, Kind] = {
     k.name: k
-    for k in (KILLED, CRASHED, SIGNALLED, HANG, CODE_ERROR, NODE_LOST, LEFT_EARLY, PREEMPTED)
+    for k in (KILLED, CRASHED, SIGNALLED, HANG, CODE_ERROR, NODE_LOST, LEFT_EARLY, PREEMPTED,
+              STORE_LOST)
 }  # fmt: skip
 
 
@@ -122,6 +129,8 @@ def kind_of(code: int, facts: dict[str, Any]) -> str:
     said (`missing` ranks it waited for, `stuck` after a stop signal, its `cause`)."""
     if facts.get("missing") or facts.get("stuck"):
         return HANG.name
+    if facts.get("cause") == STORE:  # before the code rule: a restart that waited in vain exits 2
+        return STORE_LOST.name
     if is_code_failure(code, str(facts.get("cause") or "")):
         return CODE_ERROR.name
     if code == -signal.SIGKILL:
@@ -136,6 +145,7 @@ def kind_of(code: int, facts: dict[str, Any]) -> str:
 
 CODE = "code"
 INFRA = "infra"
+STORE = "store"  # the checkpoint store stopped answering (ckpt.store.StoreLost): retried
 # Text of an exception that comes from the machine or the network, not the user's code:
 # collective and transport errors (a peer died), CUDA/ECC faults, timeouts.
 _INFRA_WORDS = (
@@ -157,6 +167,8 @@ def cause_of(e: BaseException) -> str:
     if isinstance(e, SystemExit):
         return CODE
     names = {t.__name__ for t in type(e).__mro__}
+    if "StoreLost" in names:  # by name: the vocabulary imports no checkpoint code
+        return STORE
     text = f"{type(e).__name__} {e}".lower()
     if names & set(_INFRA_TYPES) or any(w in text for w in _INFRA_WORDS):
         return INFRA
@@ -191,7 +203,10 @@ def tell_launcher(message: str, **facts: object) -> None:
 def note_cause(e: BaseException) -> None:
     """Leave the cause of this worker's exception where the launcher reads it (best effort;
     a diagnosis written already, e.g. a failed collective's, is kept)."""
-    error = f"{type(e).__name__}: {e}".splitlines()[0][:300] if str(e) else type(e).__name__
+    if isinstance(e, SystemExit):
+        error = f"sys.exit({e.code!r})"
+    else:
+        error = f"{type(e).__name__}: {e}".splitlines()[0][:300] if str(e) else type(e).__name__
     tell_launcher(error, cause=cause_of(e), error=error)
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpkit.train import contract, failure
-from ddpkit.train.contract import LAUNCH_ID_ENV, RDZV_ROUND_ENV, RUN_DIR_ENV
+from ddpkit.train.contract import LAUNCH_ID_ENV, RDZV_ROUND_ENV, RUN_DIR_ENV, RUN_ID_ENV
 
 GOODPUT_DIR = "goodput"  # <run dir>/goodput/<time>-<node>-<uid>-<kind>.json
 REPORT_FILE = "goodput.json"  # the last report, written by the launcher of node 0 at its exit
@@ -84,6 +84,7 @@ def record(run_dir: str | Path | None, kind: str, **fields: Any) -> Path | None:
         "kind": kind,
         "time": now,
         "launch": os.environ.get(LAUNCH_ID_ENV),
+        "run": os.environ.get(RUN_ID_ENV),
         "attempt": attempt_number(),
         "node": node_name(),
         **fields,
@@ -107,10 +108,38 @@ def note(kind: str, **fields: Any) -> Path | None:
     return record(os.environ.get(RUN_DIR_ENV), kind, **fields)
 
 
-def read(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Every well-formed record of the run, oldest first (torn or foreign files skipped),
-    from its last fresh start on (current_run)."""
-    return current_run(read_all(run_dir))
+def read(run_dir: str | Path, run: str | None = None) -> list[dict[str, Any]]:
+    """Every well-formed record of one run, oldest first (torn or foreign files skipped): of
+    run `run` (contract.RUN_ID_ENV), by default the newest run in the run dir, from its last
+    fresh start on (current_run). A run dir holds every run of its job (a local smoke test,
+    then the cluster, then a rerun): each is reported alone, and the time between them is
+    nobody's. Records of a kit before run ids carry none: they are one run."""
+    return current_run(of_run(read_all(run_dir), run))
+
+
+def runs(recs: list[dict[str, Any]]) -> list[str]:
+    """The run ids in `recs`, oldest first."""
+    return list(dict.fromkeys(r["run"] for r in recs if r.get("run")))
+
+
+def of_run(recs: list[dict[str, Any]], run: str | None = None) -> list[dict[str, Any]]:
+    """The records of run `run` (default: the newest), and the drill's injections in its time
+    (`ddpkit chaos` names the run it hit when it could read it). Without run ids (an older
+    kit's records): all of them."""
+    known = runs(recs)
+    if not known:
+        return recs
+    want = run if run is not None else known[-1]
+    mine = [r for r in recs if r.get("run") == want]
+    if not mine:
+        return []
+    start = mine[0]["time"]
+    return [
+        r
+        for r in recs
+        if r.get("run") == want
+        or (r["kind"] == "inject" and not r.get("run") and r["time"] >= start)
+    ]
 
 
 def current_run(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -159,12 +188,14 @@ class Loss:
     detect_s: float = 0.0
     restart_s: float = 0.0
     load_s: float = 0.0
-    recompute_s: float = 0.0
+    # The steps done again: None when unknown (the entry point notes no `ready`/`save`, so
+    # nobody knows which steps were kept), then not in lost_s, which is a floor.
+    recompute_s: float | None = 0.0
     recovered: bool = False  # a later attempt got going again
 
     @property
     def lost_s(self) -> float:
-        return self.detect_s + self.restart_s + self.load_s + self.recompute_s
+        return self.detect_s + self.restart_s + self.load_s + (self.recompute_s or 0.0)
 
 
 @dataclass
@@ -180,6 +211,12 @@ class Report:
     # last step (the summary, the end-of-run line) and after the processes exit; the time its
     # processes then took to end (the summary's gather, the pods' exit) is this, not hidden.
     teardown_s: float = 0.0
+    run: str | None = None  # the run reported (contract.RUN_ID_ENV)
+    # The step its first attempt resumed at, from a checkpoint an earlier run left in the same
+    # checkpoint dir (a local smoke test's, a rerun's): not a failure of this run, said apart.
+    resumed_step: int | None = None
+    cancelled: str | None = None  # the stop signal of a cancel (not a requeue, not a failure)
+    launches: int = 1  # >1: the scheduler started the run again (a requeue, recreated pods)
 
     @property
     def goodput(self) -> float | None:
@@ -213,6 +250,10 @@ class Report:
         """The run's goodput in one sentence."""
         n = len(self.failures)
         what = f"{n} failure{'s' if n != 1 else ''}, {self.lost_s:.0f} s lost"
+        if any(f.recompute_s is None for f in self.failures):
+            what += " or more"
+        if self.cancelled:
+            what += f"; cancelled ({self.cancelled})"
         if self.goodput is None:
             return (
                 f"goodput unknown ({what}, {self.wall_s:.0f} s wall): the entry point notes no "
@@ -220,11 +261,21 @@ class Report:
             )
         return f"goodput {self.goodput:.0%}: {what}"
 
+    def resumed_line(self) -> str | None:
+        """Where the run started, when it resumed an earlier run's checkpoint."""
+        if not self.resumed_step:
+            return None
+        return (
+            f"resumed at step {self.resumed_step} from a checkpoint an earlier run left in the "
+            "checkpoint dir (not a failure of this run; `--set train.resume=never` starts over)"
+        )
+
     def table(self) -> str:
         """The drill's report: the totals, then one row per failure."""
+        productive = "unknown" if self.productive_s is None else f"{self.productive_s:.1f} s"
         rows = [
             self.line(),
-            f"  wall {self.wall_s:.1f} s, productive {self.productive_s or 0:.1f} s, "
+            f"  wall {self.wall_s:.1f} s, productive {productive}, "
             f"start-up {self.startup_s:.1f} s, checkpoints blocking {self.ckpt_blocking_s:.1f} s, "
             f"attempts {self.attempts}"
             + (f", after the last step {self.teardown_s:.1f} s (not in the wall)"
@@ -238,7 +289,8 @@ class Report:
                     f.attempt,
                     "-" if f.rank is None else f.rank,
                     f.node or "-",
-                    *(f"{v:.1f}s" for v in (f.detect_s, f.restart_s, f.load_s, f.recompute_s)),
+                    *("?" if v is None else f"{v:.1f}s"
+                      for v in (f.detect_s, f.restart_s, f.load_s, f.recompute_s)),
                     f"{f.lost_s:.1f}s",
                 ))
                 for f in self.failures
@@ -247,6 +299,12 @@ class Report:
             widths = [max(9, *(len(r[i]) for r in table)) + 1 for i in range(len(head))]
             rows += ["  " + "".join(c.rjust(w) for c, w in zip(r, widths, strict=True))
                      for r in table]  # fmt: skip
+            if any(f.recompute_s is None for f in self.failures):
+                rows.append(
+                    "  ?: unknown (the entry point notes no steps: ddpkit.train.goodput.note)"
+                )
+        if resumed := self.resumed_line():
+            rows.append(f"  {resumed}")
         return "\n".join(rows)
 
 
@@ -334,12 +392,15 @@ def _cut_short(order: list[list[dict[str, Any]]], i: int, injects: list[dict[str
     return not any(start <= r["time"] < end for r in injects)
 
 
-def report(run_dir: str | Path, now: float | None = None, ended: bool = False) -> Report | None:
+def report(
+    run_dir: str | Path, now: float | None = None, ended: bool = False, run: str | None = None
+) -> Report | None:
     """The goodput of the run in `run_dir` from its records; None when there are none.
     ended: the job step is over (the batch shell asks before a requeue), so an attempt that
     left no end record did not run on: every one of its nodes died with it (a 1-node job's
-    lost node), and that is a failure too."""
-    recs = read(run_dir)
+    lost node), and that is a failure too. run: the run to report (default: this process's run,
+    contract.RUN_ID_ENV, else the newest in the run dir)."""
+    recs = read(run_dir, run or os.environ.get(RUN_ID_ENV))
     if not recs:
         return None
     groups: dict[tuple[Any, int], list[dict[str, Any]]] = {}
@@ -352,6 +413,7 @@ def report(run_dir: str | Path, now: float | None = None, ended: bool = False) -
     blocking = startup = 0.0
     losses: list[Loss] = []
     finished = False
+    cancelled: str | None = None
     cut_short = {i for i in range(1, len(order) - 1) if _cut_short(order, i, injects)}
     for i, g in enumerate(order):
         if i in cut_short:
@@ -382,6 +444,9 @@ def report(run_dir: str | Path, now: float | None = None, ended: bool = False) -
             kept_end = start
         if done is not None:
             continue
+        if stop is not None and stop.get("cancel"):  # the user's or an admin's stop: no failure
+            cancelled = str(stop["cancel"])
+            continue
         nxt = next((order[j] for j in range(i + 1, len(order)) if j not in cut_short), None)
         if stop is None and not ends and nxt is None and not ended:
             continue  # still running (or its node vanished without a word: nothing to say)
@@ -411,7 +476,7 @@ def report(run_dir: str | Path, now: float | None = None, ended: bool = False) -
         if stop is None:
             loss.node_number = number
         loss.detect_s = max(0.0, down - at)
-        loss.recompute_s = max(0.0, at - kept_end) if ready is not None else 0.0
+        loss.recompute_s = max(0.0, at - kept_end) if ready is not None else None
         if nxt is not None:
             n_ready = next((r for r in nxt if r["kind"] == "ready"), None)
             loss.recovered = True
@@ -421,6 +486,11 @@ def report(run_dir: str | Path, now: float | None = None, ended: bool = False) -
             else:
                 loss.restart_s = max(0.0, nxt[0]["time"] - down)
         losses.append(loss)
+    first_ready = next((r for r in order[0] if r["kind"] == "ready"), None) if order else None
+    resumed = None
+    if first_ready is not None and not first_ready.get("fresh"):
+        with contextlib.suppress(TypeError, ValueError):
+            resumed = int(first_ready.get("step") or 0) or None
     latest = max(r["time"] for r in recs)
     if finished:
         last = max(r["time"] for r in recs if r["kind"] == "done")
@@ -435,6 +505,10 @@ def report(run_dir: str | Path, now: float | None = None, ended: bool = False) -
         attempts=len(order) - len(cut_short),
         failures=losses,
         finished=finished,
+        run=next((r["run"] for r in recs if r.get("run")), None),
+        resumed_step=resumed,
+        cancelled=cancelled,
+        launches=len({r.get("launch") for r in recs if r["kind"] != "inject"}),
     )
 
 
@@ -522,6 +596,7 @@ def launcher_exit(
     node_rank: int,
     attempt: int | None = None,
     finished: bool = False,
+    cancel: str | None = None,
 ) -> str | None:
     """At the launcher's exit: note the stop of a requeue; node 0 notes a job that finished
     (exit 0: a user's script notes no `done` of its own, and an attached drill waits for one
@@ -529,10 +604,13 @@ def launcher_exit(
     a requeue follows: after restarts the line says what they cost. None elsewhere, without
     records, and for a launch of one attempt: its end is said by the trainer's done line, or
     by the one error line a failure or bad input gets (which must stay the only line: no
-    goodput beside it)."""
+    goodput beside it). cancel: the stop signal of a cancel (a plain scancel's SIGTERM, a
+    `ddpkit cancel`, Ctrl-C), noted so that the report says "cancelled", not a failure."""
     where = {} if attempt is None else {"attempt": attempt}  # the launcher's own env has none
     if requeue:  # in the attempt the workers last ran in
         record(run_dir, "stop", **where)
+    elif cancel:
+        record(run_dir, "stop", cancel=cancel, **where)
     if node_rank != 0:
         return None
     if finished:
@@ -567,6 +645,8 @@ def status_lines(run_dir: str | Path) -> list[str]:
                 out += [f"  {g.name}:", *(f"  {line}" for line in lines)]
         return out
     out = [f"  {rep.line()} (wall {rep.wall_s:.0f} s, {rep.attempts} attempt(s))"]
+    if resumed := rep.resumed_line():
+        out.append(f"  {resumed}")
     from ddpkit.train import places
 
     for f in rep.failures:
@@ -578,9 +658,14 @@ def status_lines(run_dir: str | Path) -> list[str]:
         out.append(
             f"  failure: {f.kind} {who} in attempt {f.attempt}, {f.lost_s:.0f} s lost, {state}"
         )
-    if bad := rep.failing_nodes():
+    if (bad := rep.failing_nodes()) and rep.launches > 1:
         out.append(
             f"  excluded from the next attempt (SLURM): {', '.join(bad)} "
             f"(failed {NODE_FAILURES_TO_EXCLUDE} times or more)"
+        )
+    elif bad:  # one launch (local, or no requeue yet): nothing was left out
+        out.append(
+            f"  failed {NODE_FAILURES_TO_EXCLUDE} times or more: {', '.join(bad)} (a SLURM requeue "
+            "leaves such a node out)"
         )
     return out

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ddpkit.tools.jobspec import SpecError, load_spec, parse_time_minutes
+from ddpkit.tools.jobspec import SpecError, load_spec, node_command, parse_time_minutes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -68,7 +68,10 @@ BAD = [
     (["time=1h"], "does not parse"),
     (["time=0"], "does not parse"),
     (["mem=lots"], "mem 'lots' does not parse"),
-    (["slurm.partitoin=gpu"], "unknown key 'partitoin'; valid keys in [slurm]: partition"),
+    (
+        ["slurm.partitoin=gpu"],
+        "unknown key 'partitoin'; did you mean partition? valid keys in [slurm]: partition",
+    ),
     (["bogus=1"], "unknown key 'bogus'; valid keys in the top level: name"),
     (["train.lrr=1"], "valid keys in [train]:"),
     (["train.lr=abc"], "cannot parse 'abc' as float"),
@@ -297,7 +300,8 @@ def test_the_run_dir_in_the_raw_flags_is_the_jobs_run_dir(train_args, expect) ->
     """make train ARGS='--run-dir runs/t2': the node log, the markers and the plots follow."""
     spec = load_spec(None, None, train_args=train_args)
     assert spec.run_dir == expect
-    assert spec.node_argv([])[spec.node_argv([]).index("--run-dir") + 1] == expect
+    argv = node_command(spec)
+    assert argv[argv.index("--run-dir") + 1] == expect
 
 
 def test_a_job_file_with_a_utf8_byte_order_mark_loads(tmp_path) -> None:

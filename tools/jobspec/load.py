@@ -26,6 +26,7 @@ from ddpkit.tools.jobspec.schema import (
 from ddpkit.train import dataclass_fields
 from ddpkit.train.config import TRAIN_KEYS, ConfigError, TrainConfig, parse_config, read_toml
 from ddpkit.train.config import convert_value as _convert_train_value
+from ddpkit.train.errors import valid_keys
 
 # --- typed loading -------------------------------------------------------------------------
 
@@ -86,7 +87,7 @@ def _build(
         if name not in known:
             section = f"[{where}]" if where else "the top level"
             valid = known + list(sections) if cls is JobSpec else known
-            raise SpecError(f"unknown key {dotted!r}; valid keys in {section}: {', '.join(valid)}")
+            raise SpecError(f"unknown key {dotted!r}; {valid_keys(name, valid, section)}")
         if name == "train" and cls is JobSpec:
             kwargs[name] = _check_train(value)
         else:
@@ -103,9 +104,7 @@ def _check_train(table: Any) -> dict[str, Any]:
     for key, value in table.items():
         name = key.replace("-", "_")
         if name not in TRAIN_KEYS:
-            raise SpecError(
-                f"unknown key 'train.{key}'; valid keys in [train]: {', '.join(TRAIN_KEYS)}"
-            )
+            raise SpecError(f"unknown key 'train.{key}'; {valid_keys(name, TRAIN_KEYS, '[train]')}")
         try:
             out[name] = _convert_train_value(name, value, "train")
         except ConfigError as e:
@@ -136,14 +135,14 @@ def _field_type(path: list[str], sections: dict[str, type | None] | None = None)
         if cls is TrainConfig:
             if name not in TRAIN_KEYS or i != len(path) - 1:
                 raise SpecError(
-                    f"--set {dotted}: unknown key; valid keys in [train]: " + ", ".join(TRAIN_KEYS)
+                    f"--set {dotted}: unknown key {part!r}; {valid_keys(name, TRAIN_KEYS, '[train]')}"
                 )
             return get_type_hints(TrainConfig)[name]
         names = dataclass_fields.keys(cls) + (list(sections) if cls is JobSpec else [])
         if name not in names:
             where = f"[{'.'.join(full[: i + prefix])}]" if i or prefix else "the top level"
             raise SpecError(
-                f"--set {dotted}: unknown key {part!r}; valid keys in {where}: " + ", ".join(names)
+                f"--set {dotted}: unknown key {part!r}; {valid_keys(name, names, where)}"
             )
         tp = TrainConfig if (cls is JobSpec and name == "train") else get_type_hints(cls)[name]
         if i == len(path) - 1:

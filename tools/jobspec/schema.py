@@ -39,7 +39,9 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MEM_RE = re.compile(r"^[0-9]+[KMGT]?$")
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # [train] keys that mean something for any entry point (the node launcher reads them).
-ENTRY_NEUTRAL_TRAIN_KEYS = {"name", "run_dir", "shutdown_timeout_s"}
+# timeout_s: a user's script's collectives wait that long for a hung rank (the node launcher's
+# --collective-timeout; the kit's trainer reads its own).
+ENTRY_NEUTRAL_TRAIN_KEYS = {"name", "run_dir", "shutdown_timeout_s", "timeout_s"}
 MAX_SHUTDOWN_S = float(DURATION_MAX_S)  # the trainer's and the node launcher's bound (a week)
 
 
@@ -259,10 +261,19 @@ class JobSpec:
             python, "-m", "ddpkit.train.node",
             *dataclass_fields.flag_args("--run-dir", self.run_dir),
             "--shutdown-timeout", str(self.shutdown_budget_s),
+            *self.collective_timeout_flag(),
             *rendezvous,
             f"--max-restarts={self.restart_budget}",
             "--", *self.entry_argv(),
         ]  # fmt: skip
+
+    def collective_timeout_flag(self) -> list[str]:
+        """The node launcher's --collective-timeout for a user's entry point whose job sets
+        train.timeout_s (the kit's trainer takes its own --timeout-s); none by default."""
+        value = self.train.get("timeout_s")
+        if self.default_entry or value is None:
+            return []
+        return ["--collective-timeout", f"{float(value):g}"]
 
     @property
     def restart_budget(self) -> int:

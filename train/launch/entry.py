@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from ddpkit.train import failure
-from ddpkit.train.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from ddpkit.train.contract import COLLECTIVE_TIMEOUT_ENV, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 
 # `python -m ddpkit.train.node --run-entry [-m] TARGET ARGS`, the worker command of earlier
 # releases, still runs a user's entry through run_entry (a queued job's script keeps working).
@@ -49,6 +49,7 @@ def run_entry(argv: list[str]) -> int:
 
     teardown.install()  # the exit waits for gloo's threads (train/teardown.py)
     diagnosis.scope_rendezvous_to_attempt()  # a restart's group meets under its own keys
+    bound_collectives()
     module = argv[0] == "-m"
     target, args = (argv[1], argv[2:]) if module else (argv[0], argv[1:])
     sys.argv = [target, *args]
@@ -69,12 +70,19 @@ def run_entry(argv: list[str]) -> int:
         raise
     except BaseException as e:
         ours = {os.path.abspath(__file__), runpy.__file__, "<frozen runpy>"}
+        explained = None
         if "torch.distributed" in sys.modules:  # a collective that failed: who stopped?
             from ddpkit.train.diagnosis import diagnose_script_failure
 
             with contextlib.suppress(Exception):
-                diagnose_script_failure(e)
+                explained = diagnose_script_failure(e)
         failure.note_cause(e)  # the user's code raised: the launcher does not retry it
+        if explained and not os.environ.get("DDPKIT_DEBUG"):
+            # Another rank's end or hang explains it: one line, not a traceback from every
+            # surviving rank (a kill on 4 ranks printed 36 lines of gloo's).
+            rank = os.environ.get("RANK", "?")
+            print(f"[rank{rank}]: {explained}", file=sys.stderr, flush=True)
+            return EXIT_FAILED
         tb = e.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename in ours:
             tb = tb.tb_next
@@ -82,6 +90,30 @@ def run_entry(argv: list[str]) -> int:
         return EXIT_FAILED
     _note_returned()
     return EXIT_OK
+
+
+def bound_collectives(env: dict[str, str] | None = None) -> float | None:
+    """The default timeout of the process groups the user's code makes (init_process_group
+    without `timeout=`): the job's collective timeout (contract.COLLECTIVE_TIMEOUT_ENV), not
+    torch's 30 minutes (gloo) or 10 (NCCL). A rank hung in the user's code, stopped or gone
+    then fails its peers' next collective within the job's timeout, and they say which rank
+    never came (diagnosis.diagnose_script_failure); the launcher ends the attempt. A script
+    that passes its own timeout keeps it. Returns the seconds set, None when none."""
+    raw = (os.environ if env is None else env).get(COLLECTIVE_TIMEOUT_ENV, "")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        return None
+    if not 0 < seconds < float("inf"):
+        return None
+    from datetime import timedelta
+
+    from torch.distributed import distributed_c10d  # the script imports torch anyway
+
+    distributed_c10d.default_pg_timeout = timedelta(seconds=seconds)
+    if isinstance(getattr(distributed_c10d, "default_pg_nccl_timeout", None), timedelta):
+        distributed_c10d.default_pg_nccl_timeout = timedelta(seconds=seconds)
+    return seconds
 
 
 def _note_returned() -> None:

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from ddpkit.train.contract import DEFAULT_SHUTDOWN_TIMEOUT_S
-from ddpkit.train.errors import CliParser, UserError
+from ddpkit.train.errors import CliParser, UserError, abbreviated, no_abbreviation
 
 
 class NodeError(UserError):
@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def own_flags() -> list[str]:
+    return list(build_parser()._option_string_actions)
+
+
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     """(launcher flags, entry point argv) around the first `--`."""
     if "--" not in argv:
@@ -82,6 +86,14 @@ def parse_flags(flags: list[str], entry: list[str]) -> tuple[argparse.Namespace,
         raise NodeError(f"torchrun flags: {message} (see torchrun --help)")
 
     parser.error = refuse  # type: ignore[method-assign]
+    # torchrun itself takes a prefix of its flags (argparse's default); through ddpkit it does
+    # not, as no ddpkit command does: `--nnode 2` would wait for a second node, `--node 1`
+    # would set --node-rank. The kit's own scripts spell every flag whole.
+    parser.allow_abbrev = False
+    short = abbreviated(torchrun_flags, [*parser._option_string_actions, *own_flags()])
+    if short:
+        prog = build_parser().prog
+        raise NodeError(f"{no_abbreviation(prog, *short)} (see {prog} --help)")
     args = parser.parse_args([*torchrun_flags, *entry])
     check_numbers(own, args, torchrun_flags)
     return own, args

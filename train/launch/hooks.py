@@ -27,7 +27,7 @@ from typing import Any
 from ddpkit.train import failure, goodput, places
 from ddpkit.train.contract import EXIT_INTERRUPTED, EXIT_REQUEUE, RDZV_ROUND_ENV
 from ddpkit.train.launch import entry
-from ddpkit.train.launch.outcome import WorkerEnd
+from ddpkit.train.launch.outcome import WorkerEnd, left_early
 
 
 def workers_die_with_launcher() -> bool:
@@ -77,6 +77,7 @@ def workers_die_with_launcher() -> bool:
             except (KeyError, ValueError):
                 return
             places.note(who[0], int(env.get("GROUP_RANK", 0)))
+            ENVS[who[0]] = dict(env)
             goodput.launcher_attempt(who[1], int(env.get("LOCAL_RANK", 0)), env)
             LAST_ATTEMPT[:] = [who[1]]
             watcher = threading.Thread(
@@ -128,7 +129,9 @@ _PR_SET_PDEATHSIG = 1
 # its timestamp is whole seconds read when the agent polls (a rank the agent stopped after
 # another one's failure ties with it), and a rank that exits 0 is not reported at all.
 ENDS: dict[int, WorkerEnd] = {}
+ENVS: dict[int, dict[str, str]] = {}  # rank -> the environment its worker was started with
 _WATCHERS: list[threading.Thread] = []
+_LEFT_PUBLISHED: set[int] = set()  # the attempts whose first worker to leave is published
 _STOP_AT: list[float] = []  # when torchrun began stopping this attempt's workers
 
 
@@ -207,12 +210,51 @@ def _watch_end(
     # and the store is going down: a publish then printed torch's `recvValue failed` warning
     # after the launcher's one line (CI of 41026cf).
     interrupted = code in (EXIT_INTERRUPTED, -signal.SIGINT)
-    if code and not stopped and not interrupted and env is not None:
+    now = time.time()
+    # A worker that left of its own accord, on a node of several: its peers' launchers on the
+    # other nodes learn it (the first of each node per attempt), so that a failure there reads
+    # as the rank that left early, not a peer to restart (SLURM: both launchers sat idle).
+    left = code == 0 or returned is not None
+    publish = (code and not stopped and not interrupted) or (
+        left and _multi_node(env) and attempt not in _LEFT_PUBLISHED
+    )
+    if publish and env is not None:
         from ddpkit.train import diagnosis
 
-        threading.Thread(target=diagnosis.publish_end, args=(env, rank, code), daemon=True).start()
-    ENDS[pid] = end = WorkerEnd(rank, code, time.time(), attempt, returned)
+        if left:
+            _LEFT_PUBLISHED.add(attempt)
+        when = returned if returned is not None else now
+        threading.Thread(
+            target=diagnosis.publish_end, args=(env, rank, 0 if left else code, when), daemon=True
+        ).start()
+    ENDS[pid] = end = WorkerEnd(rank, code, now, attempt, returned)
     goodput.launcher_end(rank, code, end.when, attempt, error_file, returned, stopped)
+
+
+def _multi_node(env: dict[str, str] | None) -> bool:
+    try:
+        return int((env or {})["WORLD_SIZE"]) > int((env or {})["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return False
+
+
+def left_ranks() -> dict[int, float]:
+    """{rank: when} of the last attempt's workers that left of their own accord: this node's
+    (ENDS) and, on a node of several, the other nodes' as their launchers published them."""
+    from ddpkit.train.launch.outcome import last_attempt_exits_0
+
+    left = last_attempt_exits_0(ENDS)
+    env = next(iter(ENVS.values()), None)
+    if not _multi_node(env):
+        return left
+    from ddpkit.train import diagnosis
+
+    assert env is not None
+    others = [r for r in range(int(env["WORLD_SIZE"])) if r not in ENVS]
+    for r, e in diagnosis.peer_ends(env, others).items():
+        if e.get("code") == 0 and isinstance(e.get("when"), (int, float)):
+            left.setdefault(r, float(e["when"]))
+    return left
 
 
 def one_stop_signal() -> None:
@@ -253,7 +295,52 @@ def _quiet_torch_logs() -> None:
 
 
 # What stopped the retries of this launch (the culprit's rank and error), for the end line.
-STOPPED: list[tuple[int, str]] = []
+STOPPED: list[tuple[int, str]] = []  # (rank, why not retried), for the launcher's last line
+
+
+def timed(failed: dict[Any, Any]) -> dict[int, failure.Failure]:
+    """{rank: Failure} from torchrun's {rank: ProcessFailure}, each timed by this launcher's
+    watch of the worker's end when it saw it (ENDS, by pid)."""
+    out = {}
+    for rank, f in failed.items():
+        end = ENDS.get(f.pid)
+        out[int(rank)] = failure.Failure.of(f, end.when if end is not None else None)
+    return out
+
+
+def _say_restart(failures: dict[int, failure.Failure], remaining: int) -> None:
+    """One line before torchrun restarts the workers in place: what failed, and from where the
+    next attempt goes on (the surviving ranks' tracebacks are cut to a line each)."""
+    rank, first = failure.culprit(failures)
+    if first.missing:
+        what = (
+            f"{places.names(list(first.missing))} never reached the collective "
+            f"{first.phase or ''} (a hang; {places.name(rank)} timed out waiting)"
+        ).replace("  ", " ")
+    else:
+        what = f"{places.name(rank)} failed ({failure.how(first.code)})"
+    step = _newest_step()
+    where = f"from the newest checkpoint (step {step})" if step else "from the newest checkpoint"
+    left = f"{remaining - 1} restart{'s' if remaining - 1 != 1 else ''} left after this one"
+    print(f"ddpkit node: {what}; restarting in place {where}, {left}", file=sys.stderr, flush=True)
+
+
+def _newest_step() -> int | None:
+    """The newest complete checkpoint's step in the job's checkpoint dir, when it is a local
+    dir of the kit's layout (a user's own snapshot, or a store, says nothing here)."""
+    from ddpkit.train.contract import CKPT_DIR_ENV, CKPT_MARKER, CKPT_STEP_PREFIX, is_remote
+
+    ckpt_dir = os.environ.get(CKPT_DIR_ENV)
+    if not ckpt_dir or is_remote(ckpt_dir):
+        return None
+    steps = []
+    with contextlib.suppress(OSError):
+        for d in os.scandir(ckpt_dir):
+            n = d.name.removeprefix(CKPT_STEP_PREFIX)
+            complete = os.path.exists(os.path.join(d.path, CKPT_MARKER))
+            if d.name.startswith(CKPT_STEP_PREFIX) and n.isdigit() and complete:
+                steps.append(int(n))
+    return max(steps, default=None)
 
 
 def stop_retrying_code_failures(culprit: Callable[[dict[int, Any]], tuple[int, Any]]) -> None:
@@ -278,7 +365,21 @@ def stop_retrying_code_failures(culprit: Callable[[dict[int, Any]], tuple[int, A
             rank, first = culprit(result.failures)
             if failure.is_code_failure(first.code, first.cause):
                 self._remaining_restarts = 0
-                STOPPED.append((rank, first.error))
+                err = first.error or "an exception"
+                STOPPED.append(
+                    (
+                        rank,
+                        f"its own code raised {err}: not retried (a restart would fail the same way)",
+                    )
+                )
+                return result
+            failures = {int(r): f for r, f in timed(result.failures).items()}
+            if early := left_early(failures, left_ranks(), stopped_at()):
+                # The same on every attempt (a shorter data shard, a rank-dependent return).
+                self._remaining_restarts = 0
+                STOPPED.append((early[0], "not retried (a rank that leaves early does so again)"))
+                return result
+            _say_restart(failures, self._remaining_restarts)
         return result
 
     classified.classified = True  # type: ignore[attr-defined]
@@ -330,6 +431,48 @@ def learn_places() -> bool:
     return True
 
 
+def leave_a_failed_job() -> None:
+    """A node whose workers all finished waits in torchrun's exit barrier for the other nodes
+    (300 s). When a worker on another node failed meanwhile (the peers of a rank that left
+    early fail in their next collective), the others never come, and both launchers sat with
+    no workers until the job was cancelled (a SLURM drill: 4 min, twice). Leave the barrier
+    as soon as the attempt's store says a worker failed; the failed node's launcher names it."""
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    original = SimpleElasticAgent._exit_barrier
+    if getattr(original, "_ddpkit", False):
+        return
+
+    def exit_barrier(self: Any) -> None:
+        env = next(iter(ENVS.values()), None)
+        if not _multi_node(env):
+            return original(self)
+        from ddpkit.train import diagnosis
+
+        done = threading.Event()
+
+        def wait() -> None:
+            try:
+                original(self)
+            finally:
+                done.set()
+
+        threading.Thread(target=wait, name="ddpkit-exit-barrier", daemon=True).start()
+        while not done.wait(1.0):
+            if diagnosis.a_peer_failed(env):
+                print(
+                    "ddpkit node: a worker on another node failed after this node's workers "
+                    "had finished; not waiting for the other nodes",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return None
+        return None
+
+    exit_barrier._ddpkit = True  # type: ignore[attr-defined]
+    SimpleElasticAgent._exit_barrier = exit_barrier  # type: ignore[method-assign]
+
+
 def install(budget_s: int, blame: Callable[[dict[int, Any]], tuple[int, Any]]) -> None:
     """Every hook, before torchrun runs: `budget_s` the job's shutdown budget (whole seconds),
     `blame` the launcher's rule for the rank to blame among torchrun's failures."""
@@ -340,6 +483,7 @@ def install(budget_s: int, blame: Callable[[dict[int, Any]], tuple[int, Any]]) -
     stops_keep_the_shutdown_budget(budget_s)
     one_stop_signal()
     stop_retrying_code_failures(blame)
+    leave_a_failed_job()
 
 
 def stopped_at() -> float | None:

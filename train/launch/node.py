@@ -50,6 +50,8 @@ from typing import Any
 from ddpkit.train import goodput
 from ddpkit.train.contract import (
     CKPT_DIR_ENV,
+    COLLECTIVE_TIMEOUT_ENV,
+    DEFAULT_COLLECTIVE_TIMEOUT_S,
     DEFAULT_SHUTDOWN_TIMEOUT_S,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -59,6 +61,7 @@ from ddpkit.train.contract import (
     PREEMPT_SIGNALS,
     REPRODUCIBLE_MATH_ENV,
     RUN_DIR_ENV,
+    RUN_ID_ENV,
     SHUTDOWN_ENV,
     STOP_SIGNALS,
     TORCHRUN_SIGNALS,
@@ -80,7 +83,7 @@ from ddpkit.train.launch.flags import (
     planned_world,
     split_argv,
 )
-from ddpkit.train.launch.outcome import PREFIX, last_attempt_exits_0, outcome
+from ddpkit.train.launch.outcome import PREFIX, outcome
 
 MARKER_WAIT_S = 5.0  # how long a node waits for the marker of a rank 0 elsewhere
 
@@ -132,12 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     world_size, nnodes = planned_world(args.nnodes, args.nproc_per_node)
 
     run_dir, timeout_s = own.run_dir, own.shutdown_timeout
+    collective_s = own.collective_timeout
     if is_default_entry(entry):
         cfg = precheck_train(entry[2:], world_size, nnodes)
         refuse_dirs_in_use(cfg)
         run_dir = run_dir or cfg.run_dir
         if timeout_s is None:
             timeout_s = cfg.shutdown_timeout_s
+        if collective_s is None:
+            collective_s = cfg.timeout_s
     else:
         wrap_user_entry(args)
     if not run_dir:  # another entry point, run by hand: runs/<its name>, as the trainer does
@@ -155,9 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.standalone:
         args.rdzv_id = launch_id  # torchrun would draw its own uuid; keep one id
     os.environ[LAUNCH_ID_ENV] = launch_id
+    os.environ.setdefault(RUN_ID_ENV, launch_id)  # the engine's run id, else this launch's
     os.environ[RUN_DIR_ENV] = str(Path(run_dir))
     os.environ.setdefault(CKPT_DIR_ENV, default_ckpt_dir(run_dir))  # the job's, when it set one
     os.environ[SHUTDOWN_ENV] = str(args.shutdown_timeout)
+    os.environ[COLLECTIVE_TIMEOUT_ENV] = f"{collective_s or DEFAULT_COLLECTIVE_TIMEOUT_S:g}"
     for name, value in REPRODUCIBLE_MATH_ENV.items():  # the job's own value wins
         os.environ.setdefault(name, value)
     # A script's own directory comes first on its sys.path, not the submit directory: put the
@@ -176,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         torchrun.run(args)
     except ChildFailedError as e:
-        failures = _failures(e.failures, hooks.worker_ends())
+        hooks.worker_ends()  # every watcher has noted its worker's end
+        failures = hooks.timed(e.failures)
     except SignalException as e:
         stopped_by = int(e.sigval)
     except Exception as e:  # rendezvous timeouts, a closed store: one line, not a dump
@@ -190,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         finished = is_default_entry(entry) and finished_in_launch(run_dir, launch_id, started)
         for name in STOP_SIGNALS:
             signal.signal(getattr(signal, name), signal.SIG_IGN)
+        goodput.launcher_exit(
+            run_dir, False, int(args.node_rank), *(hooks.LAST_ATTEMPT or [None]), cancel="SIGINT"
+        )
         if finished:
             print(f"{PREFIX}: SIGINT arrived after the run finished; exit 0", file=sys.stderr)
             return EXIT_OK
@@ -207,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.2)
             fresh = fresh_requeue_marker(run_dir, launch_id, started)
     finished = is_default_entry(entry) and finished_in_launch(run_dir, launch_id, started)
-    left = last_attempt_exits_0(hooks.worker_ends())
+    hooks.worker_ends()
+    left = hooks.left_ranks()
     code, line = outcome(failures, fresh, finished, left, hooks.stopped_at())
     if (
         stopped_by is not None
@@ -237,8 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in PREEMPT_SIGNALS:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     if line and hooks.STOPPED and code == EXIT_FAILED:
-        err = hooks.STOPPED[0][1] or "an exception"
-        line += f"; its own code raised {err}: not retried (a restart would fail the same way)"
+        line += f"; {hooks.STOPPED[0][1]}"
     # The goodput first: the outcome line stays the launch's last word.
     said = goodput.launcher_exit(
         run_dir,
@@ -246,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         int(args.node_rank),
         *(hooks.LAST_ATTEMPT or [None]),
         finished=code == EXIT_OK,
+        # A stop signal without a requeue's save: the user's or an admin's stop, not a failure.
+        cancel=signame(stopped_by) if stopped_by and code not in (EXIT_OK, EXIT_REQUEUE) else None,
     )
     for text in (said, line):
         if text:
@@ -253,20 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def _failures(failed: dict[Any, Any], ends: dict[int, Any]) -> dict[int, Failure]:
-    """{rank: Failure} from torchrun's {rank: ProcessFailure}, each timed by the launcher's own
-    watch of the worker's end when it saw it (hooks.ENDS, by pid)."""
-    out = {}
-    for rank, f in failed.items():
-        end = ends.get(f.pid)
-        out[int(rank)] = Failure.of(f, end.when if end is not None else None)
-    return out
-
-
 def _blame(failed: dict[Any, Any]) -> tuple[int, Failure]:
     """The rank to blame among torchrun's failures of an attempt (the agent asks before it
     restarts: the user's code failing is never retried)."""
-    return culprit(_failures(failed, hooks.ENDS))
+    return culprit(hooks.timed(failed))
 
 
 if __name__ == "__main__":

@@ -47,6 +47,26 @@ def last_attempt_exits_0(ends: dict[int, WorkerEnd]) -> dict[int, float]:
     }
 
 
+def left_early(
+    failures: dict[int, Failure], left: dict[int, float], stopped_at: float | None = None
+) -> list[int]:
+    """The ranks that left of their own accord (exit 0, or their code returned: `left`, rank ->
+    when) while the culprit still ran its code: before its failure, or before torchrun began
+    stopping the workers (`stopped_at`). A culprit whose own code had returned too (it failed
+    in its exit) waited on nobody: its failure is its own. The same on every attempt (a shorter
+    data shard, a rank-dependent return): never retried."""
+    if not failures:
+        return []
+    rank, first = culprit(failures)
+    return sorted(
+        r
+        for r, t in left.items()
+        if rank not in left
+        and first.exact
+        and (t < first.when or (stopped_at is not None and t <= stopped_at))
+    )
+
+
 def _ended_first(rank: int, than: Failure, failures: dict[int, Failure]) -> bool:
     """True when `rank` ended before `than`, by the launcher's exact times."""
     f = failures.get(rank)
@@ -123,17 +143,8 @@ def outcome(
             f"{PREFIX}: {places.name(rank)} ended by {how} after the run finished (summary.json of "
             "this launch is written); exit 0"
         )
-    left = left or {}
-    # Left early: others returned while the culprit still ran its code. A culprit whose own
-    # code had returned too (it failed in its exit) waited on nobody: its failure is its own.
     # Said before a diagnosis of a collective that rank never reached: it is why.
-    early = sorted(
-        r
-        for r, t in left.items()
-        if rank not in left
-        and failure.exact
-        and (t < failure.when or (stopped_at is not None and t <= stopped_at))
-    )
+    early = left_early(failures, left or {}, stopped_at)
     if stalled and not early:
         return EXIT_FAILED, stalled
     if early:  # a rank that stops calling collectives leaves its peers failing in them

@@ -47,6 +47,13 @@ def requeue_verdict(
     if restarts >= limit:
         return False, [], f"step exit {rc}; the requeue limit ({limit}) is reached: not requeued"
     rep = goodput.report(run_dir, ended=True)  # this attempt's failure counts too
+    last = rep.failures[-1] if rep and rep.failures else None
+    if last is not None and not failure.kind(last.kind).retried:
+        return (
+            False,
+            [],
+            f"{last.kind} (rank {last.rank}): not requeued (the same on every attempt)",
+        )
     bad = rep.failing_nodes() if rep else []
     why = f"step exit {rc} (a lost node, or workers past the in-place restart budget)"
     line = f"{why}; requeue {restarts + 1} of {limit}"
