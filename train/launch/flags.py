@@ -11,7 +11,7 @@ import math
 import os
 from typing import Any
 
-from ddpkit.train.contract import DEFAULT_SHUTDOWN_TIMEOUT_S
+from ddpkit.train.contract import DEFAULT_COLLECTIVE_TIMEOUT_S, DEFAULT_SHUTDOWN_TIMEOUT_S
 from ddpkit.train.errors import CliParser, UserError, abbreviated, no_abbreviation
 
 
@@ -42,6 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds the workers get after a stop signal (rounded up); default: "
         f"train's --shutdown-timeout-s, else {DEFAULT_SHUTDOWN_TIMEOUT_S:g}",
+    )
+    p.add_argument(
+        "--collective-timeout",
+        type=float,
+        help="seconds a collective may wait for a rank before it fails (a hung rank ends the "
+        "attempt within it, in the user's own script too: the default process-group timeout "
+        f"of its workers); default: train's --timeout-s, else {DEFAULT_COLLECTIVE_TIMEOUT_S:g}",
     )
     p.add_argument(
         "--launch-id",
@@ -135,9 +142,10 @@ def check_numbers(own: argparse.Namespace, args: argparse.Namespace, given: list
         raise bad("node-rank", args.node_rank, f"in 0..{max_nodes - 1} (--nnodes {nnodes})")
     if args.master_port is not None and not 1 <= int(args.master_port) <= 65535:
         raise bad("master-port", args.master_port, "a TCP port in 1..65535")
-    timeout = own.shutdown_timeout
-    if timeout is not None and not (math.isfinite(timeout) and 0 < timeout <= DURATION_MAX_S):
-        raise bad("shutdown-timeout", timeout, f"in (0, {DURATION_MAX_S}] seconds (a week)")
+    for name in ("shutdown-timeout", "collective-timeout"):
+        timeout = getattr(own, name.replace("-", "_"))
+        if timeout is not None and not (math.isfinite(timeout) and 0 < timeout <= DURATION_MAX_S):
+            raise bad(name, timeout, f"in (0, {DURATION_MAX_S}] seconds (a week)")
 
 
 def planned_world(nnodes: str, nproc: str) -> tuple[int, int]:
