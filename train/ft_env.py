@@ -6,12 +6,17 @@ group (the kit's trainer through train/ft.py, or a user's script using torchft d
                          Manager reads it when no address is passed)
     REPLICA_GROUP_ID     this group's number, 0 .. NUM_REPLICA_GROUPS-1
     NUM_REPLICA_GROUPS   how many groups the job has (the data is split for all of them)
+    DDPKIT_RUN_DIR       the group's own run dir, <the job's>/group-<g>, and
+    DDPKIT_CKPT_DIR      its checkpoint dir, <the job's>/group-<g> (group_dirs)
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from ddpkit.train.contract import CKPT_DIR_ENV, RUN_DIR_ENV, ckpt_join, default_ckpt_dir
 
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 GROUP_ID_ENV = "REPLICA_GROUP_ID"
@@ -51,3 +56,21 @@ class ReplicaGroup:
             GROUP_ID_ENV: str(self.group),
             NUM_GROUPS_ENV: str(self.groups),
         }
+
+
+def group_dir(base: str, group: int) -> str:
+    """A group's dir below the job's: <base>/group-<g> (a store's URL stays one, not s3:/)."""
+    return ckpt_join(base, f"group-{group}")
+
+
+def group_dirs(env: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """A replica group's own (run dir, checkpoint dir), as its supervisor names them in the
+    contract's DDPKIT_RUN_DIR and DDPKIT_CKPT_DIR; None outside a group. In a group they win
+    over --run-dir / --ckpt-dir: one command line (the job's, with the job's dirs) starts every
+    group, so the environment, where the group's identity travels too, is the one place that
+    differs per group, and the node launcher and the trainer both read it here."""
+    env = os.environ if env is None else env
+    if not (env.get(LIGHTHOUSE_ENV) and env.get(GROUP_ID_ENV) and env.get(RUN_DIR_ENV)):
+        return None
+    run_dir = env[RUN_DIR_ENV]
+    return run_dir, env.get(CKPT_DIR_ENV) or default_ckpt_dir(run_dir)
