@@ -3,10 +3,14 @@
 One concern per module, imported downward only:
 - files.py: the CRC-32s of a step dir's files and the disk's error messages (torch-free);
 - layout.py: step dirs, markers, what a complete checkpoint is, verify (torch-free at import);
-- store.py: checkpoints in an object store (s3://), torch-free;
+- store.py: where checkpoints live: the CheckpointStorage interface, the stores by URL
+  scheme, a store that went away (torch-free); localstore.py: a local dir; objstore.py and
+  streams.py: an object store (s3://) and its multipart streams;
 - io.py: DCP storage that hashes while writing and verifies while reading;
 - parts.py: the named stateful parts a checkpoint holds (model, optimizer, RNG, values);
 - compat.py: whether a checkpoint fits this run, and what a failed load says;
+- staging.py: an async save's staging copy, and its start;
+- load.py: one step loaded into the parts, agreed by every rank;
 - manager.py: Checkpointer, the save/resume/prune protocol over all of them.
 
 The names below are the package's interface (the trainer, `ddpkit ckpt`, the benchmarks).
@@ -29,12 +33,8 @@ if TYPE_CHECKING:
         step_of,
         verify,
     )
-    from ddpkit.train.ckpt.manager import (
-        CheckpointDirUnwritable,
-        Checkpointer,
-        DiskFull,
-        UnusableCheckpoint,
-    )
+    from ddpkit.train.ckpt.load import UnusableCheckpoint
+    from ddpkit.train.ckpt.manager import CheckpointDirUnwritable, Checkpointer, DiskFull
     from ddpkit.train.ckpt.parts import (
         ModelState,
         OptimizerState,
@@ -55,12 +55,8 @@ _HOME = {
         "step_of",
         "verify",
     ),
-    "manager": (
-        "CheckpointDirUnwritable",
-        "Checkpointer",
-        "DiskFull",
-        "UnusableCheckpoint",
-    ),
+    "manager": ("CheckpointDirUnwritable", "Checkpointer", "DiskFull"),
+    "load": ("UnusableCheckpoint",),
     "resume_check": ("check_resume_path", "first_problem"),
     "parts": (
         "ModelState",

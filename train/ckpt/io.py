@@ -11,7 +11,7 @@ ranks. Now:
   it) holds them all in `file_sums` for the `.complete` marker. The stream also starts the
   disk's writeback early (measured here: a 160 MB save with checksums 0.75 s with it, 0.88 s
   without, plain DCP 0.70 s);
-- load: (from a store, the data files are read as they arrive: store.StreamingDownload)
+- load: (from a store, the data files are read as they arrive: streams.StreamingDownload)
   each recorded file has one owner rank (`ckpt_files.owner`: the rank that wrote it,
   while the world is the same size), and VerifyingReader hashes the owner's files as it reads
   them (reads served from the hashed bytes, in file order; gaps and tails this rank does not
@@ -376,7 +376,7 @@ class _UploadingFileSystem(_HashingFileSystem):
 
 
 class UploadingWriter(HashingWriter):
-    """HashingWriter of a checkpoint in a store (ddpkit.train.ckpt.store): each rank's data
+    """HashingWriter of a checkpoint in a store (ddpkit.train.ckpt.objstore): each rank's data
     files stream into the store as DCP writes them, all up before DCP gathers its results,
     so the coordinator's finish, and the marker after it, come only after every rank's
     upload returned; the coordinator uploads `.metadata` once written (the one file staged)."""

@@ -14,13 +14,14 @@ get_*_state_dict, so the same checkpoint loads under another world size or strat
 train state, the sampler, every rank's RNG state under its own key, the fp16 grad scaler,
 and any object a user adds. A part that an older checkpoint lacks keeps its fresh value.
 DCP metadata is pickled: load checkpoints only from storage you trust.
+
+Where the steps live is the store's business (ckpt.store's CheckpointStorage, chosen by the
+checkpoint dir's URL scheme): this module writes, agrees and loads the same way for each.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import json
 import os
 import shutil
 import socket
@@ -33,45 +34,25 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from ddpkit.train import goodput
-from ddpkit.train.ckpt.compat import (
-    MOVED_PARTS,
-    check_compatible,
-    check_optimizer,
-    checksum_problem,
-    describe,
-    moved_parts,
-    plain_values_as_saved,
-)
-from ddpkit.train.ckpt.files import (
-    METADATA,
-    is_no_space,
-    marker_files,
-    no_space_message,
-    share,
-    unwritable_message,
-)
-from ddpkit.train.ckpt.layout import (
-    ABANDONED_DIR,
-    list_checkpoints,
-    read_marker,
-    step_of,
-    verify,
-    why_incomplete,
-)
-from ddpkit.train.ckpt.parts import RngState, Stateful
+from ddpkit.train.ckpt.compat import describe
+from ddpkit.train.ckpt.files import is_no_space, no_space_message, unwritable_message
+from ddpkit.train.ckpt.layout import ABANDONED_DIR, list_checkpoints, step_of
+from ddpkit.train.ckpt.load import UnusableCheckpoint, agree, dcp_errors, load_step
+from ddpkit.train.ckpt.parts import Stateful
 from ddpkit.train.ckpt.resume_check import first_problem, not_complete
-from ddpkit.train.ckpt.store import Remote, is_remote, local_dir, split_step, step_number
-from ddpkit.train.contract import CKPT_MARKER as MARKER
-from ddpkit.train.contract import CKPT_STEP_PREFIX
+from ddpkit.train.ckpt.store import (
+    LOST_HEAD,
+    STORE_LOG,
+    StoreLost,
+    keep_traceback,
+    lost_line,
+    open_store,
+    step_at,
+    step_number,
+    unreachable,
+)
+from ddpkit.train.contract import CKPT_STEP_PREFIX, is_remote
 from ddpkit.train.errors import ConfigError
-
-
-def _errors() -> tuple[type[BaseException], ...]:
-    """What a save or load can raise: DCP gathers every rank's errors into a
-    CheckpointException, a BaseException (imported here: DCP loads on first use)."""
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    return (Exception, CheckpointException)
 
 
 def _local_rank(rank: int) -> int:
@@ -100,22 +81,6 @@ def _tensor_bytes(tree: Any) -> int:
     return 0
 
 
-def _chain(source: Future, target: Future) -> None:
-    """Settle `target` as `source` settles."""
-
-    def settle(f: Future) -> None:
-        if (e := f.exception()) is not None:
-            target.set_exception(e)
-        else:
-            target.set_result(f.result())
-
-    source.add_done_callback(settle)
-
-
-class UnusableCheckpoint(Exception):
-    """A complete-looking checkpoint that fails verification or loading (message: why)."""
-
-
 class Checkpointer:
     def __init__(
         self,
@@ -124,14 +89,17 @@ class Checkpointer:
         use_async: bool,
         log: Any,
         timeout: datetime.timedelta | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
     ):
-        # A remote dir (s3://...) is staged here and mirrored there (ckpt.store).
-        self.remote = Remote(ckpt_dir) if is_remote(ckpt_dir) else None
-        self.dir = local_dir(ckpt_dir)
+        self.store = open_store(ckpt_dir)  # by the dir's URL scheme (ckpt.store)
+        self.dir = self.store.dir  # this host's step dirs: written here, read copies here
         self.keep = keep
         self.use_async = use_async
         self.log = log
         self.rank = dist.get_rank()
+        # A store that goes away mid-run is said in one line; its tracebacks go here.
+        self.lost_log = Path(run_dir) / STORE_LOG if run_dir is not None else None
+        self._last: str | None = None  # the newest complete checkpoint this run knows of
         # Checkpoint collectives get their own gloo group: an async save talks from a
         # background thread while training collectives run on the default group. A new
         # group does not inherit the default group's timeout (torch gives it 30 min): with
@@ -162,7 +130,6 @@ class Checkpointer:
         was blocked."""
         # DCP is imported on first use: ~1.2 s per rank that a run's first step need not wait.
         import torch.distributed.checkpoint as dcp
-        from ddpkit.train.ckpt.io import HashingWriter, UploadingWriter
 
         t0 = time.perf_counter()
         self.wait()  # one save in flight at a time
@@ -171,31 +138,28 @@ class Checkpointer:
         problem = None
         if self.rank == 0:
             try:
-                if path.is_dir():  # a leftover of an interrupted save (or an older run)
-                    shutil.rmtree(path)
-                elif path.exists():
-                    path.unlink()
-                path.mkdir(parents=True)
-                if self.remote is not None:  # an interrupted upload of the same step
-                    self.remote.clear(path.name)
-            except OSError as e:
-                problem = unwritable_message(e, path) or (
-                    no_space_message(path) if is_no_space(e) else None
+                self.store.prepare(path.name)
+            except Exception as e:
+                problem = (
+                    unwritable_message(e, path)
+                    or (no_space_message(path) if is_no_space(e) else None)
+                    or self._lost(e, f"the save of step {step}")
                 )
                 if problem is None:
                     raise
         # Also the barrier before the ranks write into the dir: every rank leaves with rank
         # 0's one line when it cannot make the dir, instead of waiting on it.
         if (problem := first_problem(problem, self.pg)) is not None:
+            if problem.startswith(LOST_HEAD):
+                raise StoreLost(problem)
             full = problem.startswith("no space left")  # no_space_message's opening words
             raise (DiskFull if full else CheckpointDirUnwritable)(problem)
-        if self.remote is not None:  # node-local staging: every host makes its own
-            path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True)  # a store's staging is per host: each makes it
         # An empty part (a grad scaler never used) has nothing to save and nothing to miss.
         state = {name: sd for name, part in states.items() if (sd := part.state_dict())}
         self._local_bytes = _tensor_bytes(state)
         # each rank checksums its files as it writes them (and uploads them, to a store)
-        writer = HashingWriter(path) if self.remote is None else UploadingWriter(path, self.remote)
+        writer = self.store.writer(path)
         if self.use_async and not force_sync:
             self._staging, fut = self._launch(state, writer)
             self._pending = (fut, path, info, t0, writer)
@@ -204,43 +168,23 @@ class Checkpointer:
             try:
                 dcp.save(state, storage_writer=writer, process_group=self.pg)
                 self._finish(path, info, t0, writer.file_sums)
-            except _errors() as e:
+            except dcp_errors() as e:
                 self._raise_if_no_space(e, path, _tensor_bytes(state))
+                self._raise_if_lost(e, path)
                 raise
             return time.perf_counter() - t0
         self._blocked_s = time.perf_counter() - t0
         return self._blocked_s
 
     def _launch(self, state: dict[str, Any], writer: Any) -> tuple[Future, Future]:
-        """dcp.async_save, started from the run's launch thread; returns (staged, written).
-        It starts the staging copy (the stager's thread) and the write (a thread of DCP's);
-        its own Python work (the stager's traversal, making the write's thread) then competes
-        with the copy it just started: measured on the loop's thread, 4-6 ms of a 9 ms save()
-        (mlp-deep, 2 ranks on 2 cores). Its errors come out of wait_staging() and wait()."""
-        import torch.distributed.checkpoint as dcp
-        from ddpkit.train.ckpt.staging import mark_taken
+        """dcp.async_save on the run's launch thread (ckpt.staging.start_async_save): the
+        futures of the staging copy and of the write."""
+        from ddpkit.train.ckpt.staging import start_async_save
 
         stager = self._get_stager()  # made on the loop's thread (CUDA: its stream)
-        mark_taken(stager)  # CUDA: the copy waits for what the loop queued before save()
-        staged: Future = Future()
-        written: Future = Future()
-
-        def launch() -> None:
-            try:
-                resp = dcp.async_save(
-                    state, storage_writer=writer, process_group=self.pg, async_stager=stager
-                )
-            except BaseException as e:  # noqa: BLE001 - raised where the futures are awaited
-                staged.set_exception(e)
-                written.set_exception(e)
-                return
-            _chain(resp.staging_completion, staged)
-            _chain(resp.upload_completion, written)
-
         if self._launcher is None:
             self._launcher = ThreadPoolExecutor(1, thread_name_prefix="ckpt-launch")
-        self._launcher.submit(launch)
-        return staged, written
+        return start_async_save(self._launcher, stager, state, writer, self.pg)
 
     def _raise_if_no_space(self, e: BaseException, path: Path, local: int | None) -> None:
         """A full disk: the partial step dir goes (it only takes space), DiskFull says where,
@@ -328,8 +272,9 @@ class Checkpointer:
             self._add_blocked(time.perf_counter() - t_write)  # ~0 when polled done
             if not (background and self.rank == 0):
                 self._finish(path, info, t0, writer.file_sums)
-        except _errors() as e:
+        except dcp_errors() as e:
             self._raise_if_no_space(e, path, None)
+            self._raise_if_lost(e, path)
             raise
         if background and self.rank == 0:
             thread = threading.Thread(
@@ -353,27 +298,18 @@ class Checkpointer:
         e, self._finisher_error = self._finisher_error, None
         if e is not None:
             self._raise_if_no_space(e, path, None)
+            self._raise_if_lost(e, path)
             raise e
 
     def _finish(self, path: Path, info: dict[str, Any], t0: float, sums: dict) -> None:
         # On rank 0 DCP returns only after gathering every rank's write results (and with
         # them the checksums each rank took while writing) and writing .metadata, so all
-        # data is on disk when the marker goes down.
+        # data is on disk (or in the store) when the marker goes down.
         if self.rank != 0:
             return
-        # A stat per file, no data read back; staged for a store, the files are uploaded
-        # and gone, and the sums every rank took are the list.
-        files = marker_files(path, sums) if self.remote is None else dict(sorted(sums.items()))
         info = {**info, "save_s": round(time.perf_counter() - t0, 3), "time": time.time()}
-        info["files"] = files
-        tmp = path / (MARKER + ".tmp")
-        tmp.write_text(json.dumps(info, indent=2))
-        os.replace(tmp, path / MARKER)
-        where: Any = path
-        if self.remote is not None:  # the marker last: every rank's files are up
-            self.remote.upload(path, [MARKER])
-            shutil.rmtree(path, ignore_errors=True)
-            where = self.remote.where(path.name)
+        where = self.store.commit(path, info, sums)
+        self._last = str(where)
         self.log(f"checkpoint saved: {where} ({info['save_s']:.2f} s)")
         blocked = info["save_s"] if self._blocked_s is None else self._blocked_s
         goodput.note("save", step=step_of(path), blocking_s=round(blocked, 3))
@@ -390,20 +326,46 @@ class Checkpointer:
             self._pruner = None
 
     def _prune(self) -> None:
-        if self.remote is not None:
-            self.remote.prune(self.keep)
-            return
-        complete, partial = list_checkpoints(self.dir)
-        newest = step_of(complete[-1]) if complete else -1
-        for p in complete[: -self.keep]:
-            # The marker first: a deletion cut short leaves an incomplete dir, never a
-            # complete-looking one with files missing.
-            with contextlib.suppress(OSError):
-                (p / MARKER).unlink()
-            shutil.rmtree(p, ignore_errors=True)
-        for p in partial:  # interrupted saves older than a complete one are garbage
-            if (step_of(p) or 0) < (newest or 0):
-                shutil.rmtree(p, ignore_errors=True)
+        try:
+            self.store.prune(self.keep)
+        except Exception as e:
+            # A store gone away: quiet here (its traceback to the log); the next save that
+            # reaches it says so in one line, or prunes what this one left.
+            if unreachable(e) is None:
+                raise
+            keep_traceback(self.lost_log, self.rank, e, "keep-K's prune")
+
+    # --- a store that went away ----------------------------------------------------------
+
+    def _lost(self, e: BaseException, what: str) -> str | None:
+        """The one line for a store that stopped answering during `what` (its traceback to
+        the run dir's log); None when `e` is another failure."""
+        cause = unreachable(e)
+        if cause is None:
+            return None
+        keep_traceback(self.lost_log, self.rank, e, what)
+        return lost_line(self.store.url, what, cause, self._last, self.lost_log)
+
+    def _raise_if_lost(self, e: BaseException, path: Path) -> None:
+        if (line := self._lost(e, f"the save of step {step_of(path)}")) is not None:
+            raise StoreLost(line) from None
+
+    def _on_rank0(self, fn: Any, what: str) -> Any:
+        """fn() on rank 0 (a store's listing or move), its result on every rank; a store
+        that does not answer is StoreLost on every rank."""
+        got, lost = None, None
+        if self.rank == 0:
+            try:
+                got = fn()
+            except Exception as e:
+                if (lost := self._lost(e, what)) is None:
+                    raise
+        box = [(got, lost)]
+        dist.broadcast_object_list(box, src=0, group=self.pg)
+        got, lost = box[0]
+        if lost is not None:
+            raise StoreLost(lost)
+        return got
 
     # --- resume --------------------------------------------------------------------------
 
@@ -418,262 +380,129 @@ class Checkpointer:
             goodput.note("ready", step=step, load_s=round(time.perf_counter() - t0, 3), fresh=fresh)
         return got
 
-    def _resume(self, resume: str, states: dict[str, Stateful]) -> tuple[Path, dict] | None:
-        """Load the checkpoint to resume from into `states`; returns (path, its marker info),
-        or None for a fresh start. `auto`: the newest complete checkpoint that verifies and
-        loads, falling back to older ones with a warning naming what was wrong; a PATH that
-        does not: ConfigError. Every rank takes the same decision (rank 0 verifies the files
-        and broadcasts; load failures are agreed by an all-reduce)."""
+    def _resume(
+        self, resume: str, states: dict[str, Stateful]
+    ) -> tuple[str | os.PathLike[str], dict] | None:
+        """Load the checkpoint to resume from into `states`; returns (its step as the store
+        names it, its marker info), or None for a fresh start. `auto`: the newest complete
+        checkpoint that verifies and loads, falling back to older ones with a warning naming
+        what was wrong; a PATH (a step dir, a store's step URL) that does not: ConfigError.
+        Every rank takes the same decision (rank 0 lists the store and broadcasts; fetch and
+        load failures are agreed by an all-reduce)."""
         if resume == "never":
             return None
-        if self.remote is not None and resume == "auto":
-            return self._resume_remote(states)
-        if is_remote(resume):  # one step of a store (checked by check_resume_path)
-            got = split_step(resume)
-            assert got is not None
-            return self._resume_remote(states, *got)
         if resume != "auto":
-            path = Path(resume)
-            if (why := why_incomplete(path)) is not None:
-                raise ConfigError(not_complete(resume, why))
-            candidates = [path]
-        else:
-            complete, partial = list_checkpoints(self.dir)
-            newest = step_of(complete[-1]) if complete else -1
-            for p in partial:  # an interrupted save, or a marker found damaged
-                if (step_of(p) or 0) > (newest or -1):
-                    self.log(f"warning: skipping incomplete checkpoint {p} ({why_incomplete(p)})")
-            candidates = complete[::-1]
-        for path in candidates:
-            try:
-                info = self.load(path, states)
-            except UnusableCheckpoint as e:
-                if resume != "auto":
-                    raise ConfigError(
-                        f"--resume {resume}: unusable checkpoint ({e}); pass another step-N "
-                        "directory, or --resume auto to take the newest one that loads"
-                    ) from None
-                self.log(f"warning: skipping checkpoint {path}: {e}; trying the next older one")
-                continue
-            if resume != "auto":
-                self._set_aside_later_than(path)
-            return path, info
-        if candidates:
-            raise ConfigError(
-                f"no usable checkpoint in {self.dir}: all {len(candidates)} complete ones fail "
-                "verification or loading (warnings above); move them aside, or start over "
-                "with --resume never or another --ckpt-dir"
-            )
-        return None
-
-    def _resume_remote(
-        self, states: dict[str, Stateful], remote: Remote | None = None, step: str | None = None
-    ) -> tuple[str, dict] | None:
-        """--resume auto from a store: the newest complete step that downloads, verifies and
-        loads (older ones after it with a warning), as a local resume; --resume URL (`remote`
-        and its `step`): that step or one line."""
-        remote = remote or self.remote
-        assert remote is not None
-        if step is not None:
-            got = self._load_remote(states, remote, step)
-            if isinstance(got, str):
-                raise ConfigError(
-                    f"--resume {remote.where(step)}: unusable checkpoint ({got}); pass another "
-                    "step-N URL, or --resume auto to take the newest one that loads"
-                )
-            if self.remote is not None and remote.url == self.remote.url:
-                self._set_aside_later_in_store(step)
-            return remote.where(step), got
-        complete, partial = remote.scan() if self.rank == 0 else ([], {})
-        box = [(complete, partial)]
-        dist.broadcast_object_list(box, src=0, group=self.pg)
-        complete, partial = box[0]
+            return self._resume_from(resume, states)
+        store = self.store
+        complete, partial = self._on_rank0(store.scan, "the listing of its checkpoints")
         newest = step_number(complete[-1]) if complete else -1
-        for name, why in partial.items():
+        for name, why in partial.items():  # an interrupted save, or a marker found damaged
             if (step_number(name) or 0) > (newest or -1):
-                self.log(f"warning: skipping incomplete checkpoint {remote.where(name)} ({why})")
+                self.log(f"warning: skipping incomplete checkpoint {store.where(name)} ({why})")
         for name in complete[::-1]:
-            got = self._load_remote(states, remote, name)
+            got = self._load_step(states, store, name)
             if isinstance(got, str):
                 self.log(
-                    f"warning: skipping checkpoint {remote.where(name)}: {got}; trying the "
+                    f"warning: skipping checkpoint {store.where(name)}: {got}; trying the "
                     "next older one"
                 )
                 continue
-            return remote.where(name), got
+            self._last = str(store.where(name))
+            return store.where(name), got
         if complete:
             raise ConfigError(
-                f"no usable checkpoint in {remote.url}: all {len(complete)} complete ones "
-                "fail verification or loading (warnings above); delete them, or start over "
+                f"no usable checkpoint in {store.url}: all {len(complete)} complete ones fail "
+                f"verification or loading (warnings above); {store.drop_hint}, or start over "
                 "with --resume never or another --ckpt-dir"
             )
         return None
 
-    def _load_remote(self, states: dict[str, Stateful], remote: Remote, name: str) -> dict | str:
-        """Fetch a store's step into the staging dir and load it: its marker info, or why it
-        is unusable (agreed by every rank); the copy is deleted either way."""
+    def _resume_from(
+        self, resume: str, states: dict[str, Stateful]
+    ) -> tuple[str | os.PathLike[str], dict]:
+        """--resume PATH (checked by check_resume_path at start-up): that step or one line.
+        A step of this checkpoint dir rewinds it: the later steps are set aside."""
+        store, name = step_at(resume)
+        why = self._on_rank0(lambda: store.marker(name)[1], f"the read of {name}")
+        if why is not None:
+            raise ConfigError(not_complete(resume, why))
+        got = self._load_step(states, store, name)
+        if isinstance(got, str):
+            raise ConfigError(
+                f"--resume {resume}: unusable checkpoint ({got}); pass another step-N "
+                f"{'URL' if is_remote(resume) else 'directory'}, or --resume auto to take "
+                "the newest one that loads"
+            )
+        where = store.where(name)
+        if self.store.holds(where):
+            self._last = str(where)
+            self._set_aside_later_than(name)
+        return where, got
+
+    def _load_step(self, states: dict[str, Stateful], store: Any, name: str) -> dict | str:
+        """Read a store's step (a store's copy is made once per host) and load it: its
+        marker info, or why it is unusable (agreed by every rank); a copy is deleted either
+        way. A store that stops answering is StoreLost on every rank."""
         # One copy per node: torchrun's node rank too, since nodes may share a host name and
         # a temp dir (the local SLURM cluster's do).
         node = f"{socket.gethostname()}-{os.environ.get('GROUP_RANK', '0')}"
-        copy = self.dir / f".fetched-{node}" / name
-        # One process on this host: its data files are read as they arrive, not downloaded
-        # first (several share one download: each would fetch what it reads).
-        stream = os.environ.get("LOCAL_WORLD_SIZE", "1") == "1" and hasattr(remote.fs, "_call_s3")
+        dest = self.dir / f".fetched-{node}" / name
+        here = _local_rank(self.rank) == 0
+        read, problem = None, None
         try:
-            self._agree(self._fetch(remote, name, copy, stream))
-            return self.load(copy, states, (remote, name) if stream else None)
+            read = store.read(name, dest, here)
+            problem = read.problem
+        except Exception as e:  # only where `here`: the others send no request
+            problem = self._lost(e, f"the read of {name}") or f"download failed ({describe(e)})"
+        try:
+            agree(problem, self.pg)  # also the barrier before the other ranks read the copy
+            assert read is not None
+            return self.load(read.path, states, read.open)
         except UnusableCheckpoint as e:
+            if str(e).startswith(LOST_HEAD):
+                raise StoreLost(str(e)) from None
             return str(e)
         finally:
             dist.barrier(group=self.pg)
-            if _local_rank(self.rank) == 0:
-                shutil.rmtree(copy.parent, ignore_errors=True)
+            if here:
+                shutil.rmtree(dest.parent, ignore_errors=True)
 
-    def _fetch(self, remote: Remote, name: str, copy: Path, stream: bool = False) -> str | None:
-        """Download a step into `copy`, once per host (its local rank 0); the problem, if
-        any (the caller agrees on it: also the barrier before the other ranks read).
-        `stream`: only .metadata and the marker; the data files' sizes are checked in the
-        store (the load reads them from there)."""
-        if _local_rank(self.rank) != 0:
-            return None
-        shutil.rmtree(copy, ignore_errors=True)
-        info, why = remote.marker(name)
-        if info is None:
-            return why
-        files = info.get("files") or {}
-        try:
-            if stream:
-                sizes = remote.sizes(name)
-                for file, rec in sorted(files.items()):
-                    if file not in sizes:
-                        return f"{file} is missing"
-                    if sizes[file] != rec.get("bytes"):
-                        return f"{file} has {sizes[file]} bytes, {rec.get('bytes')} were written"
-            remote.download(name, copy, [METADATA] if stream and files else sorted(files))
-        except Exception as e:
-            return f"download failed ({describe(e)})"
-        return None
-
-    def _set_aside_later_than(self, path: Path) -> None:
+    def _set_aside_later_than(self, name: str) -> None:
         """A rewind (--resume of an older step of this checkpoint dir) starts a new timeline:
-        the later checkpoints of the old one move to ABANDONED_DIR, so keep-K never prunes
-        this run's saves in their favour and a later --resume auto never jumps back to them.
-        Said in one line; nothing is deleted."""
-        step = step_of(path)
-        if step is None or path.resolve().parent != self.dir.resolve():
+        rank 0 moves the later complete steps of the old one under ABANDONED_DIR, so keep-K
+        never prunes this run's saves in their favour and a later --resume auto never jumps
+        back to them. Every rank learns which; said in one line; nothing is deleted."""
+        step = step_number(name)
+        if step is None:
             return
-        later = [p for p in list_checkpoints(self.dir)[0] if (step_of(p) or -1) > step]
-        if not later:
-            return
-        aside = self.dir / ABANDONED_DIR
-        if self.rank == 0:
-            aside.mkdir(exist_ok=True)
-            for p in later:
-                p.rename(aside / f"{p.name}.{int(time.time())}")
-        self.log(
-            f"rewound to {path.name}: the later {', '.join(p.name for p in later)} (another "
-            f"timeline) moved to {aside}; --resume auto will not go back to them"
-        )
-        dist.barrier(group=self.pg)  # every rank sees the new timeline before its first save
 
-    def _set_aside_later_in_store(self, step: str) -> None:
-        """_set_aside_later_than for a store: rank 0 moves the old timeline's later complete
-        steps under `<url>/ABANDONED_DIR/` (copied, then deleted marker first), every rank
-        learns which, and the rewind is said in one line."""
-        remote = self.remote
-        assert remote is not None
-        later: list[str] = []
-        if self.rank == 0:
-            n = step_number(step) or 0
-            later = [s for s in remote.scan()[0] if (step_number(s) or -1) > n]
+        def move() -> list[str]:
+            later = [s for s in self.store.scan()[0] if (step_number(s) or -1) > step]
             stamp = int(time.time())
-            for name in later:
-                remote.set_aside(name, f"{ABANDONED_DIR}/{name}.{stamp}")
-        box = [later]
-        dist.broadcast_object_list(box, src=0, group=self.pg)
-        if box[0]:
+            for s in later:
+                self.store.set_aside(s, f"{ABANDONED_DIR}/{s}.{stamp}")
+            return later
+
+        later = self._on_rank0(move, f"the rewind to {name}")
+        if later:  # every rank sees the new timeline before its first save
             self.log(
-                f"rewound to {step}: the later {', '.join(box[0])} (another timeline) moved to "
-                f"{remote.where(ABANDONED_DIR)}; --resume auto will not go back to them"
+                f"rewound to {name}: the later {', '.join(later)} (another timeline) moved to "
+                f"{self.store.where(ABANDONED_DIR)}; --resume auto will not go back to them"
             )
 
     def newest(self) -> str | None:
         """The newest complete checkpoint as the user names it (a step dir, or a store's
         step URL), None when there is none."""
-        if self.remote is not None:
-            complete = self.remote.scan()[0]
-            return self.remote.where(complete[-1]) if complete else None
-        complete = list_checkpoints(self.dir)[0]
-        return str(complete[-1]) if complete else None
+        complete = self.store.scan()[0]
+        return str(self.store.where(complete[-1])) if complete else None
 
-    def holds(self, path: str | Path) -> bool:
+    def holds(self, path: str | os.PathLike[str]) -> bool:
         """Whether a checkpoint resumed from is one of this dir's (else the run's first save
         writes its step here anew)."""
-        if self.remote is not None:
-            return str(path).startswith(f"{self.remote.url}/")
-        if is_remote(path):  # a store's step resumed into a local dir
-            return False
-        return Path(path).parent.resolve() == self.dir.resolve()
-
-    def _agree(self, problem: str | None) -> None:
-        """Raise UnusableCheckpoint on every rank when any rank has a problem."""
-        if (first := first_problem(problem, self.pg)) is not None:
-            raise UnusableCheckpoint(first)
+        return self.store.holds(path)
 
     def load(
-        self, path: Path, states: dict[str, Stateful], remote: tuple[Remote, str] | None = None
+        self, path: Path, states: dict[str, Stateful], open_data: Any = None
     ) -> dict[str, Any]:
-        """Check, then load every part in place, verifying checksums while reading; returns
-        the checkpoint's marker info. UnusableCheckpoint (on every rank) when the files or
-        the load fail. Before the load each rank checks that its share of the files is there
-        with its size (a stat) and rank 0 hashes .metadata; during it each rank hashes its
-        share: about 1/world of the bytes per rank, whatever the world."""
-        import torch.distributed.checkpoint as dcp
-        from ddpkit.train.ckpt.io import VerifyingReader
-
-        world = dist.get_world_size(self.pg)
-        # from a store (`remote`: its step): the data files there, their sizes checked by _fetch
-        self._agree(verify(path, self.rank, world, read=False, data=remote is None))
-        info = read_marker(path) or {}
-        meta = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
-        present = {k.split(".", 1)[0] for k in meta}
-        state = {n: p.state_dict() for n, p in states.items() if n in present}
-        old_keys = plain_values_as_saved(states, state, meta)
-        moved = moved_parts(states, state, meta, present)
-        if "model" in state:
-            check_compatible(path, state["model"], meta, info)
-        if "optim" in state:
-            check_optimizer(path, state["optim"], meta, info)
-        rng = next((n for n, p in states.items() if isinstance(p, RngState)), None)
-        if rng in state and f"{rng}.{states[rng].key}" not in meta:  # type: ignore[attr-defined]
-            del state[rng]  # the world grew: this rank has no saved RNG state
-        missing = [n for n, p in states.items() if n not in present | moved and p.state_dict()]
-        missing += old_keys
-        if missing and self.rank == 0:
-            self.log(
-                f"warning: checkpoint {path} has no {', '.join(missing)} (written before "
-                f"{'it was' if len(missing) == 1 else 'they were'} checkpointed): fresh values kept"
-            )
-        problem = None
-        sizes = {n: rec.get("bytes", 0) for n, rec in (info.get("files") or {}).items()}
-        opener = (
-            (lambda f, r=remote[0], n=remote[1]: r.open_download(n, f, sizes[f]))
-            if remote is not None
-            else None
-        )
-        reader = VerifyingReader(path, share(info, self.rank, world), opener)
-        try:
-            dcp.load(state, storage_reader=reader, process_group=self.pg)
-        # DCP gathers every rank's read errors into a CheckpointException (a BaseException)
-        # raised on all ranks; the all-reduce in _agree covers a rank that failed alone.
-        # A checksum failure can leave damaged bytes in the parts: the older checkpoint
-        # tried next overwrites them, as after any failed load.
-        except _errors() as e:
-            problem = checksum_problem(e) or f"load failed ({describe(e)})"
-        self._agree(problem)
-        for name in moved:  # read from where an older version kept it
-            src, keys = MOVED_PARTS[name]
-            states[name].load_state_dict({k: state[src].pop(k) for k in keys})
-        for name, sd in state.items():
-            states[name].load_state_dict(sd)
-        return info
+        """Load the step dir `path` into `states` (ckpt.load.load_step); its marker info."""
+        return load_step(path, states, self.pg, self.log, open_data)

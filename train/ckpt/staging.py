@@ -9,6 +9,7 @@ here, 160 MB: another thread made no progress during a storage copy, and ran fre
 Tensor.copy_ of the same bytes). So the copies here go through byte tensors over the same
 storages: Tensor.copy_ releases the GIL, and the loop's forward/backward runs beside it.
 DCP's traversal (DTensors, storages shared by several tensors, plain values) is kept.
+`start_async_save` starts an async save with the run's one stager.
 
 On CUDA the copy runs on the stager's own stream, which DCP does not order after the loop's
 stream: without a wait it could read a parameter before the optimizer step queued just
@@ -19,6 +20,7 @@ stager's stream waits for it before its first copy.
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -98,3 +100,46 @@ def mark_taken(stager: Any) -> None:
         event = torch.cuda.Event()
         event.record()
         stager._state_dict_stager.taken = event
+
+
+def _chain(source: Future, target: Future) -> None:
+    """Settle `target` as `source` settles."""
+
+    def settle(f: Future) -> None:
+        if (e := f.exception()) is not None:
+            target.set_exception(e)
+        else:
+            target.set_result(f.result())
+
+    source.add_done_callback(settle)
+
+
+def start_async_save(
+    launcher: ThreadPoolExecutor, stager: Any, state: dict[str, Any], writer: Any, pg: Any
+) -> tuple[Future, Future]:
+    """dcp.async_save, started from the run's launch thread (`launcher`); returns (staged,
+    written). It starts the staging copy (the stager's thread) and the write (a thread of
+    DCP's); its own Python work (the stager's traversal, making the write's thread) then
+    competes with the copy it just started: measured on the loop's thread, 4-6 ms of a 9 ms
+    save() (mlp-deep, 2 ranks on 2 cores), so the loop does not wait for it. Its errors
+    come out of the futures."""
+    import torch.distributed.checkpoint as dcp
+
+    mark_taken(stager)  # CUDA: the copy waits for what the loop queued before save()
+    staged: Future = Future()
+    written: Future = Future()
+
+    def launch() -> None:
+        try:
+            resp = dcp.async_save(
+                state, storage_writer=writer, process_group=pg, async_stager=stager
+            )
+        except BaseException as e:  # noqa: BLE001 - raised where the futures are awaited
+            staged.set_exception(e)
+            written.set_exception(e)
+            return
+        _chain(resp.staging_completion, staged)
+        _chain(resp.upload_completion, written)
+
+    launcher.submit(launch)
+    return staged, written

@@ -1,42 +1,48 @@
-"""Where checkpoints live: a local directory, or an object store named by an fsspec URL
-(`s3://bucket/prefix`; s3fs serves S3 and S3-compatible servers). The one place that knows
-the difference; the manager asks it, the rest of the package sees local step dirs only.
+"""Where checkpoints live: one interface (CheckpointStorage) the manager asks, and the stores
+that answer it, chosen by the checkpoint dir's URL scheme (`open_store`): a local directory
+(ckpt.localstore) or an object store named by an fsspec URL, `s3://bucket/prefix`
+(ckpt.objstore; s3fs serves S3 and S3-compatible servers). A new kind of store is one class
+and one `register(scheme, ...)` line; the manager never asks which store it has.
 
-A save streams each rank's data files into the store as DCP writes them (StreamingUpload:
-multipart parts go up while the next bytes are serialized and hashed; in DCP's background
-thread for an async save, so training does not wait for the upload); only `.metadata` goes
-through the local staging dir (`local_dir`: node-local, one per URL). Rank 0 uploads
-`.metadata` next and the marker last, once every rank's upload returned: an upload cut short
-leaves no marker, and a step prefix without one is never loaded. A load by the one process
-of a host reads the data files as they arrive (StreamingDownload: parts fetched ahead while
-the earlier ones are deserialized and hashed; only `.metadata` and the marker are staged);
-processes sharing a host download the step into the staging dir once and load that copy.
-Either way every file is verified against the marker's CRC-32s as a local load does: a
-damaged object fails its checksum and the next older checkpoint is tried. Keep-K deletes a
-dropped step's marker first, then its objects; a rewind (--resume of an older step) moves
-the later steps under `abandoned/`; the run's summary.json is kept beside the steps.
+What every store keeps the same: a checkpoint is a step-N entry whose marker (written last,
+with every file's size and CRC-32) and DCP's `.metadata` make it complete; keep-K drops a
+step's marker first; a rewind moves the later steps under `abandoned/`. A step is written
+into a local dir (`dir/step-N`: the checkpoint dir itself, or a store's node-local staging
+dir) by the store's DCP writer and counts once `commit` has put its marker down; a load
+reads `read`'s local copy (a store may serve the data files straight from itself).
 
-Credentials and the endpoint come from the environment the way every AWS client reads them
-(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_PROFILE, ...): the kit never
-writes them anywhere and no message names them. Torch-free.
+A store that stops answering mid-run (a server gone, a network cut) is StoreLost: one line
+naming the store and what the kit does (`lost_line`), its tracebacks kept in the run dir;
+the worker tells the launcher (train/failure.py's "store lost") and a restart waits for the
+store (`check_ckpt_dir`). Credentials and the endpoint come from the environment the way
+every AWS client reads them (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL,
+AWS_PROFILE, ...): the kit never writes them anywhere and no message names them. Torch-free:
+the renders and `ddpkit ckpt` import it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
+import importlib
 import os
 import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-from ddpkit.train.ckpt.files import METADATA
 from ddpkit.train.contract import CKPT_MARKER as MARKER
 from ddpkit.train.contract import CKPT_STEP_PREFIX, is_remote
 from ddpkit.train.errors import ConfigError
 
 STAGE_ENV = "DDPKIT_CKPT_STAGE"  # where a remote checkpoint dir is staged (default: tmp)
+# How long a restarted worker waits for a store that went away (it answered at the first
+# start, so it is expected back: a server restarted, a network healed), in seconds.
+STORE_WAIT_ENV = "DDPKIT_STORE_WAIT_S"
+STORE_WAIT_S = 300.0
+STORE_LOG = "store-errors.log"  # in the run dir: the tracebacks of a store that went away
 # What S3 clients read from the environment: a container backend passes these by name from the
 # submitting shell (never their values into a rendered command or manifest).
 CREDENTIAL_ENV = (
@@ -50,12 +56,139 @@ CREDENTIAL_ENV = (
 )
 
 
-def split_step(url: str) -> tuple[Remote, str] | None:
-    """(the store dir, the step name) of a step URL (`s3://b/run/step-40`), else None."""
+@dataclass
+class StepRead:
+    """A step ready for a load: `path`, a local dir with at least its marker and .metadata;
+    `open(file, size)`, a read stream of one of its data files when the load reads them from
+    the store as they arrive (None: they are in `path`); `problem`, why the step cannot be
+    read (None: it can), said by the process that made the host's copy."""
+
+    path: Path
+    open: Callable[[str, int], Any] | None = None
+    problem: str | None = None
+
+
+@runtime_checkable
+class CheckpointStorage(Protocol):
+    """What the checkpoint manager asks of the place its checkpoints live. Step names are
+    `step-N`; `dir` is this host's local dir a step is written into (and read copies go
+    under); every method that talks to the store may raise its client's errors."""
+
+    url: str  # the checkpoint dir as messages name it
+    dir: Path  # this host's dir of steps being written: the checkpoint dir, or a staging dir
+    drop_hint: str  # what to do with checkpoints none of which loads ("delete them")
+
+    def where(self, name: str) -> str | Path:
+        """A step as messages, summary.json and --resume name it."""
+        ...
+
+    def holds(self, where: str | Path) -> bool:
+        """Whether a step named as `where` names it is one of this store's."""
+        ...
+
+    def check(self, wait_s: float = 0.0) -> str | None:
+        """Before training: None when the store takes a write and a delete, else one line
+        naming the problem and the fix. `wait_s`: how long to keep asking a store that does
+        not answer (a restart after it went away)."""
+        ...
+
+    def problem(self, e: BaseException, what: str = "", access: str = "read") -> str:
+        """One line for a failed request (credentials refused, no bucket, no server)."""
+        ...
+
+    def scan(self) -> tuple[list[str], dict[str, str]]:
+        """(complete step names oldest first, {incomplete step name: why})."""
+        ...
+
+    def marker(self, name: str) -> tuple[dict[str, Any] | None, str | None]:
+        """(the step's marker, None) if the step is complete, else (None, why not)."""
+        ...
+
+    def prepare(self, name: str) -> None:
+        """Rank 0, before a save: `dir/name` exists and is empty, and no leftover of step
+        `name` (an interrupted save's, an older timeline's) is in the store."""
+        ...
+
+    def writer(self, path: Path) -> Any:
+        """The DCP storage writer of the step dir `path` (ckpt.io's HashingWriter or one
+        built on it: it keeps each file's size and CRC-32 in `file_sums`)."""
+        ...
+
+    def commit(self, path: Path, info: dict[str, Any], sums: dict[str, Any]) -> str | Path:
+        """Rank 0, once every rank's files are in: the step's marker, `info` with the file
+        records (from `sums`, the writers' gathered ones) under "files", goes down last;
+        from here on the step counts. Returns the step as `where` names it."""
+        ...
+
+    def read(self, name: str, dest: Path, here: bool, whole: bool = False) -> StepRead:
+        """Step `name` ready for a load. A store that copies puts the copy in `dest`, only
+        where `here` (one process per host makes it; the caller deletes dest's parent once
+        every rank loaded); `whole`: every data file too, for a tool's verified copy."""
+        ...
+
+    def prune(self, keep: int) -> None:
+        """Keep the newest `keep` complete steps (each dropped marker first); drop the
+        incomplete ones older than the newest complete one."""
+        ...
+
+    def set_aside(self, name: str, aside: str) -> None:
+        """Move a step under the name `aside` (`abandoned/step-N.<time>`), where no scan
+        finds it; cut short, nothing is lost."""
+        ...
+
+    def put(self, name: str, data: bytes) -> None:
+        """One small object beside the steps (the run's summary.json, for a store that
+        outlives the run dir), or nothing where the run dir keeps it."""
+        ...
+
+
+# --- choosing a store: by the checkpoint dir's URL scheme ------------------------------------
+
+# scheme -> the store's class (or "module:Class", imported when first used: the object store
+# pulls in fsspec). "" is a local path; any other scheme is fsspec's (_ANY_URL).
+_STORES: dict[str, Any] = {"": "ddpkit.train.ckpt.localstore:LocalStore"}
+_ANY_URL = "ddpkit.train.ckpt.objstore:ObjectStore"
+
+
+def register(scheme: str, store: Any) -> None:
+    """Serve `scheme://...` checkpoint dirs with `store`: a class (or "module:Class") whose
+    instances, built from the URL, are CheckpointStorage."""
+    _STORES[scheme] = store
+
+
+def open_store(ckpt_dir: str | os.PathLike[str]) -> CheckpointStorage:
+    """The store of a checkpoint dir as the user named it (a path or a URL)."""
+    text = str(ckpt_dir)
+    scheme = text.split("://", 1)[0] if is_remote(text) else ""
+    factory = _STORES.get(scheme, _ANY_URL)
+    if isinstance(factory, str):
+        module, _, name = factory.partition(":")
+        factory = getattr(importlib.import_module(module), name)
+    return factory(text)
+
+
+def step_at(where: str | os.PathLike[str]) -> tuple[CheckpointStorage, str]:
+    """The store holding a step named as the user names it (a step dir, a step URL), and
+    the step's name in it."""
+    text = str(where)
+    if is_remote(text):
+        parent, _, name = text.rstrip("/").rpartition("/")
+        return open_store(parent), name
+    path = Path(text)
+    return open_store(path.parent), path.name
+
+
+def split_step(url: str) -> tuple[CheckpointStorage, str] | None:
+    """(the store, the step name) of a store's step URL (`s3://b/run/step-40`), else None."""
     parent, _, name = url.rstrip("/").rpartition("/")
     if step_number(name) is None or not is_remote(parent):
         return None
-    return Remote(parent), name
+    return open_store(parent), name
+
+
+def step_number(name: str) -> int | None:
+    rest = name[len(CKPT_STEP_PREFIX) :] if name.startswith(CKPT_STEP_PREFIX) else ""
+    return int(rest) if rest.isdigit() else None
 
 
 def local_dir(ckpt_dir: str | os.PathLike[str]) -> Path:
@@ -68,400 +201,132 @@ def local_dir(ckpt_dir: str | os.PathLike[str]) -> Path:
     return Path(base) / key
 
 
-def _describe(e: BaseException) -> str:
+def describe(e: BaseException) -> str:
     """One phrase for a store error, from the server's own words (no credentials in them)."""
     text = " ".join(str(e).split())[:200]
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-class Remote:
-    """A checkpoint dir in an object store: step prefixes under `url`."""
+# --- a store that went away -----------------------------------------------------------------
 
-    def __init__(self, url: str):
-        try:
-            from fsspec.core import url_to_fs
-        except ImportError:
-            raise ConfigError(_missing_package(url)) from None
-        self.url = url.rstrip("/")
-        try:
-            self.fs, self.root = url_to_fs(self.url)
-        except (ImportError, ValueError) as e:
-            raise ConfigError(_missing_package(url, e)) from None
-        self.root = self.root.rstrip("/")
-        # The step prefixes in the store as this process last listed them, plus those it
-        # wrote since: a save clears its step's leftovers only when one may be there, so a
-        # save to a new step costs the loop no request (None: not listed yet).
-        self.known: set[str] | None = None
 
-    def key(self, *parts: str) -> str:
-        return "/".join([self.root, *parts])
+class StoreLost(Exception):
+    """The checkpoint store stopped answering mid-run (message: lost_line's one line)."""
 
-    def where(self, name: str) -> str:
-        """The URL of a step (what messages name)."""
-        return f"{self.url}/{name}"
 
-    # --- before training --------------------------------------------------------------------
+LOST_HEAD = "lost the checkpoint store "  # lost_line's first words (agreed as a problem string)
+# Client errors that mean no answer came, by class name (no client is imported for them):
+# botocore's EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError and
+# ConnectionClosedError, aiohttp's ClientConnectorError and ServerDisconnectedError.
+_UNANSWERED = (
+    "ConnectionError", "TimeoutError", "ConnectorError", "ConnectionClosedError",
+    "DisconnectedError",
+)  # fmt: skip
 
-    def check(self) -> str | None:
-        """None when the bucket is there and takes a write and a delete here, else one line
-        naming the problem and the fix (wrong credentials, a missing bucket, no server)."""
-        probe = self.key(f".ddpkit-probe-{os.getpid()}")
-        try:
-            self.fs.pipe_file(probe, b"")
-            self.fs.rm_file(probe)
-        except Exception as e:
-            return self.problem(e, "--ckpt-dir ", "write to")
-        return None
 
-    def problem(self, e: BaseException, what: str = "", access: str = "read") -> str:
-        """One line for a failed request: wrong credentials, a missing bucket, no server."""
-        bucket = self.root.split("/", 1)[0]
-        if isinstance(e, PermissionError):
-            return (
-                f"{what}{self.url}: the object store refused the credentials ({_describe(e)}); "
-                "set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) to a key that "
-                f"may {access} the bucket"
-            )
-        if isinstance(e, FileNotFoundError):
-            return (
-                f"{what}{self.url}: no bucket {bucket!r} at the object store; create it or "
-                "name an existing bucket"
-            )
-        return (  # no server, a bad endpoint, a bad bucket name
-            f"{what}{self.url}: cannot {access} the object store ({_describe(e)}); check "
-            "AWS_ENDPOINT_URL and that the server is up"
+def unreachable(e: BaseException) -> BaseException | None:
+    """The error in `e` that says the store did not answer (a refused or dropped connection,
+    a timeout: botocore's EndpointConnectionError and its kin, aiohttp's, the OS's), searched
+    through its causes and any rank's failure DCP gathered into a CheckpointException; None
+    when `e` is another failure (a missing object, a damaged file, refused credentials)."""
+    seen: set[int] = set()
+    todo: list[Any] = [e]
+    while todo:
+        x = todo.pop()
+        if x is None or id(x) in seen or not isinstance(x, BaseException):
+            continue
+        seen.add(id(x))
+        if isinstance(x, (ConnectionError, TimeoutError)) or any(
+            t.__name__.endswith(_UNANSWERED) for t in type(x).__mro__
+        ):
+            return x
+        todo += [x.__cause__, x.__context__]
+        failures = getattr(x, "failures", None)
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+    return None
+
+
+def store_wait_s() -> float:
+    try:
+        return max(0.0, float(os.environ.get(STORE_WAIT_ENV) or STORE_WAIT_S))
+    except ValueError:
+        return STORE_WAIT_S
+
+
+def lost_line(url: str, what: str, cause: BaseException, last: str | None, log: Path | None) -> str:
+    """The one line for a store that went away: which store, during what, the server's own
+    words, and what the kit does next (a restart of torchrun's, if one is left, waits for
+    the store and resumes from the last complete checkpoint; else the user reruns)."""
+    since = (
+        f"the last complete checkpoint ({last})"
+        if last
+        else "the start (no complete checkpoint yet)"
+    )
+    try:
+        left = int(os.environ["TORCHELASTIC_MAX_RESTARTS"]) - int(
+            os.environ["TORCHELASTIC_RESTART_COUNT"]
         )
-
-    # --- what is there ------------------------------------------------------------------------
-
-    def steps(self) -> list[str]:
-        """The step prefixes, oldest first."""
-        self.fs.invalidate_cache()
-        try:
-            entries = self.fs.ls(self.root, detail=False)
-        except FileNotFoundError:
-            self.known = set()
-            return []
-        names = [e.rstrip("/").rsplit("/", 1)[-1] for e in entries]
-        steps = [n for n in names if step_number(n) is not None]
-        self.known = (self.known or set()) | set(steps)  # more is safe: one more clear
-        return sorted(steps, key=lambda n: step_number(n) or -1)
-
-    def marker(self, name: str) -> tuple[dict[str, Any] | None, str | None]:
-        """(the step's marker, None) or (None, why it is incomplete), as layout.marker."""
-        from ddpkit.train.ckpt.layout import marker_of
-
-        info, why = marker_of(lambda: self.fs.cat_file(self.key(name, MARKER)))
-        if info is None:
-            return None, why
-        if not self.fs.exists(self.key(name, METADATA)):
-            return None, f"no {METADATA}: an interrupted upload"
-        return info, None
-
-    def scan(self) -> tuple[list[str], dict[str, str]]:
-        """(complete step names oldest first, {incomplete step name: why})."""
-        complete, partial = [], {}
-        for name in self.steps():
-            info, why = self.marker(name)
-            if info is None:
-                partial[name] = why or "incomplete"
-            else:
-                complete.append(name)
-        return complete, partial
-
-    # --- moving files -------------------------------------------------------------------------
-
-    def open_upload(self, step: str, name: str) -> Any:
-        """A write stream straight into the store's object `step/name`: parts go up while
-        the writer serializes the next bytes (StreamingUpload); a filesystem without S3's
-        multipart calls gets fsspec's own buffered file."""
-        key = self.key(step, name)
-        if self.known is not None:
-            self.known.add(step)
-        if hasattr(self.fs, "_call_s3"):
-            return StreamingUpload(self.fs, key)
-        return self.fs.open(key, "wb")
-
-    def upload(self, step_dir: Path, names: list[str]) -> None:
-        """Put these files of a local step dir under the step's prefix (concurrently; large
-        files in parts)."""
-        if self.known is not None:
-            self.known.add(step_dir.name)
-        if names:
-            self.fs.put(
-                [str(step_dir / n) for n in names], [self.key(step_dir.name, n) for n in names]
-            )
-
-    def sizes(self, name: str) -> dict[str, int]:
-        """{file name: bytes} of a step's objects, from one listing."""
-        self.fs.invalidate_cache(self.key(name))
-        entries = self.fs.ls(self.key(name), detail=True)
-        return {e["name"].rstrip("/").rsplit("/", 1)[-1]: e["size"] for e in entries}
-
-    def open_download(self, name: str, file: str, size: int) -> StreamingDownload:
-        """A read stream of the object `name/file` (StreamingDownload; S3 filesystems)."""
-        return StreamingDownload(self.fs, self.key(name, file), size)
-
-    def put(self, name: str, data: bytes) -> None:
-        """One small object beside the steps (the run's summary.json)."""
-        self.fs.pipe_file(self.key(name), data)
-
-    def download(self, name: str, dest: Path, files: list[str]) -> None:
-        """Get a step's files (the marker's list) and its marker into `dest`, marker last."""
-        dest.mkdir(parents=True, exist_ok=True)
-        if files:
-            self.fs.get([self.key(name, n) for n in files], [str(dest / n) for n in files])
-        self.fs.get_file(self.key(name, MARKER), str(dest / MARKER))
-
-    def clear(self, name: str) -> None:
-        """No object of step `name` before it is written anew (an interrupted upload's, or
-        an older timeline's): one listing the first time, then only steps known to be there."""
-        if self.known is None:
-            self.steps()
-        if self.known is None or name in self.known:
-            self.remove(name)
-
-    def remove(self, name: str) -> None:
-        """Delete a step: its marker first (a deletion cut short leaves an incomplete step,
-        never a complete-looking one with objects missing)."""
-        if self.fs.exists(self.key(name, MARKER)):
-            self.fs.rm_file(self.key(name, MARKER))
-        if self.fs.exists(self.key(name)):
-            self.fs.rm(self.key(name), recursive=True)
-        if self.known is not None:
-            self.known.discard(name)
-
-    def set_aside(self, name: str, aside: str) -> None:
-        """Move a step to the prefix `aside` (a rewind's old timeline): its objects copied
-        there (server-side), then the step removed marker first; cut short, nothing is lost."""
-        keys = self.fs.find(self.key(name))
-        self.fs.copy(keys, [self.key(aside, k[len(self.key(name)) + 1 :]) for k in keys])
-        self.remove(name)
-
-    def prune(self, keep: int) -> None:
-        """Keep the newest `keep` complete steps; drop incomplete ones older than the newest."""
-        complete, partial = self.scan()
-        newest = step_number(complete[-1]) if complete else -1
-        for name in complete[:-keep]:
-            self.remove(name)
-        for name in partial:
-            if (step_number(name) or 0) < (newest or 0):
-                self.remove(name)
+    except (KeyError, ValueError):
+        left = 0
+    if left > 0:
+        then = f"restarting from {since}, waiting up to {store_wait_s():.0f} s for the store"
+    else:
+        then = f"no restart left: run the job again once the store answers; it resumes from {since}"
+    where = f"; tracebacks in {log}" if log is not None else ""
+    return f"{LOST_HEAD}{url} during {what} ({describe(cause)}); {then}{where}"
 
 
-class StreamingUpload:
-    """A write-only stream that is an S3 multipart upload: every PART_BYTES written go up as
-    one part on s3fs's event loop while the writer goes on (at most MAX_INFLIGHT parts held
-    in memory), so a save's serializing and hashing overlap its upload instead of coming
-    before it (a staged file written, read back and put took ~1.7x a raw put of the same
-    bytes). A file smaller than a part is one put_object. close() completes the upload; a
-    stream closed after an error (abort()) leaves no object behind."""
-
-    PART_BYTES = 32 << 20  # S3 takes 5 MiB..5 GiB per part, 10,000 parts
-    MAX_INFLIGHT = 8
-
-    def __init__(self, fs: Any, key: str):
-        self.fs = fs
-        self.bucket, self.key, _ = fs.split_path(key)
-        self.buf = bytearray()
-        self.nbytes = 0
-        self.upload_id: str | None = None
-        self.parts: list[Any] = []  # concurrent futures of upload_part, in part order
-        self.closed = False
-
-    def _call(self, method: str, **kw: Any) -> Any:
-        """Start one S3 call on s3fs's loop; its concurrent future."""
-        import asyncio
-
-        return asyncio.run_coroutine_threadsafe(
-            self.fs._call_s3(method, Bucket=self.bucket, Key=self.key, **kw), self.fs.loop
-        )
-
-    def write(self, b: Any) -> int:
-        view = memoryview(b).cast("B")
-        self.buf += view
-        self.nbytes += view.nbytes
-        while len(self.buf) >= self.PART_BYTES:
-            self._send(bytes(self.buf[: self.PART_BYTES]))
-            del self.buf[: self.PART_BYTES]
-        return view.nbytes
-
-    def _send(self, body: bytes) -> None:
-        if self.upload_id is None:
-            self.upload_id = self._call("create_multipart_upload").result()["UploadId"]
-        inflight = [f for f in self.parts if not f.done()]
-        if len(inflight) >= self.MAX_INFLIGHT:
-            inflight[0].result()  # back-pressure: memory stays bounded
-        n = len(self.parts) + 1
-        self.parts.append(
-            self._call("upload_part", PartNumber=n, UploadId=self.upload_id, Body=body)
-        )
-
-    def tell(self) -> int:
-        return self.nbytes
-
-    def flush(self) -> None:
+def keep_traceback(log: Path | None, rank: int, e: BaseException, what: str) -> None:
+    """Append the error's traceback to the run dir's log (none without a run dir): kept for
+    whoever looks into it, out of the console. Best effort."""
+    if log is None:
+        return
+    head = f"--- rank {rank}, {time.strftime('%Y-%m-%d %H:%M:%S')}, during {what}\n"
+    try:  # one write per block: ranks appending at once do not interleave
+        with open(log, "a") as f:
+            f.write(head + "".join(traceback.format_exception(e)))
+    except OSError:
         pass
 
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            if self.upload_id is None:
-                self._call("put_object", Body=bytes(self.buf)).result()
-            else:
-                if self.buf:
-                    self._send(bytes(self.buf))
-                done = [
-                    {"PartNumber": i + 1, "ETag": f.result()["ETag"]}
-                    for i, f in enumerate(self.parts)
-                ]
-                self._call(
-                    "complete_multipart_upload",
-                    UploadId=self.upload_id,
-                    MultipartUpload={"Parts": done},
-                ).result()
-        except BaseException:
-            self.abort()
-            raise
-        finally:
-            self.buf = bytearray()
-        self.fs.invalidate_cache(f"{self.bucket}/{self.key}")
 
-    def abort(self) -> None:
-        """Drop a multipart upload: a stream that failed half way leaves no object."""
-        self.closed = True
-        if self.upload_id is not None:
-            for f in self.parts:
-                f.cancel()
-            # a failed abort is harmless: the server drops stale uploads, no marker was written
-            with contextlib.suppress(Exception):
-                self._call("abort_multipart_upload", UploadId=self.upload_id).result()
-
-
-class StreamingDownload(io.RawIOBase):
-    """A read stream over one object of known size whose parts come ahead of the reader
-    (the mirror of StreamingUpload): ranged GETs of PART_BYTES, AHEAD of them in flight on
-    s3fs's loop, so a load deserializes and hashes one part while the next ones arrive,
-    and nothing goes through the disk (a download to the staging dir, then a load of it,
-    took the sum of both). A seek behind the parts held fetches again."""
-
-    PART_BYTES = 16 << 20
-    AHEAD = 8
-
-    def __init__(self, fs: Any, key: str, size: int):
-        super().__init__()
-        self.fs = fs
-        self.bucket, self.key, _ = fs.split_path(key)
-        self.size = size
-        self.pos = 0
-        self.parts: dict[int, Any] = {}  # part index -> concurrent future of its bytes
-
-    def _get(self, i: int) -> Any:
-        import asyncio
-
-        start = i * self.PART_BYTES
-        end = min(self.size, start + self.PART_BYTES) - 1
-
-        async def get() -> bytes:
-            resp = await self.fs._call_s3(
-                "get_object", Bucket=self.bucket, Key=self.key, Range=f"bytes={start}-{end}"
-            )
-            try:
-                return await resp["Body"].read()
-            finally:
-                resp["Body"].close()
-
-        return asyncio.run_coroutine_threadsafe(get(), self.fs.loop)
-
-    def _part(self, i: int) -> bytes:
-        last = (self.size - 1) // self.PART_BYTES
-        for j in range(i, min(i + self.AHEAD, last + 1)):
-            if j not in self.parts:
-                self.parts[j] = self._get(j)
-        for j in [j for j in self.parts if j < i]:  # behind the reader: dropped
-            self.parts.pop(j).cancel()
-        data = self.parts[i].result()
-        want = min(self.size, (i + 1) * self.PART_BYTES) - i * self.PART_BYTES
-        if len(data) != want:
-            raise OSError(f"{self.key}: {len(data)} bytes of part {i}, {want} expected")
-        return data
-
-    def read(self, size: int | None = -1) -> bytes:
-        end = self.size if size is None or size < 0 else min(self.size, self.pos + size)
-        out = []
-        while self.pos < end:
-            i, off = divmod(self.pos, self.PART_BYTES)
-            data = self._part(i)
-            chunk = data[off : off + end - self.pos] if off or end - self.pos < len(data) else data
-            out.append(chunk)
-            self.pos += len(chunk)
-        return out[0] if len(out) == 1 else b"".join(out)
-
-    def readinto(self, b: Any) -> int:
-        data = self.read(len(memoryview(b)))
-        memoryview(b).cast("B")[: len(data)] = data
-        return len(data)
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self.pos, 2: self.size}[whence]
-        self.pos = max(0, base + offset)
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
-
-    def close(self) -> None:
-        for f in self.parts.values():
-            f.cancel()
-        self.parts = {}
-        super().close()
-
-
-def step_number(name: str) -> int | None:
-    rest = name[len(CKPT_STEP_PREFIX) :] if name.startswith(CKPT_STEP_PREFIX) else ""
-    return int(rest) if rest.isdigit() else None
-
-
-def _missing_package(url: str, e: BaseException | None = None) -> str:
-    scheme = url.split("://", 1)[0]
-    why = f" ({_describe(e)})" if e is not None else ""
-    return (
-        f"--ckpt-dir {url}: no filesystem for {scheme}://{why}; install its fsspec package "
-        "(s3fs for s3://: pip install 'ddpkit[s3]')"
-    )
+# --- before training, and `ddpkit ckpt` -------------------------------------------------------
 
 
 def check_ckpt_dir(ckpt_dir: str) -> None:
-    """ConfigError (one line) unless a remote checkpoint dir can be written now."""
-    if is_remote(ckpt_dir) and (problem := Remote(ckpt_dir).check()) is not None:
-        raise ConfigError(problem)
+    """ConfigError (one line) unless the checkpoint dir's store can be written now. A
+    restarted worker (torchrun's restart after a failure) first waits for a store that does
+    not answer (store_wait_s): it answered at the start, a restart after it went away is
+    what the lost line said the kit does; the launcher is told the cause if it stays away."""
+    restarted = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0")
+    wait_s = store_wait_s() if restarted else 0.0
+    t0 = time.monotonic()
+    problem = open_store(ckpt_dir).check(wait_s)
+    if problem is None:
+        return
+    if wait_s and time.monotonic() - t0 >= wait_s:
+        from ddpkit.train import failure
+
+        problem += f" (waited {wait_s:.0f} s for it since it went away)"
+        failure.tell_launcher(problem, cause=failure.STORE, error=problem)
+    raise ConfigError(problem)
 
 
 def fetch(url: str, dest: Path) -> tuple[Path, str]:
     """(a local copy under `dest`, its step's URL) of a checkpoint in a store (`ddpkit ckpt`): the step
     URL given, else the newest complete step under the URL or under its checkpoints/. The
     copy's files are verified by whoever reads it (the marker comes along)."""
-    remote = Remote(url)
+    store = open_store(url)
     try:
-        name = remote.root.rsplit("/", 1)[-1]
-        if step_number(name) is not None:
-            remote = Remote(remote.url.rsplit("/", 1)[0])
+        if step_number(url.rstrip("/").rsplit("/", 1)[-1]) is not None:
+            store, name = step_at(url)
         else:
-            complete, partial = remote.scan()
+            complete, partial = store.scan()  # a missing bucket: FileNotFoundError, said below
             if not complete and not partial:
-                inner = Remote(f"{remote.url}/checkpoints")
-                complete, partial = inner.scan()
-                remote = inner if complete or partial else remote
-            if not complete and not remote.fs.exists(remote.root.split("/", 1)[0]):
-                raise FileNotFoundError(remote.root)  # no bucket: said as such below
+                inner = open_store(f"{url.rstrip('/')}/checkpoints")
+                got = inner.scan()
+                if got[0] or got[1]:
+                    store, (complete, partial) = inner, got
             if not complete:
                 got = ", ".join(sorted(partial)[-3:])
                 raise ConfigError(
@@ -470,12 +335,14 @@ def fetch(url: str, dest: Path) -> tuple[Path, str]:
                     + "; pass a run's checkpoint URL or a step-N URL"
                 )
             name = complete[-1]
-        info, why = remote.marker(name)
+        info, why = store.marker(name)
         if info is None:
-            raise ConfigError(f"{remote.where(name)}: not a complete checkpoint ({why})")
-        remote.download(name, dest / name, sorted((info.get("files") or {}).keys()))
+            raise ConfigError(f"{store.where(name)}: not a complete checkpoint ({why})")
+        read = store.read(name, dest / name, here=True, whole=True)
+        if read.problem is not None:
+            raise ConfigError(f"{store.where(name)}: not a complete checkpoint ({read.problem})")
     except ConfigError:
         raise
     except Exception as e:
-        raise ConfigError(remote.problem(e)) from None
-    return dest / name, remote.where(name)
+        raise ConfigError(store.problem(e)) from None
+    return read.path, str(store.where(name))

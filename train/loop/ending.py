@@ -223,13 +223,11 @@ class RunEnd:
     def _summary_to_store(self, text: str) -> None:
         """A store's ckpt_dir also gets summary.json beside its steps: a pod with no volume
         loses its run dir with it, the store keeps what the run ended with."""
-        remote = self.ckpt.remote
-        if remote is None:
-            return
+        store = self.ckpt.store  # a local dir's put keeps nothing: the run dir has it
         try:
-            remote.put(SUMMARY_FILE, text.encode())
+            store.put(SUMMARY_FILE, text.encode())
         except Exception as e:  # the run finished; a summary it could not copy does not undo that
-            self.reporter.info(f"warning: {SUMMARY_FILE} not copied: {remote.problem(e)}")
+            self.reporter.info(f"warning: {SUMMARY_FILE} not copied: {store.problem(e)}")
 
 
 def _signal_name(signum: int) -> str:

@@ -140,7 +140,7 @@ class Trainer(RunEnd):
             profile_range(cfg.profile_steps), self.run_dir, world.rank, world.device
         )
         self.ckpt = Checkpointer(
-            cfg.ckpt_dir, cfg.ckpt_keep, cfg.ckpt_async, self.reporter.info, timeout
+            cfg.ckpt_dir, cfg.ckpt_keep, cfg.ckpt_async, self.reporter.info, timeout, self.run_dir
         )
         self.scaler = (
             torch.amp.GradScaler(world.device.type) if cfg.mixed_precision == "fp16" else None
