@@ -40,7 +40,7 @@ from bench.common import clean_env, table, write_json
 DDPKIT = str(Path(sys.executable).with_name("ddpkit"))
 QUORUM_TIMEOUT_S = 20  # torchft's TORCHFT_QUORUM_TIMEOUT_SEC for the run (as the tests use)
 
-# (tests/launch/test_torchft.py runs the same model: a steady step on any machine)
+# (tests/process/launch/test_torchft.py runs the same model: a steady step on any machine)
 NET_PY = """\
 import time
 import torch

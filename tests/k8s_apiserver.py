@@ -11,10 +11,10 @@ the k8s backend uses, with the server-side behaviour that matters to it.
   the tags v2.0.1, v2.1.0, v2.2.1, v2.3.0; core types such as Volume are left unpruned).
 - PersistentVolumeClaims: create; namespaces that do not exist or are forbidden.
 
-Only for what the real API server of tests/engines/k8s/test_k8s_real.py cannot be (a cluster without the
-operators, an older Trainer's CRD, no RBAC to read CRDs, a server that prunes silently, a
-namespace the user may not write, a job that ends at once for --wait); pods, logs, watches,
-Secrets, list and delete are the real server's (the fake's were removed with their tests).
+Only for what the real API server of tests/engines/k8s/test_k8s_real.py cannot be (a cluster without
+the operators, an older Trainer's CRD, no RBAC to read CRDs, a server that prunes silently, a
+namespace the user may not write, a job that ends at once for --wait); pods, logs, watches, Secrets,
+list and delete are the real server's (the fake's were removed with their tests).
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ class FaultTolerance:
         self.waited = False
         self.joined = False  # no step committed by this process yet
         # test hook (DDPKIT_TRACE_SAMPLES): after each batch this data rank is handed, whether
-        # its step was committed, in the same file (tests/train/test_torchft_data.py)
+        # its step was committed, in the same file (tests/process/train/test_torchft_data.py)
         self.trace = _trace_file(self.data_rank)
         atexit.register(self.manager.shutdown, wait=False)
 

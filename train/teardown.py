@@ -1,8 +1,9 @@
 """A worker's interpreter exits only after gloo's worker threads have let go of their last work.
 
 The abort this prevents: `terminate called without an active exception` (SIGABRT) at the
-exit of a rank whose run had finished. What happens (forced in tests/launch/test_teardown.py,
-whose LD_PRELOAD holds a gloo thread before it takes the GIL):
+exit of a rank whose run had finished. What happens (forced in
+tests/process/launch/test_teardown.py, whose LD_PRELOAD holds a gloo thread before it takes the
+GIL):
   1. torch 2.14's backward (torch/autograd/graph.py, _engine_run_backward) stashes a
      `contextvars.Context` in the thread-local Python objects for the whole pass.
   2. A gloo collective launched in backward (DDP's gradient buckets, FSDP's reduce-scatter)

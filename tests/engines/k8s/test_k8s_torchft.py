@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.torchft_goodput import NET_PY
 from tests.engines.k8s.test_k8s_real import finished, kubectl, wait_until
 from tests.k8s_cluster import VENV, binaries_missing, cluster_env, running_cluster
-from tests.launch.test_torchft import NET_PY
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 DDPKIT = Path(sys.executable).with_name("ddpkit")

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.torchft_goodput import NET_PY
 from tests.engines.slurm.test_slurm_e2e import free_port, scontrol
-from tests.launch.test_torchft import NET_PY
 from tests.slurm_fixtures import slurm_cluster, until_done  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

@@ -170,7 +170,7 @@ def test_bad_hf_paths_exit_2_with_one_line(tiny, tmp_path, monkeypatch, capfd):
     this process, as the process runs it (a process per case imports torch again; a warning
     that a process would print counts as a second line). `ddpkit ckpt export --format hf` of
     a missing step dir runs in this process too (its process's exit 2 and one line:
-    tests/launch/test_bad_input.py's export tests)."""
+    tests/process/launch/test_bad_input.py's export tests)."""
     from ddpkit.tools import ckpt
     from ddpkit.train import __main__ as entry
 

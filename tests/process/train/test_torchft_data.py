@@ -19,15 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.test_torchft import (
-    DDPKIT,
-    NET_PY,
+from bench.torchft_goodput import NET_PY
+from tests.process.launch.test_torchft import (
     PACE_S,
     Watched,
     assert_the_bounds,
-    env,
     run_killing_group_1,
 )
+from tests.unit.launch.test_torchft import DDPKIT, env
 
 pytestmark = pytest.mark.slow
 SAMPLES, BATCH = 448, 8  # NET_PY's training set; 2 data ranks: 28 steps an epoch
@@ -68,7 +67,7 @@ def committed(trace: Path, data_rank: int) -> list[tuple[int, int, int, list[int
 
 
 def test_each_sample_is_trained_once_per_epoch_but_a_lost_groups_share_is_skipped(tmp_path):
-    """Also the 2 x 1 DDP group kill of tests/launch/test_torchft.py (one run for both): group
+    """Also the 2 x 1 DDP group kill of tests/process/launch/test_torchft.py (one run for both): group
     1's torchrun SIGKILLed at its step 20 rejoins from group 0 while group 0 trains on, within
     issue 35's bounds; both finish every step with equal weights and their own checkpoints."""
     trace = tmp_path / "trace"

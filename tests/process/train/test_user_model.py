@@ -158,7 +158,7 @@ BASE = (
 @pytest.mark.slow
 def test_sigkill_resume_is_bitwise_identical(tmp_path):
     """The package's model under DDP. Under FSDP FULL_SHARD a user's model resumes bitwise after
-    the same kill in tests/launch/test_user_project.py (by import path, through the installed
+    the same kill in tests/process/launch/test_user_project.py (by import path, through the installed
     command), and four ranks resume bitwise in tests/process/train/ckpt/test_fault_tolerance.py."""
     env = {"PYTHONPATH": EXAMPLES}
     ref = train(tmp_path / "ref", *BASE, "--parallel", "ddp", nproc=2, env=env)

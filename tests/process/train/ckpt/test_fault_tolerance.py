@@ -226,7 +226,7 @@ def test_truncated_checkpoint_is_skipped_and_resume_uses_the_previous(tmp_path):
 
 
 # A rank hung in a training step: its peer's line names the step's collective and the rank,
-# within --timeout-s (tests/train/test_hangs.py: test_a_hung_rank_is_stopped_for_the_restart_...
+# within --timeout-s (tests/process/train/loop/test_hangs.py: test_a_hung_rank_is_stopped_for_the_restart_...
 # names the DDP gradient all_reduce; the job's exit 1 within the timeout, not the stall:
 # test_a_rank_stalled_at_a_logging_step_is_named_in_one_line and its neighbours there).
 
