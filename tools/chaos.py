@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import posixpath
 import random
@@ -40,6 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ddpkit.train import contract, failure, goodput
 from ddpkit.train.contract import METRICS_FILE, RUN_DIR_ENV
@@ -68,24 +70,68 @@ class Injection:
             raise ChaosError(f"--inject {text!r}: the kind must be one of {', '.join(KINDS)}")
         when, _, target = rest.partition(":")
         key, _, value = when.partition("=")
+        usage = (
+            f"--inject {text!r}: write KIND@step=N, KIND@time=S or KIND@random=A-B, "
+            "then optionally :rank=R or :node=N (e.g. kill-rank@step=40:rank=1)"
+        )
         try:
             if key == "random":
-                lo, hi = (float(x) for x in value.split("-"))
+                lo, hi = (_seconds(x) for x in value.split("-"))
+                if lo > hi:
+                    raise ChaosError(f"random=A-B needs A <= B (got {value})")
                 at, key = rng.uniform(lo, hi), "time"
-            elif key in ("step", "time"):
-                at = float(value)
+            elif key == "step":
+                at = float(_whole(value, "step"))
+            elif key == "time":
+                at = _seconds(value)
             else:
                 raise ValueError
             tkey, _, tval = target.partition("=")
-            who = int(tval) if target else 1
             if target and tkey not in ("rank", "node"):
                 raise ValueError
+            want = TARGETS[kind]
+            if target and tkey != want:
+                fix = f":{want}=N" if want else "no target (it hits every launcher)"
+                raise ChaosError(f"{kind} takes {fix}, not :{tkey}=")
+            who = _whole(tval, tkey) if target else 1
+        except ChaosError as e:
+            raise ChaosError(f"--inject {text!r}: {e}") from None
         except ValueError:
-            raise ChaosError(
-                f"--inject {text!r}: write KIND@step=N, KIND@time=S or KIND@random=A-B, "
-                "then optionally :rank=R or :node=N (e.g. kill-rank@step=40:rank=1)"
-            ) from None
+            raise ChaosError(usage) from None
         return cls(kind, key, at, who)
+
+    def check_against(self, nodes: int, world: int) -> None:
+        """The target is in the job: a rank below its world size, a node below its node
+        count (before anything starts, not once the job has trained a minute)."""
+        if self.kind == "kill-node" and self.target >= nodes:
+            raise ChaosError(
+                f"--inject {self.kind}:node={self.target}: the job has {nodes} node(s) "
+                f"(node 0..{nodes - 1})"
+            )
+        if self.kind in ("kill-rank", "stop-rank") and self.target >= world:
+            raise ChaosError(
+                f"--inject {self.kind}:rank={self.target}: the job has {world} rank(s) "
+                f"(rank 0..{world - 1})"
+            )
+
+
+# The target key each drill kind takes (preempt: none, it signals every launcher).
+TARGETS = {"kill-rank": "rank", "stop-rank": "rank", "kill-node": "node", "preempt": ""}
+
+
+def _seconds(raw: str) -> float:
+    """A time of the drill: finite, not negative (nan, inf, 1e400, -5 are refused)."""
+    value = float(raw)
+    if not math.isfinite(value) or value < 0:
+        raise ChaosError(f"{raw!r}: a time is a number of seconds >= 0")
+    return value
+
+
+def _whole(raw: str, what: str) -> int:
+    """A step, rank or node number: a whole number >= 0."""
+    if not raw.strip().isdigit():
+        raise ChaosError(f"{what}={raw!r}: must be a whole number >= 0")
+    return int(raw)
 
 
 @dataclass
@@ -355,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = [Injection.parse(text, rng) for text in args.inject]
     if args.attach:
         run_dir = Path(args.attach)
+        check_attach(run_dir)
         deadline = time.monotonic() + ATTACH_WAIT_S
         while not workers(run_dir) and time.monotonic() < deadline:
             time.sleep(0.5)  # a queued job: wait for its workers to start
@@ -366,21 +413,84 @@ def main(argv: list[str] | None = None) -> int:
     from ddpkit.tools.jobspec.load import default_job_file
 
     spec = load_spec(args.config or default_job_file(), args.set)
+    for inj in plan:
+        inj.check_against(spec.nodes, spec.nodes * _procs_per_node(spec))
     run_dir = Path(str(spec.workspace)) / spec.run_dir  # an absolute run_dir stays as it is
     cmd = [sys.executable, "-m", "ddpkit.cli", "submit", args.backend, "--wait"]
     if args.config:
         cmd += ["--config", args.config]
     for s in args.set:
         cmd += ["--set", s]
+    before = _last_job(args.backend, spec.workspace)
+    # A SIGTERM to the drill (a scheduler's, a `kill`) ends it as Ctrl-C does: the job goes too.
+    signal.signal(signal.SIGTERM, _interrupt)
     job = subprocess.Popen(cmd)  # the job's own output goes to this terminal
     try:
         drill(run_dir, plan, alive=lambda: job.poll() is None)
         rc = job.wait()
     finally:
-        if job.poll() is None:
-            job.send_signal(signal.SIGINT)
-            job.wait()
+        if job.poll() is None:  # the drill was stopped: so is its job, and all under it
+            _stop(job, args.backend, spec.workspace, before)
     return _report(run_dir, rc)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _procs_per_node(spec: Any) -> int:
+    """The job's processes per node as a number (gpu/auto: the GPUs here, else 1)."""
+    n = spec.nproc_per_node
+    return int(n) if str(n).isdigit() else 1
+
+
+def _last_job(backend: str, workspace: Any) -> str | None:
+    from ddpkit.tools.backends import last_job
+
+    with contextlib.suppress(Exception):
+        cwd = os.getcwd()
+        try:
+            os.chdir(str(workspace))
+            return str(last_job(backend, {})["job"])
+        finally:
+            os.chdir(cwd)
+    return None
+
+
+def _stop(job: subprocess.Popen, backend: str, workspace: Any, before: str | None) -> None:
+    """End the drill's job: its `ddpkit submit --wait` (which passes the stop on to a local
+    job's launcher and its workers), and a job it queued on a scheduler (cancelled), so that
+    nothing of the drill is left running."""
+    print("chaos: stopped; ending the drill's job", file=sys.stderr, flush=True)
+    job.send_signal(signal.SIGINT)
+    try:
+        job.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        job.wait()
+    queued = _last_job(backend, workspace)
+    if backend != "local" and queued and queued != before:
+        subprocess.run(
+            [sys.executable, "-m", "ddpkit.cli", "cancel", backend, queued],
+            cwd=str(workspace), check=False, timeout=120,
+        )  # fmt: skip
+
+
+def check_attach(run_dir: Path) -> None:
+    """--attach DIR drills a job that runs: DIR must exist (a queued job's: attach once it
+    started), and its newest run must not have ended with nothing of it left running."""
+    if not run_dir.is_dir():
+        raise ChaosError(
+            f"--attach {run_dir}: no such directory; attach once the job has started (its "
+            "run dir exists), or drill a new job with --config"
+        )
+    recs = goodput.read(run_dir)
+    if _ended(recs) and not workers(run_dir):
+        when = time.strftime("%H:%M:%S", time.localtime(max(r["time"] for r in recs)))
+        raise ChaosError(
+            f"--attach {run_dir}: its run ended at {when} and nothing of it runs here; a drill "
+            "needs a job that runs"
+        )
 
 
 def _report(run_dir: Path, rc: int) -> int:
@@ -388,8 +498,10 @@ def _report(run_dir: Path, rc: int) -> int:
     if rep is None:
         print(f"chaos: no goodput records in {run_dir}", file=sys.stderr)
         return rc or 1
+    # The table only: its first line is the run's goodput line (the job's own output said it
+    # already when it recovered; the table adds the figures), and goodput.json has the rest.
     print(rep.table())
-    print(json.dumps({"goodput": rep.goodput, "failures": len(rep.failures)}))
+    print(f"chaos: the whole report: {run_dir / goodput.REPORT_FILE}")
     return rc
 
 
