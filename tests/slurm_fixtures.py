@@ -79,3 +79,15 @@ def until_done(job: str, timeout_s: float = 400) -> dict[str, str]:
                 released = True
         time.sleep(1)
     return info
+
+
+def started(run: Path, timeout_s: float = 300) -> Path:
+    """`run` once the job made it (its batch script's setup does, on starting): what `ddpkit chaos
+    --attach` needs (a run dir that does not exist is refused, not waited for)."""
+    deadline = time.monotonic() + timeout_s
+    while not run.is_dir():
+        assert time.monotonic() < deadline, (
+            f"{run} not made in {timeout_s:.0f} s: the job never started"
+        )
+        time.sleep(0.5)
+    return run

@@ -22,6 +22,7 @@ from tests.slurm_fixtures import (  # noqa: F401  (slurm_cluster: fixture)
     REQUEUE_SETTLE_S,
     scontrol,
     slurm_cluster,
+    started,
     until_done,
 )
 
@@ -38,7 +39,7 @@ def test_a_lost_node_requeues_the_job_which_resumes_and_matches(
     try:
         # kill-node fires once the run logged step 40 (a checkpoint is due at 100)
         drill = subprocess.run(
-            [str(DDPKIT), "chaos", "--attach", str(run), "--inject", "kill-node@step=120:node=1"],
+            [str(DDPKIT), "chaos", "--attach", str(started(run)), "--inject", "kill-node@step=120:node=1"],
             capture_output=True, text=True, timeout=400,
         )  # fmt: skip
         assert "chaos: kill-node: SIGKILL to node rank 1" in drill.stdout, (
@@ -80,7 +81,7 @@ def test_a_stopped_rank_is_detected_named_and_restarted_in_place(
     t0 = time.monotonic()
     try:
         drill = subprocess.run(
-            [str(DDPKIT), "chaos", "--attach", str(run), "--inject", "stop-rank@step=120:rank=1"],
+            [str(DDPKIT), "chaos", "--attach", str(started(run)), "--inject", "stop-rank@step=120:rank=1"],
             capture_output=True, text=True, timeout=400,
         )  # fmt: skip
         assert "chaos: stop-rank: SIGSTOP to rank 1" in drill.stdout, drill.stdout + drill.stderr
@@ -171,7 +172,7 @@ def _kill_node(run: Path, step: int) -> None:
     attached drill then waits for the job's last step before its report, and this job needs
     the test to release its requeue first: Ctrl-C (SIGINT) ends that wait, as for a user."""
     drill = subprocess.Popen(
-        [str(DDPKIT), "chaos", "--attach", str(run), "--inject", f"kill-node@step={step}:node=0"],
+        [str(DDPKIT), "chaos", "--attach", str(started(run)), "--inject", f"kill-node@step={step}:node=0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         # as from a terminal: a suite started in the background (`cmd &` in a script) ignores
