@@ -74,6 +74,7 @@ from ddpkit.train.contract import (
 )
 from ddpkit.train.errors import run_cli
 from ddpkit.train.failure import Failure, culprit, signame
+from ddpkit.train.ft_env import group_dirs
 from ddpkit.train.launch import hooks
 from ddpkit.train.launch.entry import wrap_user_entry
 from ddpkit.train.launch.flags import (
@@ -134,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
 
     world_size, nnodes = planned_world(args.nnodes, args.nproc_per_node)
 
-    run_dir, timeout_s = own.run_dir, own.shutdown_timeout
+    group = group_dirs()  # a torchft replica group's own dirs win over the job's --run-dir
+    run_dir, timeout_s = group[0] if group else own.run_dir, own.shutdown_timeout
     collective_s = own.collective_timeout
     if is_default_entry(entry):
         cfg = precheck_train(entry[2:], world_size, nnodes)

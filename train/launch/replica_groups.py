@@ -3,8 +3,10 @@
     python -m ddpkit.train.replica_groups --groups 2 --run-dir runs/x -- NODE_LAUNCHER_ARGV...
 
 Starts torchft's lighthouse, then one node launcher (one torchrun) per replica group, each
-with its identity and the lighthouse's address in the environment (train/ft_env.py), its own
-run dir `<run dir>/group-<g>` (and checkpoint dir `<ckpt dir>/group-<g>`). A group that dies
+with the command line it was given, as given, and in the environment its identity, the
+lighthouse's address and its own dirs (train/ft_env.py): the run dir `<run dir>/group-<g>`
+and the checkpoint dir `<ckpt dir>/group-<g>` (`--run-dir`, `--ckpt-dir`: the job's; the
+node launcher and the trainer take a group's dirs over their flags). A group that dies
 is started again while the others keep training (it heals from a live peer at its first
 quorum); a group's bad input (exit 2) stops the job at once (never retried). A stop signal
 (Ctrl-C, SIGTERM, ...) goes to every group; no group is restarted after it, and the
@@ -13,7 +15,8 @@ restarts and the exit statuses so far.
 
 On a cluster (`--nodes N`, SLURM: one supervisor per node) each node runs its own share of
 the groups (one per node by default) and restarts them in place; the node of rank 0 (read
-from `--node-rank-env`, SLURM_NODEID) also runs the lighthouse, at the address every node
+from `--node-rank-env`, default the contract's DDPKIT_NODE_NUMBER, which each engine binds)
+also runs the lighthouse, at the address every node
 finds in TORCHFT_LIGHTHOUSE (the node script sets it: the head node, the job's port), unless
 `--no-lighthouse` (Kubernetes runs it as its own pod, behind a Service). Each
 node writes its own status file, `replica_groups.node-<rank>.json`, stamped with the launch
@@ -44,11 +47,13 @@ from ddpkit.train.contract import (
     CKPT_DIR_ENV,
     EXIT_BAD_INPUT,
     LAUNCH_ID_ENV,
+    NODE_NUMBER_ENV,
+    RUN_DIR_ENV,
     STOP_SIGNALS,
-    ckpt_join,
+    default_ckpt_dir,
     launch_record,
 )
-from ddpkit.train.ft_env import LIGHTHOUSE_ENV, ReplicaGroup
+from ddpkit.train.ft_env import LIGHTHOUSE_ENV, ReplicaGroup, group_dir
 from ddpkit.train.launch import lighthouse
 
 STATUS_FILE = "replica_groups.json"
@@ -63,34 +68,14 @@ PEER_END_WAIT_S = FINISH_GRACE_S + 60.0
 FORWARDED = tuple(getattr(signal, name) for name in (*STOP_SIGNALS, "SIGHUP"))
 
 
-def group_dir(base: str, group: int) -> str:
-    return ckpt_join(base, f"group-{group}")  # a store's URL stays one (not s3:/)
-
-
-def group_argv(node_argv: list[str], group: int, run_dir: str, ckpt_dir: str | None) -> list[str]:
-    """One group's node launcher command: its own run dir (and checkpoint dir) for the node
-    launcher and, when it runs the kit's trainer, for the trainer (a later flag wins)."""
-    i = node_argv.index("ddpkit.train.node") + 1
-    end = node_argv.index("--", i)
-    own = ["--run-dir", group_dir(run_dir, group)]
-    # The job's own --run-dir among the node launcher's flags goes: a later flag wins, and
-    # with it every group's launcher wrote its goodput records and report into the job's dir
-    # (each counted the others' attempts as its own restarts).
-    flags, k = [], i
-    while k < end:
-        if node_argv[k] == "--run-dir":
-            k += 2
-            continue
-        if not node_argv[k].startswith("--run-dir="):
-            flags.append(node_argv[k])
-        k += 1
-    argv = [*node_argv[:i], *own, *flags, *node_argv[end:]]
-    entry = argv[argv.index("--") + 1 :]
-    if entry[:2] == ["-m", "ddpkit.train"]:
-        argv += own
-        if ckpt_dir:
-            argv += ["--ckpt-dir", group_dir(ckpt_dir, group)]
-    return argv
+def group_env(group: int, run_dir: str, ckpt_dir: str | None) -> dict[str, str]:
+    """One group's dirs in the contract's names (ft_env.group_dirs reads them): its own run
+    dir below the job's, and its checkpoint dir below the job's (else below its run dir).
+    Every group's launcher wrote its goodput records into the job's dir before they had
+    their own, and each counted the others' attempts as its own restarts."""
+    own = group_dir(run_dir, group)
+    ckpt = group_dir(ckpt_dir, group) if ckpt_dir else default_ckpt_dir(own)
+    return {RUN_DIR_ENV: own, CKPT_DIR_ENV: ckpt}
 
 
 def status_name(nodes: int, node_rank: int) -> str:
@@ -180,10 +165,10 @@ class Supervisor:
         # one rank would get a thread per core: with the other groups on the same cores, that
         # oversubscription cost 172 ms a step against 16 ms (bench/torchft_overhead.py).
         env.setdefault("OMP_NUM_THREADS", "1")
-        if self.args.ckpt_dir:
-            env[CKPT_DIR_ENV] = group_dir(self.args.ckpt_dir, g)
-        argv = group_argv(self.node_argv, g, self.args.run_dir, self.args.ckpt_dir)
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        env.update(group_env(g, self.args.run_dir, self.args.ckpt_dir))
+        proc = subprocess.Popen(
+            self.node_argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
         self.procs[g] = proc
         threading.Thread(target=self._relay, args=(g, proc), daemon=True).start()
         self.write_status()
@@ -369,7 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--nodes", type=int, default=1, help="one supervisor per node, each its share of groups"
     )
     p.add_argument(
-        "--node-rank-env", default="SLURM_NODEID", help="with --nodes: this node's rank's variable"
+        "--node-rank-env",
+        default=NODE_NUMBER_ENV,
+        help="with --nodes: the variable that holds this node's rank (default: %(default)s)",
     )
     p.add_argument(
         "--no-lighthouse",

@@ -1,5 +1,6 @@
-"""The torch-free parts of torchft replica groups: the environment contract and each group's
-node launcher command (train/ft_env.py, train/launch/replica_groups.py)."""
+"""The torch-free parts of torchft replica groups: the environment contract and the
+supervisor's view of the other nodes (train/ft_env.py, train/launch/replica_groups.py); each
+group's dirs: test_group_dirs.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 import ddpkit.train.launch.replica_groups as rg
 import pytest
 from ddpkit.train.ft_env import ReplicaGroup
-from ddpkit.train.launch.replica_groups import Supervisor, build_parser, group_argv
+from ddpkit.train.launch.replica_groups import Supervisor, build_parser
 
 NODE = ["py", "-m", "ddpkit.train.node", "--run-dir", "runs/x", "--standalone", "--"]
 
@@ -26,33 +27,6 @@ def test_a_group_id_outside_the_groups_is_named(gid, n):
     env = {"TORCHFT_LIGHTHOUSE": "http://h:1", "REPLICA_GROUP_ID": gid, "NUM_REPLICA_GROUPS": n}
     with pytest.raises(ValueError, match="REPLICA_GROUP_ID"):
         ReplicaGroup.from_env(env)
-
-
-def _launcher_run_dir(argv: list[str]) -> str:
-    """The run dir the node launcher itself takes from its flags (its own parser)."""
-    from ddpkit.train.launch.flags import parse_flags, split_argv
-
-    flags, entry = split_argv(argv[argv.index("ddpkit.train.node") + 1 :])
-    return parse_flags(flags, entry)[0].run_dir
-
-
-@pytest.mark.parametrize("job_flag", [["--run-dir", "runs/x"], ["--run-dir=runs/x"], []])
-def test_the_kits_trainer_gets_the_groups_own_run_and_checkpoint_dirs(job_flag):
-    node = ["py", "-m", "ddpkit.train.node", *job_flag, "--standalone", "--"]
-    argv = group_argv([*node, "-m", "ddpkit.train", "--run-dir", "runs/x"], 1, "runs/x", "ck")
-    # the launcher's own run dir is the group's: the job's went (a later --run-dir wins in
-    # argparse, and every group's launcher wrote its goodput into the job's dir)
-    assert _launcher_run_dir(argv) == "runs/x/group-1"
-    assert argv[argv.index("ddpkit.train.node") + 1 : argv.index("--")] == [
-        "--run-dir", "runs/x/group-1", "--standalone"
-    ]  # fmt: skip
-    assert argv[-4:] == ["--run-dir", "runs/x/group-1", "--ckpt-dir", "ck/group-1"]
-
-
-def test_a_users_script_gets_only_the_node_launchers_run_dir():
-    argv = group_argv([*NODE, "train.py", "--steps", "5"], 0, "runs/x", None)
-    assert _launcher_run_dir(argv) == "runs/x/group-0"
-    assert argv[-3:] == ["train.py", "--steps", "5"]
 
 
 def _supervisor(run_dir, monkeypatch, launch: str | None, node_rank: int = 0):
