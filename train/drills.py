@@ -3,6 +3,7 @@
 
     DDPKIT_FAULT=kind@step[:rank[:arg]]      one failure, in the first attempt only
     DDPKIT_STEP_PACE_S=S                     every step lasts at least S seconds, asleep
+    DDPKIT_STEP_PACE_UNTIL=PATH              ... until PATH exists (relative: to the worker's cwd)
 
 The kinds, and the failure each one causes, are listed in ddpkit.train.failure (KINDS).
 """
@@ -111,7 +112,14 @@ def step_pace_s() -> float:
 
 def pace(started: float, pace_s: float) -> None:
     """Sleep out the rest of a step that began at `started` (time.perf_counter) and must last
-    `pace_s` (step_pace_s)."""
+    `pace_s` (step_pace_s); not once the file DDPKIT_STEP_PACE_UNTIL names exists. A drill's
+    window (a survivor still training while a killed group comes back) must be long enough for
+    the slowest restart it may meet, but need not last once what it waits for happened: the
+    drill writes that file (its run dir is seen by every engine's workers), and the steps left
+    run at their own speed."""
+    until = os.environ.get("DDPKIT_STEP_PACE_UNTIL")
+    if until and os.path.exists(until):
+        return
     left = pace_s - (time.perf_counter() - started)
     if left > 0:
         time.sleep(left)

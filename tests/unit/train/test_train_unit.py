@@ -125,6 +125,23 @@ def test_a_paced_step_sleeps_out_the_rest_of_its_time(monkeypatch):
     assert len(slept) == 1
 
 
+def test_a_paced_step_stops_sleeping_once_the_drill_writes_its_file(monkeypatch, tmp_path):
+    """DDPKIT_STEP_PACE_UNTIL: the pace holds while the file is absent, and ends once the
+    drill wrote it (a killed group healed): the steps left run at their own speed."""
+    import time
+
+    from ddpkit.train import drills
+
+    slept: list[float] = []
+    monkeypatch.setattr(drills.time, "sleep", slept.append)
+    monkeypatch.setenv("DDPKIT_STEP_PACE_UNTIL", str(tmp_path / "healed"))
+    drills.pace(time.perf_counter() - 0.05, 0.2)
+    assert len(slept) == 1
+    (tmp_path / "healed").write_text("")
+    drills.pace(time.perf_counter() - 0.05, 0.2)
+    assert len(slept) == 1
+
+
 def test_the_logged_grad_norm_is_get_total_norms_bit_for_bit():
     """total_norm skips get_total_norm's grouping for one device and dtype (a logging step's
     cost on a small model); the value must not move by a bit, and mixed dtypes still work."""
