@@ -48,6 +48,7 @@ def main(
     # Heavy imports after the config is known good: --help and bad flags stay fast.
     import torch.distributed as dist
     from ddpkit.train import distributed
+    from ddpkit.train.ckpt.store import StoreLost
     from ddpkit.train.distributed import set_threads_from_env
     from ddpkit.train.loop.trainer import CollectiveFailure, Trainer
 
@@ -62,9 +63,19 @@ def main(
         if _claim_user_error():  # the first rank to see it prints it; the rest stay quiet
             print(f"error: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
+    except StoreLost as e:  # the checkpoint store went away: one line, and a restart waits for it
+        from ddpkit.train.failure import note_cause
+
+        _claim_user_error(_STORE_LOST_KEY)  # peers whose collectives fail after us stay quiet
+        note_cause(e)  # "store lost" for the launcher and the goodput report
+        if os.environ.get("RANK", "0") == "0":  # every rank saw it: rank 0 says it
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
     except CollectiveFailure as e:
         if _user_error_seen():  # a peer left on a user error (it printed the line)
             return EXIT_BAD_INPUT
+        if _user_error_seen(_STORE_LOST_KEY):  # a peer lost the store (rank 0 said so)
+            return 1
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     except OSError as e:  # a full run dir (metrics, summary, config): one line, not a traceback
@@ -81,12 +92,15 @@ def main(
     except (RuntimeError, dist.DistError):
         if world is not None and _user_error_seen():
             return EXIT_BAD_INPUT
+        if world is not None and _user_error_seen(_STORE_LOST_KEY):
+            return 1  # a peer lost the store and said so; this rank's collective lost the peer
         raise
     finally:
         distributed.shutdown()
 
 
 _USER_ERROR_KEY = "ddpkit/user_error"
+_STORE_LOST_KEY = "ddpkit/store_lost"
 
 
 # How long a rank other than 0 waits, after a bad config, for rank 0 to say it (see below).
@@ -112,27 +126,28 @@ def _before_group(e: ConfigError) -> int:
     return EXIT_BAD_INPUT
 
 
-def _claim_user_error() -> bool:
+def _claim_user_error(key: str = _USER_ERROR_KEY) -> bool:
     """True for the first rank of this attempt that reports a user error (the store's
-    counter); with no store (one process) always True."""
+    counter; `key`: another kind of error); with no store (one process) always True."""
     from ddpkit.train.diagnosis import _store
 
     store = _store()
     if store is None:
         return True
     try:
-        return store.add(_USER_ERROR_KEY, 1) == 1
+        return store.add(key, 1) == 1
     except Exception:
         return True
 
 
-def _user_error_seen() -> bool:
-    """A peer reported a user error: this rank's collective failed because that peer left."""
+def _user_error_seen(key: str = _USER_ERROR_KEY) -> bool:
+    """A peer reported a user error (`key`: or another kind of error): this rank's
+    collective failed because that peer left."""
     from ddpkit.train.diagnosis import _store
 
     store = _store()
     try:
-        return store is not None and store.check([_USER_ERROR_KEY])
+        return store is not None and store.check([key])
     except Exception:
         return False
 
