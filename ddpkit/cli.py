@@ -43,7 +43,7 @@ LAUNCH_ACTIONS = {
     "render": "print what submit would send to a backend (local, slurm, k8s, docker)",
     "submit": "send the job to a backend; --wait follows it to its end",
     "status": "one look at a job (default: the last one submitted from this workspace)",
-    "logs": "a job's logs",
+    "logs": "a job's logs; --follow shows them as they grow, to the job's end",
     "cancel": "end a job (a save on the way out; never a requeue)",
     "list": "this user's ddpkit jobs on a backend",
 }

@@ -93,7 +93,9 @@ class SlurmBackend(Backend):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--poll-s", type=float, default=2.0, help="seconds between polls")
-        parser.add_argument("--follow", action="store_true", help="logs: keep following")
+        parser.add_argument(
+            "-f", "--follow", action="store_true", help="logs: keep following, to the job's end"
+        )
 
     def entry_python(self, spec: JobSpec) -> str:
         return node_python(spec) if spec.slurm.container == "none" else sys.executable

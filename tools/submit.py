@@ -199,6 +199,11 @@ def run(argv: list[str], shown: str | None = None) -> int:
     backend = load_backend(first.backend)  # light: engines' clients are imported on use
     sections = plugin_sections(backend)  # [mine] tables: typed for this backend, kept for others
     opts, unknown = build_parser(backend).parse_known_intermixed_args(argv)
+    if unknown and first.action == "logs" and {"-f", "--follow"} & set(unknown):
+        raise SpecError(
+            f"the {backend.name} backend cannot follow a job's log (it has no --follow); "
+            f"`ddpkit logs {backend.name}` shows it as it is now"
+        )
     if unknown:
         words = argv[2:] if shown else argv
         raise SpecError(_unknown_flags(words, unknown, entry_args, shown or "ddpkit"))

@@ -136,6 +136,9 @@ class LocalBackend(Backend):
         parser.add_argument(
             "--plot", action="store_true", help="submit: PNG charts of the metrics at the end"
         )
+        parser.add_argument(
+            "-f", "--follow", action="store_true", help="logs: show the log as it grows, to the end"
+        )
 
     def render(self, spec: JobSpec) -> str:
         lines = [
@@ -160,11 +163,13 @@ class LocalBackend(Backend):
         # is this interpreter, and it imports both first, refusing in one line (train/node.py).
         if len(node_imports(spec)) > 2:
             check_node_env(spec, sys.executable, "python")
-        env = {**os.environ, **spec.launch_env()}
+        # Unbuffered Python (the launcher, the workers): a script's prints reach the terminal
+        # and the log as they happen, not in 8 KiB blocks at its end (a job's env may differ).
+        env = {"PYTHONUNBUFFERED": "1", **os.environ, **spec.launch_env()}
         log_path(spec).parent.mkdir(parents=True, exist_ok=True)
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         log = job_log(log_path(spec), str(proc.pid))
-        with log.open("wb") as sink:
+        with log.open("wb", buffering=0) as sink:  # `ddpkit logs local` reads it live
             record_job(self.name, str(proc.pid), run_dir=spec.run_dir, log=str(log))
             # A stop signal to this launcher reaches the job as it would from a scheduler.
             previous = {s: signal.signal(s, lambda n, _f: proc.send_signal(n)) for s in FORWARDED}
@@ -215,8 +220,24 @@ class LocalBackend(Backend):
         if not path.is_file():
             print(f"job {record['job']}: no log yet ({path})")
             return 1
-        sys.stdout.write(path.read_text(errors="replace"))
-        return 0
+        if not getattr(opts, "follow", False):
+            sys.stdout.write(path.read_text(errors="replace"))
+            return 0
+        job = str(record["job"])
+        with path.open("rb") as log:
+            while True:
+                ended = self.poll(job).state is not JobState.RUNNING  # then a last read
+                sys.stdout.buffer.write(log.read())
+                sys.stdout.flush()
+                if ended:
+                    break
+                time.sleep(0.5)
+        for _ in range(20):  # the launcher's end is recorded just after it is reaped
+            st = self.poll(job)
+            if st.state is not JobState.UNKNOWN:
+                break
+            time.sleep(0.25)
+        return 0 if st.state is JobState.SUCCEEDED else st.exit_code or 1
 
     def cancel(self, job: str | None, opts: argparse.Namespace) -> int:
         job = self.job_or_last(job)
