@@ -87,13 +87,34 @@ def test_the_commands_list_names_follow(tmp_path):
     assert "--follow" in logs, r.stdout
 
 
-def test_a_backend_that_cannot_follow_says_so_in_one_line(tmp_path, one_line_error):
-    from tests.launch.test_plugin_backend import install_plugin  # a plugin with no --follow
+# A plugin backend (what `pip install` of another package registers) whose logs cannot follow.
+PLUGIN = """
+from ddpkit.tools.backends import Backend
 
-    env_ = {**env(), "PYTHONPATH": str(install_plugin(tmp_path / "site"))}
+class NoFollow(Backend):
+    name = "nofollow"
+    file_ext = "sh"
+    def render(self, spec): return ""
+    def submit(self, spec, opts): return 0
+    def poll(self, job): raise NotImplementedError
+    def logs(self, job, opts): return 0
+    def cancel(self, job, opts): return 0
+"""
+
+
+def test_a_backend_that_cannot_follow_says_so_in_one_line(tmp_path, one_line_error):
+    site = tmp_path / "site"
+    (site / "nofollow-0.1.dist-info").mkdir(parents=True)
+    (site / "nofollow.py").write_text(PLUGIN)
+    (site / "nofollow-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: nofollow\nVersion: 0.1\n"
+    )
+    (site / "nofollow-0.1.dist-info" / "entry_points.txt").write_text(
+        "[ddpkit.backends]\nnofollow = nofollow:NoFollow\n"
+    )
     r = subprocess.run(
-        [DDPKIT, "logs", "toy", "--follow"], cwd=tmp_path, env=env_,
-        capture_output=True, text=True, timeout=120,
+        [DDPKIT, "logs", "nofollow", "--follow"], cwd=tmp_path,
+        env={**env(), "PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     line = one_line_error(r)
-    assert "toy backend cannot follow" in line and "after `--`" not in line, line
+    assert "nofollow backend cannot follow" in line and "after `--`" not in line, line
