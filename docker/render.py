@@ -7,7 +7,7 @@ from pathlib import Path, PurePosixPath
 from ddpkit.docker.options import validate_docker
 from ddpkit.tools.backends import user_image
 from ddpkit.tools.backends.containers import CONTAINER_WORKDIR
-from ddpkit.tools.jobspec import JobSpec, SpecError
+from ddpkit.tools.jobspec import JobSpec, SpecError, node_command
 from ddpkit.tools.templating import check_passable, shell_quote
 from ddpkit.train.ckpt.store import CREDENTIAL_ENV, is_remote
 from ddpkit.train.config import TrainConfig
@@ -113,7 +113,7 @@ def run_argv(spec: JobSpec, engine: str = "docker") -> list[str]:
         )
     user_image.check(spec)
     _under_runs(spec, "train.run_dir", spec.run_dir)
-    ckpt = spec.ckpt_dir or spec.train.get("ckpt_dir")
+    ckpt = spec.explicit_ckpt_dir
     if ckpt and not is_remote(ckpt):  # an object store's outlives the container by itself
         _under_runs(spec, "ckpt_dir", ckpt)
     d = spec.docker
@@ -148,17 +148,8 @@ def node_args(spec: JobSpec) -> list[str]:
     the process count and --standalone, which depend on the container). fault_tolerance =
     torchft: the replica-group supervisor's whole command, as on the local backend (the
     lighthouse and the groups inside the container; the entrypoint runs a command as given)."""
-    if spec.fault_tolerance == "torchft":
-        ckpt = spec.ckpt_dir or spec.train.get("ckpt_dir")
-        n = nproc(spec) or spec.nproc_per_node
-        return [
-            "python", "-m", "ddpkit.train.replica_groups",
-            "--groups", str(spec.groups),
-            "--run-dir", spec.run_dir,
-            *(["--ckpt-dir", str(ckpt)] if ckpt else []),
-            "--", *spec.node_argv(["--standalone", f"--nproc-per-node={n}"]),
-        ]  # fmt: skip
-    return spec.node_argv([])[3:]  # without `python -m ddpkit.train.node`
+    torchft = spec.fault_tolerance == "torchft"
+    return node_command(spec, bare=not torchft, nproc=nproc(spec) or spec.nproc_per_node)
 
 
 def render(spec: JobSpec) -> str:

@@ -17,7 +17,7 @@ from ddpkit.k8s.crds import PYTORCHJOB, TRAINJOB
 from ddpkit.k8s.crds import RUNTIME as TRAINER_RUNTIME
 from ddpkit.k8s.options import validate_k8s
 from ddpkit.tools.backends.containers import CONTAINER_WORKDIR
-from ddpkit.tools.jobspec import JobSpec, SpecError
+from ddpkit.tools.jobspec import JobSpec, SpecError, node_command
 from ddpkit.tools.templating import KIT_DIR, dump_yaml_all
 from ddpkit.train.ckpt.store import is_remote
 from ddpkit.train.contract import NODE_NAME_ENV
@@ -170,31 +170,20 @@ def host_pod(spec: JobSpec) -> str:
 
 
 def node_args(spec: JobSpec) -> list[str]:
-    """The node launcher's flags and the entry point (spec.node_argv without `python -m
-    ddpkit.train.node`); the rendezvous comes from the controller's PET_* variables."""
-    argv = spec.node_argv([])[3:]
-    # An elastic job restarts its group on every membership change: its own default.
-    return [
-        f"--max-restarts={max_restarts(spec)}" if a.startswith("--max-restarts=") else a
-        for a in argv[: argv.index("--")]
-    ] + argv[argv.index("--") :]
-
-
-def torchft_args(spec: JobSpec) -> list[str]:
-    """fault_tolerance = torchft: the replica-group supervisor's arguments. Each pod is one
-    group (its node rank, DDPKIT_NODE_RANK from launch.sh), a standalone torchrun restarted
-    in place when it dies; the lighthouse is its own pod, behind its Service."""
-    ckpt = spec.ckpt_dir or spec.train.get("ckpt_dir")
-    argv = spec.node_argv(["--standalone", f"--nproc-per-node={spec.nproc_per_node}"])
-    return [
-        "--groups", str(spec.groups),
-        "--nodes", str(spec.nodes),
-        "--node-rank-env", "DDPKIT_NODE_RANK",
-        "--no-lighthouse",
-        "--run-dir", spec.run_dir,
-        *(["--ckpt-dir", str(ckpt)] if ckpt else []),
-        "--", *argv,
-    ]  # fmt: skip
+    """The arguments launch.sh hands on: the node launcher's flags and the entry point (the
+    rendezvous comes from the controller's PET_* variables), or with fault_tolerance =
+    torchft the replica-group supervisor's. Each pod is then one group (its node rank,
+    DDPKIT_NODE_RANK from launch.sh), a standalone torchrun restarted in place when it dies;
+    the lighthouse is its own pod, behind its Service. The in-place budget is this engine's
+    (max_restarts)."""
+    return node_command(
+        spec,
+        bare=True,
+        max_restarts=max_restarts(spec),
+        nodes=spec.nodes,
+        node_rank_env="DDPKIT_NODE_RANK",
+        lighthouse=False,
+    )
 
 
 def command(spec: JobSpec) -> tuple[list[str], list[str]]:
@@ -203,8 +192,7 @@ def command(spec: JobSpec) -> tuple[list[str], list[str]]:
     text = LAUNCH_SCRIPT.read_text()
     # The file's header comment documents it in the repository; the manifest names it.
     script = "# ddpkit k8s/launch.sh\n" + text[text.index("set -euo pipefail") :]
-    rest = torchft_args(spec) if spec.fault_tolerance == "torchft" else node_args(spec)
-    args = [host_pod(spec), str(RDZV_WAIT_S), *rest]
+    args = [host_pod(spec), str(RDZV_WAIT_S), *node_args(spec)]
     return ["bash", "-c", script, "ddpkit-k8s"], args
 
 

@@ -19,7 +19,7 @@ import re
 from ddpkit.tools.backends import (
     JobState,
 )
-from ddpkit.tools.jobspec import ENV_NAME_RE, JobSpec, SpecError
+from ddpkit.tools.jobspec import ENV_NAME_RE, JobSpec, SpecError, node_command, standalone
 from ddpkit.tools.templating import render_template, shell_quote
 from ddpkit.train import dataclass_fields
 from ddpkit.train.contract import EXIT_REQUEUE, REQUEUE_SIGNALS_ENV
@@ -250,33 +250,24 @@ def setup_script(spec: JobSpec) -> str:
     ).rstrip("\n")
 
 
-def node_command(spec: JobSpec) -> list[str]:
+def node_argv(spec: JobSpec) -> list[str]:
     """The node launcher's command line; the rendezvous endpoint/id come as PET_* variables.
     fault_tolerance = torchft: each node is one replica group, its own torchrun (standalone),
     under the replica-group supervisor that restarts it in place; node 0's also runs the
-    lighthouse, on the head address and the job's port (node.sh.j2 sets TORCHFT_LIGHTHOUSE)."""
-    if spec.fault_tolerance == "torchft":
-        ckpt = spec.ckpt_dir or spec.train.get("ckpt_dir")
-        rdzv = ["--standalone", f"--nproc-per-node={spec.nproc_per_node}"]
-        python = node_python(spec)
-        return [
-            python, "-m", "ddpkit.train.replica_groups",
-            "--groups", str(spec.groups),
-            "--nodes", str(spec.nodes),
-            "--node-rank-env", "SLURM_NODEID",
-            "--run-dir", spec.run_dir,
-            *(["--ckpt-dir", str(ckpt)] if ckpt else []),
-            "--", *spec.node_argv(rdzv, python=python),
-        ]  # fmt: skip
+    lighthouse, on the head address and the job's port (node.sh.j2 sets TORCHFT_LIGHTHOUSE).
+    The supervisor finds its node's rank in SLURM_NODEID, as the node script has always said
+    (DDPKIT_NODE_NUMBER, its default, holds the same)."""
     if spec.nodes == 1:
-        rdzv = ["--standalone", f"--nproc-per-node={spec.nproc_per_node}"]
+        rdzv = standalone(spec.nproc_per_node)
     else:
         rdzv = [
             f"--nnodes={spec.nodes}",
             f"--nproc-per-node={spec.nproc_per_node}",
             "--rdzv-backend=c10d",
         ]
-    return spec.node_argv(rdzv, python=node_python(spec))
+    return node_command(
+        spec, rdzv, python=node_python(spec), nodes=spec.nodes, node_rank_env="SLURM_NODEID"
+    )
 
 
 def node_python(spec: JobSpec) -> str:
@@ -307,7 +298,7 @@ def node_script(spec: JobSpec) -> str:
         torchft=spec.fault_tolerance == "torchft",
         apptainer=spec.slurm.container == "apptainer",
         apptainer_flags=flags,
-        command=node_command(spec),
+        command=node_argv(spec),
     ).rstrip("\n")
 
 

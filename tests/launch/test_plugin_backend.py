@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpkit.tools.backends import Backend, JobState, JobStatus, last_job, record_job, state_dir
-from ddpkit.tools.jobspec import SpecError
+from ddpkit.tools.jobspec import SpecError, node_command, standalone
 from ddpkit.tools.templating import shell_join
 from ddpkit.train.dataclass_fields import at_least, checks
 
@@ -47,9 +47,7 @@ class ToyBackend(Backend):
             raise SpecError(f"toy.nice = {self.options(spec).nice} must be in 0-19; e.g. 10")
 
     def render(self, spec):
-        argv = spec.node_argv(
-            ["--standalone", f"--nproc-per-node={spec.nproc_per_node}"], python=sys.executable
-        )
+        argv = node_command(spec, standalone(spec.nproc_per_node), python=sys.executable)
         opts = self.options(spec)
         return f"#!/usr/bin/env bash\\n# {opts.label}\\nexec nice -n {opts.nice} {shell_join(argv)}\\n"
 

@@ -29,7 +29,7 @@ from ddpkit.tools.backends import (
     record_job,
 )
 from ddpkit.tools.backends.node_checks import check_node_env, node_imports
-from ddpkit.tools.jobspec import JobSpec, SpecError
+from ddpkit.tools.jobspec import JobSpec, SpecError, node_command, standalone
 from ddpkit.tools.templating import shell_join, shell_quote
 from ddpkit.train.contract import (
     CKPT_SUBDIR,
@@ -54,20 +54,9 @@ def node_argv(spec: JobSpec) -> list[str]:
             f"local runs one node, got nodes = {spec.nodes}; use --nodes 1, or the slurm or "
             "k8s backend for several nodes"
         )
-    # The interpreter running the launcher runs the job: the one with torch in it.
-    argv = spec.node_argv(
-        ["--standalone", f"--nproc-per-node={spec.nproc_per_node}"], python=sys.executable
-    )
-    if spec.fault_tolerance == "torchft":  # the lighthouse and one such launcher per group
-        ckpt = spec.ckpt_dir or spec.train.get("ckpt_dir")
-        argv = [
-            sys.executable, "-m", "ddpkit.train.replica_groups",
-            "--groups", str(spec.groups),
-            "--run-dir", spec.run_dir,
-            *(["--ckpt-dir", str(ckpt)] if ckpt else []),
-            "--", *argv,
-        ]  # fmt: skip
-    return argv
+    # The interpreter running the launcher runs the job: the one with torch in it. torchft:
+    # the supervisor runs the lighthouse and every group on this machine.
+    return node_command(spec, standalone(spec.nproc_per_node), python=sys.executable)
 
 
 def check_gpus(spec: JobSpec) -> None:

@@ -9,10 +9,12 @@ tools/backends/registry.py, names the engines), and the engine checks it (Backen
 never another's rules.
 
 Modules, imported downward only: values.py (pure helpers) <- schema.py (JobSpec, validators
-declared on its fields) <- load.py (the job file, overrides,
-validation, the workspace). The names below are the package's interface.
+declared on its fields) <- load.py (the job file, overrides, validation, the workspace), and
+schema.py <- command.py (the command every node runs: node_command, the one builder every
+engine calls). The names below are the package's interface.
 """
 
+from ddpkit.tools.jobspec.command import node_command, standalone
 from ddpkit.tools.jobspec.load import (
     BUILTIN_JOB,
     JOB_FILE,
@@ -58,8 +60,10 @@ __all__ = [
     "flag_value",
     "in_workspace",
     "load_spec",
+    "node_command",
     "parse_override_value",
     "parse_time_minutes",
     "resolve_workspace",
+    "standalone",
     "validate",
 ]

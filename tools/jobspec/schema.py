@@ -202,10 +202,17 @@ class JobSpec:
         return str(self.train.get("name") or self.name)
 
     @property
+    def explicit_ckpt_dir(self) -> str | None:
+        """The checkpoint dir the job names: ckpt_dir, else train.ckpt_dir; None for the
+        default, which the node launcher and the trainer derive from the run dir."""
+        named = self.ckpt_dir or self.train.get("ckpt_dir")
+        return str(named) if named else None
+
+    @property
     def checkpoint_dir(self) -> str:
-        """The one checkpoint dir of this job: ckpt_dir, else train.ckpt_dir, else
-        <run dir>/checkpoints (what the trainer will use)."""
-        return str(self.ckpt_dir or self.train.get("ckpt_dir") or default_ckpt_dir(self.run_dir))
+        """The one checkpoint dir of this job: explicit_ckpt_dir, else <run dir>/checkpoints
+        (what the trainer will use)."""
+        return self.explicit_ckpt_dir or default_ckpt_dir(self.run_dir)
 
     @property
     def time_minutes(self) -> int:
@@ -254,19 +261,6 @@ class JobSpec:
             return [self.script, *self.args, *self.train_args]
         return ["-m", "ddpkit.train", *self.train_argv()]
 
-    def node_argv(self, rendezvous: list[str], python: str = "python") -> list[str]:
-        """The node launcher's command line (train/node.py) with the backend's rendezvous
-        flags; every backend runs this, so the contract's flags are written once."""
-        return [
-            python, "-m", "ddpkit.train.node",
-            *dataclass_fields.flag_args("--run-dir", self.run_dir),
-            "--shutdown-timeout", str(self.shutdown_budget_s),
-            *self.collective_timeout_flag(),
-            *rendezvous,
-            f"--max-restarts={self.restart_budget}",
-            "--", *self.entry_argv(),
-        ]  # fmt: skip
-
     def collective_timeout_flag(self) -> list[str]:
         """The node launcher's --collective-timeout for a user's entry point whose job sets
         train.timeout_s (the kit's trainer takes its own --timeout-s); none by default."""
@@ -299,8 +293,8 @@ class JobSpec:
             env["NCCL_IB_HCA"] = self.nccl_ib_hca
         if self.nccl_ib_disable:
             env["NCCL_IB_DISABLE"] = "1"
-        if self.ckpt_dir or self.train.get("ckpt_dir"):  # else the node launcher's default
-            env[CKPT_DIR_ENV] = self.checkpoint_dir
+        if self.explicit_ckpt_dir:  # else the node launcher's default
+            env[CKPT_DIR_ENV] = self.explicit_ckpt_dir
         env.update(self.env)
         return env
 

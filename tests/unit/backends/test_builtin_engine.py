@@ -25,7 +25,9 @@ BACKEND = '''
 from dataclasses import dataclass, field
 
 from ddpkit.tools.backends import Backend, JobState, JobStatus, last_job, record_job, state_dir
+from ddpkit.tools.jobspec import node_command, standalone
 from ddpkit.tools.templating import shell_join
+from ddpkit.train import contract
 from ddpkit.train.dataclass_fields import at_least, checks
 
 
@@ -44,8 +46,12 @@ class ToyBackend(Backend):
     job_file_lines = ('# queue = "fast"',)
 
     def render(self, spec):
-        argv = spec.node_argv(["--standalone", f"--nproc-per-node={spec.nproc_per_node}"])
-        return f"# queue={spec.toy.queue} slots={spec.toy.slots}\\n{shell_join(argv)}\\n"
+        # Where this node is, in the contract's names, from the toy scheduler's own variables
+        # (the node's host, its index, the retries so far): the worker reads only those names.
+        place = (f'export {contract.NODE_NAME_ENV}="$TOY_HOST" {contract.NODE_NUMBER_ENV}="$TOY_INDEX" '
+                 f'{contract.SCHEDULER_ATTEMPT_ENV}="${{TOY_RETRIES:-0}}"')
+        argv = node_command(spec, standalone(spec.nproc_per_node))  # the one builder's, as it is
+        return f"# queue={spec.toy.queue} slots={spec.toy.slots}\\n{place}\\n{shell_join(argv)}\\n"
 
     def submit(self, spec, opts):
         path = state_dir() / "toy" / f"{spec.name}.sh"

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from ddpkit.k8s import backend as k8s
 from ddpkit.tools import submit as launch
-from ddpkit.tools.jobspec import JobSpec, SpecError, load_spec
+from ddpkit.tools.jobspec import JobSpec, SpecError, load_spec, node_command
 
 REPO = Path(__file__).resolve().parents[3]
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "k8s"
@@ -177,7 +177,7 @@ def test_static_job_shape() -> None:
     # [python -m ddpkit.k8s.attempt] flags -- -m ddpkit.train ...: the in-place budget every
     # backend runs; past it, or a pod lost, the operator recreates the pods (ExitCode), and
     # ddpkit.k8s.attempt holds them to backoffLimit (its env names the limit).
-    assert cmd[6:] == spec.node_argv([])[3:] and "--max-restarts=3" in cmd
+    assert cmd[6:] == node_command(spec, bare=True) and "--max-restarts=3" in cmd
     assert {r["restartPolicy"] for r in s["pytorchReplicaSpecs"].values()} == {"ExitCode"}
     assert pod["restartPolicy"] == "Never"  # what the operator sets for ExitCode
     env = {e["name"]: e.get("value") or e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
