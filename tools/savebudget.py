@@ -16,6 +16,11 @@ sizes); the write speed from `ckpt_write_gbps`, else that checkpoint's own save 
 `save_s`), else ASSUMED_WRITE_GBPS. The failure rate is `mtbf_h`, else DEFAULT_RANK_MTBF_H
 spread over the job's ranks.
 
+A job whose entry point is the user's own script or module saves in its own layout: the kit
+can read what is in its checkpoint dir (the newest file, or folder, and its size) but cannot
+time the script's save, so the speed is `ckpt_write_gbps` or assumed, and the lines say so
+instead of "no checkpoint yet" beside a snapshot the script did write.
+
 Young/Daly: the interval that minimises the expected time lost to saves plus recomputed work is
 sqrt(2 C M) for a save cost C and a mean time between failures M (Young 1974; Daly 2006 adds
 higher-order terms that matter only when C is near M). Arithmetic over the spec and a marker
@@ -83,22 +88,53 @@ def last_save(ckpt_dir: str) -> tuple[int, float, str] | None:
     return None
 
 
+def own_save(ckpt_dir: Path) -> tuple[str, int, int] | None:
+    """What a user's script left in its checkpoint dir: (the newest entry's name, its bytes,
+    a folder's files summed, the number of entries), None when there is none (or no dir).
+    Dot files (a lock, a half-written tmp) are not a checkpoint."""
+    try:
+        entries = [p for p in ckpt_dir.iterdir() if not p.name.startswith(".")]
+        if not entries:
+            return None
+        newest = max(entries, key=lambda p: p.stat().st_mtime)
+        files = [newest] if newest.is_file() else [f for f in newest.rglob("*") if f.is_file()]
+        return newest.name, sum(f.stat().st_size for f in files), len(entries)
+    except OSError:
+        return None
+
+
 def save_cost(spec: Any, planned_bytes: int | None) -> SaveCost:
     """The save's size and speed as far as this machine knows them (module docstring)."""
-    measured = last_save(spec.checkpoint_dir)
+    where = spec.checkpoint_dir
+    here = Path(spec.workspace or ".") / where  # relative paths are the workspace's
+    measured = last_save(str(here)) if "://" not in where else None
+    # A script's own files count only where none of the kit's checkpoints is there.
+    own = None if spec.default_entry or measured or "://" in where else own_save(here)
     if planned_bytes is not None:
         nbytes, size_from = planned_bytes, "the --plan dry run"
     elif measured is not None:
         nbytes, size_from = measured[0], f"measured, {measured[2]}"
+    elif own is not None:
+        name, nbytes, entries = own
+        newest = f", the newest of {entries} entries" if entries > 1 else ""
+        size_from = f"your script's own {name} in {where}{newest}"
+    elif spec.default_entry:
+        nbytes, size_from = None, f"no checkpoint in {where} yet"
     else:
-        nbytes, size_from = None, f"no checkpoint in {spec.checkpoint_dir} yet"
+        nbytes, size_from = None, f"your script saves its own checkpoints: none in {where} yet"
     if spec.ckpt_write_gbps is not None:
         gbps, speed_from = spec.ckpt_write_gbps, "ckpt_write_gbps"
     elif measured is not None and measured[1] > 0.01:
         gbps, speed_from = measured[0] / measured[1] / GB, f"measured, {measured[2]}"
+    elif own is not None:
+        gbps, speed_from = ASSUMED_WRITE_GBPS, f"assumed: {_UNTIMED}"
     else:
         gbps, speed_from = ASSUMED_WRITE_GBPS, "assumed"
     return SaveCost(nbytes, size_from, gbps, speed_from)
+
+
+# What the kit cannot know about a user's script's save: said beside an assumed speed.
+_UNTIMED = "the kit cannot time your script's own save; set ckpt_write_gbps"
 
 
 def budget_lines(
@@ -109,10 +145,13 @@ def budget_lines(
     cost = save_cost(spec, planned_bytes)
     budget = spec.shutdown_budget_s
     if cost.seconds is None:
-        return [
-            f"ddpkit: save budget: checkpoint size unknown ({cost.size_from}); `--plan` "
-            "measures the model, a first save measures the storage"
-        ]
+        then = (
+            "`--plan` measures the model, a first save measures the storage"
+            if spec.default_entry
+            else "the kit reads their size there once they are written, but cannot time your "
+            "script's own save (set ckpt_write_gbps)"
+        )
+        return [f"ddpkit: save budget: checkpoint size unknown ({cost.size_from}); {then}"]
     took = (
         f"a {_size(cost.nbytes)} checkpoint ({cost.size_from}) at {cost.gbps:.3g} GB/s "
         f"({cost.speed_from}) "
