@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpkit.tools.backends import state_dir
+from ddpkit.tools.backends.ft_entry import check_torchft_entry
 from ddpkit.tools.jobspec import JobSpec, SpecError
 from ddpkit.tools.templating import check_passable
 
@@ -97,6 +98,7 @@ problem = None if path is None else compile_problem(path)
 if problem:
     print(json.dumps(problem))
     sys.exit(1)
+print(json.dumps(["found", path]))
 """
 )
 
@@ -123,7 +125,8 @@ def check_entry_point(spec: JobSpec, python: str) -> None:
     is rendered or queued: the file exists in the workspace (the current directory), it is
     found and compiles with `python` (the job's interpreter; this one when that is not on this
     machine). Never executed or imported: a module with top-level code is not run here.
-    One line (SpecError) naming the file and line of a syntax error."""
+    One line (SpecError) naming the file and line of a syntax error. Under torchft, the entry
+    must take part in it (ft_entry.check_torchft_entry)."""
     if spec.default_entry:
         return
     kind, name = ("script", spec.script) if spec.script else ("module", spec.module)
@@ -141,20 +144,20 @@ def check_entry_point(spec: JobSpec, python: str) -> None:
         # module is still found by the job's Python, with the job's import path.)
         found = _compile_here(str(name))
         if found is None:
-            return
+            return check_torchft_entry(spec, kind, str(name), str(name))
         problem, detail = found
     else:
         r = subprocess.run(
             [exe, "-c", _ENTRY_CHECK, json.dumps([kind, name])],
             env=env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
-        if r.returncode == 0:
-            return
         try:
             problem, detail = json.loads(r.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
             tail = (r.stderr.strip().splitlines() or ["?"])[-1]
             raise SpecError(f"{exe} does not start: {tail}") from None
+        if r.returncode == 0 and problem == "found":  # detail: its file (None: not a .py)
+            return check_torchft_entry(spec, kind, str(name), detail)
     if problem == "syntax":
         raise SpecError(f"{detail} (the {kind} {name!r} does not compile with {exe}); fix it")
     raise SpecError(
