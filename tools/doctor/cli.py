@@ -21,11 +21,11 @@ import argparse
 import json
 import os
 import socket
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+from ddpkit.slurm import step
 from ddpkit.tools.doctor.checks import (
     Finding,
     check_disk,
@@ -66,16 +66,9 @@ def launch_env() -> dict[str, Any]:
             "local_world": int(env.get("LOCAL_WORLD_SIZE", 1)),
             "nnodes": int(env.get("GROUP_WORLD_SIZE", env.get("PET_NNODES", "1").split(":")[-1])),
         }
-    if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env:
-        nnodes = int(env.get("SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES", "1")))
-        return {
-            "launcher": "srun",
-            "rank": int(env["SLURM_PROCID"]),
-            "world": int(env["SLURM_NTASKS"]),
-            "local_rank": int(env.get("SLURM_LOCALID", 0)),
-            "local_world": int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]),
-            "nnodes": nnodes,
-        }
+    srun = step.task_layout(env)  # a task of a SLURM job step (the engine reads srun's names)
+    if srun is not None:
+        return {"launcher": "srun", **srun}
     return {
         "launcher": "none",
         "rank": 0,
@@ -84,19 +77,6 @@ def launch_env() -> dict[str, Any]:
         "local_world": 1,
         "nnodes": 1,
     }
-
-
-def slurm_head() -> str | None:
-    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
-    if not nodelist:
-        return None
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.split()[0] if out.returncode == 0 and out.stdout.split() else None
 
 
 def endpoint(args: argparse.Namespace, launcher: str) -> tuple[str, int] | None:
@@ -109,7 +89,7 @@ def endpoint(args: argparse.Namespace, launcher: str) -> tuple[str, int] | None:
         return parse_endpoint(env["PET_RDZV_ENDPOINT"], DEFAULT_PORT)
     host = env.get("MASTER_ADDR") or env.get("PET_MASTER_ADDR")
     if launcher == "srun":
-        host = host or slurm_head()
+        host = host or step.head_node(env)
     if host:
         return host, int(env.get("MASTER_PORT") or env.get("PET_MASTER_PORT") or DEFAULT_PORT)
     return None
