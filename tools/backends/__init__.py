@@ -38,7 +38,11 @@ Bad input raises ddpkit.tools.jobspec.SpecError (exit 2). record_job / last_job 
 submitted from this workspace" per backend.
 
 Every backend runs the same node launcher (`python -m ddpkit.train.node ... -- <entry point>`,
-see train/node.py): a backend only sets the rendezvous (torchrun flags or PET_* variables).
+train/launch/node.py), its command line built by ddpkit.tools.jobspec.node_command: a backend
+passes its rendezvous (torchrun flags, or PET_* variables it sets) and knobs, renders the list
+as it is, and binds the launch contract's DDPKIT_NODE_NAME / DDPKIT_NODE_NUMBER /
+DDPKIT_SCHEDULER_ATTEMPT from its scheduler's variables in its own render (unset: the host's
+name, the rendezvous' node rank, no earlier attempt, as on the local and Docker engines).
 This package never imports a backend module, so backend modules may import from it freely
 (no cycles: ddpkit.k8s.api imports ddpkit.k8s and this package, never the other way round).
 """
