@@ -180,36 +180,14 @@ def scope_rendezvous_to_attempt(env: Mapping[str, str] = os.environ) -> None:
         rdzv._rendezvous_handlers[scheme] = scoped
 
 
-def publish_end(env: Mapping[str, str], rank: int, code: int, when: float | None = None) -> None:
-    """The node launcher: worker `rank` (started with `env`) ended with `code` at `when` (0: it
-    left of its own accord; the other nodes' launchers read that: a rank that left early).
+def publish_end(env: Mapping[str, str], rank: int, code: int) -> None:
+    """The node launcher: worker `rank` (started with `env`) ended with `code` (nonzero).
     Best effort: a store that is gone (its host was the node lost) says nothing."""
     with contextlib.suppress(Exception):
         store = attempt_store(env, timeout_s=2.0)
         if store is not None:
-            body = {"code": code} if when is None else {"code": code, "when": when}
-            store.set(f"{_END_KEY}{rank}", json.dumps(body))
+            store.set(f"{_END_KEY}{rank}", json.dumps({"code": code}))
             store.add(f"{_END_KEY}count", 1)
-            if code:
-                store.add(f"{_END_KEY}failed", 1)
-
-
-def peer_ends(env: Mapping[str, str], ranks: list[int]) -> dict[int, dict[str, Any]]:
-    """{rank: {"code", "when"}} of those of `ranks` (another node's workers) whose launcher
-    published an end in this attempt; {} without the attempt's store."""
-    with contextlib.suppress(Exception):
-        store = attempt_store(env, timeout_s=2.0)
-        if store is not None:
-            return _ends(store, ranks)
-    return {}
-
-
-def a_peer_failed(env: Mapping[str, str]) -> bool:
-    """Some worker of this attempt, on any node, ended with a failure (its launcher said so)."""
-    with contextlib.suppress(Exception):
-        store = attempt_store(env, timeout_s=2.0)
-        return store is not None and store.add(f"{_END_KEY}failed", 0) > 0
-    return False
 
 
 def _ends(store: Any, ranks: list[int]) -> dict[int, dict[str, Any]]:

@@ -647,7 +647,7 @@ def test_a_workers_failure_is_published_to_its_peers_but_not_a_stops_own_end(
 
     calls: list[tuple[int, int]] = []
     monkeypatch.setattr(
-        diagnosis, "publish_end", lambda env, rank, code, when=None: calls.append((rank, code))
+        diagnosis, "publish_end", lambda env, rank, code: calls.append((rank, code))
     )
     monkeypatch.setattr(goodput, "launcher_end", lambda *a, **k: None)
     monkeypatch.setattr(node, "_STOP_AT", [])

@@ -34,6 +34,7 @@ from ddpkit.tools.templating import shell_join, shell_quote
 from ddpkit.train.contract import (
     CKPT_SUBDIR,
     EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
     EXIT_REQUEUE,
     METRICS_FILE,
     STOP_SIGNALS,
@@ -172,6 +173,16 @@ class LocalBackend(Backend):
             finally:
                 for s, handler in previous.items():
                     signal.signal(s, handler)
+        if rc < 0:  # the launcher itself died by a signal (an OOM kill, a kill -9): say so
+            rc = 128 - rc
+            name = signal.Signals(rc - 128).name if rc - 128 in signal.valid_signals() else rc
+            print(
+                f"ddpkit: the node launcher (pid {proc.pid}) was killed by {name}, and its "
+                f"workers with it; `ddpkit run` again resumes from the newest checkpoint in "
+                f"{spec.checkpoint_dir} (the kit's trainer; your own script, from what it saved)",
+                file=sys.stderr,
+                flush=True,
+            )
         if rc == EXIT_BAD_INPUT:  # refused before it ran (a dir in use): no record changes
             drop_job(self.name, str(proc.pid))
         else:
@@ -196,6 +207,8 @@ class LocalBackend(Backend):
                 return JobStatus(job, JobState.SUCCEEDED, rc, where)
             if rc == EXIT_REQUEUE:  # nobody requeues here: submit again to resume
                 return JobStatus(job, JobState.CANCELLED, rc, f"saved on a stop signal; {where}")
+            if rc in (128 + signal.SIGTERM, EXIT_INTERRUPTED):  # a stop, not a failure
+                return JobStatus(job, JobState.CANCELLED, rc, f"stopped by a signal; {where}")
             return JobStatus(job, JobState.FAILED, rc, where)
         try:
             os.kill(int(job), 0)

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ddpkit.train import failure, goodput, places
@@ -131,7 +132,12 @@ _PR_SET_PDEATHSIG = 1
 ENDS: dict[int, WorkerEnd] = {}
 ENVS: dict[int, dict[str, str]] = {}  # rank -> the environment its worker was started with
 _WATCHERS: list[threading.Thread] = []
-_LEFT_PUBLISHED: set[int] = set()  # the attempts whose first worker to leave is published
+# The other nodes' workers that left of their own accord ({rank: when}), as their launchers
+# wrote them into the rendezvous store (left_ranks); kept for the launcher's last word, when
+# the store may be gone.
+REMOTE_LEFT: dict[int, float] = {}
+_LEFT_KEY = "ddpkit/left/"  # + round/node: {rank: when} of a node whose workers all finished
+_FAILED_KEY = "ddpkit/failed/"  # + round: a node's workers failed (set by its launcher)
 _STOP_AT: list[float] = []  # when torchrun began stopping this attempt's workers
 
 
@@ -210,24 +216,11 @@ def _watch_end(
     # and the store is going down: a publish then printed torch's `recvValue failed` warning
     # after the launcher's one line (CI of 41026cf).
     interrupted = code in (EXIT_INTERRUPTED, -signal.SIGINT)
-    now = time.time()
-    # A worker that left of its own accord, on a node of several: its peers' launchers on the
-    # other nodes learn it (the first of each node per attempt), so that a failure there reads
-    # as the rank that left early, not a peer to restart (SLURM: both launchers sat idle).
-    left = code == 0 or returned is not None
-    publish = (code and not stopped and not interrupted) or (
-        left and _multi_node(env) and attempt not in _LEFT_PUBLISHED
-    )
-    if publish and env is not None:
+    if code and not stopped and not interrupted and env is not None:
         from ddpkit.train import diagnosis
 
-        if left:
-            _LEFT_PUBLISHED.add(attempt)
-        when = returned if returned is not None else now
-        threading.Thread(
-            target=diagnosis.publish_end, args=(env, rank, 0 if left else code, when), daemon=True
-        ).start()
-    ENDS[pid] = end = WorkerEnd(rank, code, now, attempt, returned)
+        threading.Thread(target=diagnosis.publish_end, args=(env, rank, code), daemon=True).start()
+    ENDS[pid] = end = WorkerEnd(rank, code, time.time(), attempt, returned)
     goodput.launcher_end(rank, code, end.when, attempt, error_file, returned, stopped)
 
 
@@ -238,23 +231,25 @@ def _multi_node(env: dict[str, str] | None) -> bool:
         return False
 
 
-def left_ranks() -> dict[int, float]:
+def left_ranks(store: Any = None, nodes: int = 0) -> dict[int, float]:
     """{rank: when} of the last attempt's workers that left of their own accord: this node's
-    (ENDS) and, on a node of several, the other nodes' as their launchers published them."""
+    (ENDS) and the other nodes' (what their launchers wrote into the rendezvous store, read
+    from `store`, the agent's own connection to it, when given; else as last read)."""
     from ddpkit.train.launch.outcome import last_attempt_exits_0
 
-    left = last_attempt_exits_0(ENDS)
-    env = next(iter(ENVS.values()), None)
-    if not _multi_node(env):
-        return left
-    from ddpkit.train import diagnosis
+    if store is not None:
+        for node in range(nodes):
+            key = f"{_LEFT_KEY}{_round()}/{node}"
+            with contextlib.suppress(Exception):
+                if store.check([key]):
+                    REMOTE_LEFT.update(
+                        {int(r): float(t) for r, t in json.loads(store.get(key)).items()}
+                    )
+    return {**REMOTE_LEFT, **last_attempt_exits_0(ENDS)}
 
-    assert env is not None
-    others = [r for r in range(int(env["WORLD_SIZE"])) if r not in ENVS]
-    for r, e in diagnosis.peer_ends(env, others).items():
-        if e.get("code") == 0 and isinstance(e.get("when"), (int, float)):
-            left.setdefault(r, float(e["when"]))
-    return left
+
+def _round() -> int:
+    return _RDZV_ROUND[-1] if _RDZV_ROUND else 0
 
 
 def one_stop_signal() -> None:
@@ -318,7 +313,9 @@ def _say_restart(failures: dict[int, failure.Failure], remaining: int) -> None:
             f"{first.phase or ''} (a hang; {places.name(rank)} timed out waiting)"
         ).replace("  ", " ")
     else:
-        what = f"{places.name(rank)} failed ({failure.how(first.code)})"
+        plain = first.kind in (failure.CRASHED.name, failure.KILLED.name) or first.code < 0
+        kind = "" if plain else f"{first.kind}, "  # e.g. the checkpoint store went away
+        what = f"{places.name(rank)} failed ({kind}{failure.how(first.code)})"
     step = _newest_step()
     where = f"from the newest checkpoint (step {step})" if step else "from the newest checkpoint"
     left = f"{remaining - 1} restart{'s' if remaining - 1 != 1 else ''} left after this one"
@@ -355,6 +352,11 @@ def stop_retrying_code_failures(culprit: Callable[[dict[int, Any]], tuple[int, A
 
     def classified(self: Any, worker_group: Any) -> Any:
         result = monitor(self, worker_group)
+        if result.is_failed() and _multi_node(next(iter(ENVS.values()), None)):
+            # The other nodes learn it at once: one whose workers all finished waits in the
+            # exit barrier for this node, which will not come (leave_a_failed_job).
+            with contextlib.suppress(Exception):
+                self._store.set(f"{_FAILED_KEY}{_round()}", "1")
         if result.is_failed() and result.failures and self._remaining_restarts > 0:
             # A worker that saved and asked for a requeue (a stop signal reached a peer's node:
             # a deleted pod) is never restarted in place: that peer is going away, and the
@@ -374,7 +376,8 @@ def stop_retrying_code_failures(culprit: Callable[[dict[int, Any]], tuple[int, A
                 )
                 return result
             failures = {int(r): f for r, f in timed(result.failures).items()}
-            if early := left_early(failures, left_ranks(), stopped_at()):
+            nodes = int(getattr(worker_group, "group_world_size", 0) or 0)
+            if early := left_early(failures, left_ranks(self._store, nodes), stopped_at()):
                 # The same on every attempt (a shorter data shard, a rank-dependent return).
                 self._remaining_restarts = 0
                 STOPPED.append((early[0], "not retried (a rank that leaves early does so again)"))
@@ -435,45 +438,122 @@ def leave_a_failed_job() -> None:
     """A node whose workers all finished waits in torchrun's exit barrier for the other nodes
     (300 s). When a worker on another node failed meanwhile (the peers of a rank that left
     early fail in their next collective), the others never come, and both launchers sat with
-    no workers until the job was cancelled (a SLURM drill: 4 min, twice). Leave the barrier
-    as soon as the attempt's store says a worker failed; the failed node's launcher names it."""
-    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    no workers until the job was cancelled (a SLURM drill: 4 min, twice). The barrier is
+    torchrun's own, joined without blocking and polled on the agent's own connection to the
+    rendezvous store (no new connection at a job's end: one to a store whose host had just
+    exited printed C++ stack traces after a clean run): it ends when every node arrived, or
+    when another node's launcher said its workers failed. Before joining, this node says
+    which of its workers left of their own accord, for the failed node's launcher to name."""
+    from torch.distributed.elastic.agent.server import api
 
-    original = SimpleElasticAgent._exit_barrier
+    original = api.SimpleElasticAgent._exit_barrier
     if getattr(original, "_ddpkit", False):
+        return
+    try:
+        from torch.distributed.elastic.utils.store import _barrier_nonblocking
+    except ImportError:
+        return  # another torch: its own barrier, as it is
+    sync_key = getattr(api, "_TERMINAL_STATE_SYNC_ID", None)
+    if sync_key is None:
         return
 
     def exit_barrier(self: Any) -> None:
-        env = next(iter(ENVS.values()), None)
-        if not _multi_node(env):
+        group = self._worker_group
+        if not _multi_node(next(iter(ENVS.values()), None)):
             return original(self)
-        from ddpkit.train import diagnosis
+        store = self._store
+        from ddpkit.train.launch.outcome import last_attempt_exits_0
 
-        done = threading.Event()
-
-        def wait() -> None:
-            try:
-                original(self)
-            finally:
-                done.set()
-
-        threading.Thread(target=wait, name="ddpkit-exit-barrier", daemon=True).start()
-        while not done.wait(1.0):
-            if diagnosis.a_peer_failed(env):
-                print(
-                    "ddpkit node: a worker on another node failed after this node's workers "
-                    "had finished; not waiting for the other nodes",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                return None
+        try:
+            if left := last_attempt_exits_0(ENDS):
+                store.set(f"{_LEFT_KEY}{_round()}/{group.group_rank}", json.dumps(left))
+            last = _barrier_nonblocking(
+                store=store, world_size=group.group_world_size, key_prefix=sync_key
+            )
+            deadline = time.monotonic() + self._exit_barrier_timeout
+            while time.monotonic() < deadline:
+                if store.check([last]):
+                    return None
+                if store.check([f"{_FAILED_KEY}{_round()}"]):
+                    print(
+                        "ddpkit node: a worker on another node failed after this node's "
+                        "workers had finished; not waiting for the other nodes",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    return None
+                time.sleep(0.5)
+        except Exception as e:  # noqa: BLE001 - torch's barrier logs and goes on, as here
+            if type(e).__name__ == "SignalException":
+                raise
         return None
 
     exit_barrier._ddpkit = True  # type: ignore[attr-defined]
-    SimpleElasticAgent._exit_barrier = exit_barrier  # type: ignore[method-assign]
+    api.SimpleElasticAgent._exit_barrier = exit_barrier  # type: ignore[method-assign]
 
 
-def install(budget_s: int, blame: Callable[[dict[int, Any]], tuple[int, Any]]) -> None:
+SHUTDOWN_WAIT_S = 15.0  # how long the rendezvous host waits for the other nodes to leave it
+
+
+def close_the_rendezvous_last(rdzv_port: int | None) -> None:
+    """The node that hosts the rendezvous store closes it last. After a clean run every agent
+    shuts its rendezvous down through that store (marks it closed); the host's agent did so
+    and exited at once, and another node's agent, still at it, printed torch's C++ stack
+    traces (`recvValue failed ... Connection was likely closed`) after a run that succeeded.
+    Now each node says it is done in the store and stops using it; the host waits (at most
+    SHUTDOWN_WAIT_S) until every other node has said so."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    original = dr.DynamicRendezvousHandler.shutdown
+    if getattr(original, "_ddpkit", False) or not rdzv_port:
+        return
+
+    def shutdown(self: Any) -> bool:
+        ok = original(self)
+        env = next(iter(ENVS.values()), None)
+        store = getattr(self, "_store", None)
+        if store is None or not _multi_node(env):
+            return ok
+        assert env is not None
+        nodes = int(env["WORLD_SIZE"]) // max(1, int(env["LOCAL_WORLD_SIZE"]))
+        key = f"ddpkit/shut/{_round()}"
+        with contextlib.suppress(Exception):
+            if not _listening_here(rdzv_port):
+                store.add(key, 1)  # then leave: the host may close the store any time now
+                return ok
+            deadline = time.monotonic() + SHUTDOWN_WAIT_S
+            while store.add(key, 0) < nodes - 1 and time.monotonic() < deadline:
+                time.sleep(0.2)
+        return ok
+
+    shutdown._ddpkit = True  # type: ignore[attr-defined]
+    dr.DynamicRendezvousHandler.shutdown = shutdown  # type: ignore[method-assign]
+
+
+def _listening_here(port: int) -> bool:
+    """This process holds a listening TCP socket on `port` (it hosts the rendezvous store):
+    /proc/net/tcp{,6} LISTEN entries on the port whose inode is one of this process's fds."""
+    inodes = set()
+    for net in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(net).read_text().splitlines()[1:]:
+                f = line.split()
+                if f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f[9])
+    with contextlib.suppress(OSError):
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/self/fd/{fd}")
+                if link.startswith("socket:[") and link[8:-1] in inodes:
+                    return True
+    return False
+
+
+def install(
+    budget_s: int,
+    blame: Callable[[dict[int, Any]], tuple[int, Any]],
+    rdzv_port: int | None = None,
+) -> None:
     """Every hook, before torchrun runs: `budget_s` the job's shutdown budget (whole seconds),
     `blame` the launcher's rule for the rank to blame among torchrun's failures."""
     _quiet_torch_logs()
@@ -484,6 +564,7 @@ def install(budget_s: int, blame: Callable[[dict[int, Any]], tuple[int, Any]]) -
     one_stop_signal()
     stop_retrying_code_failures(blame)
     leave_a_failed_job()
+    close_the_rendezvous_last(rdzv_port)
 
 
 def stopped_at() -> float | None:

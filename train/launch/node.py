@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    hooks.install(args.shutdown_timeout, _blame)
+    hooks.install(args.shutdown_timeout, _blame, _rdzv_port(args))
 
     failures: dict[int, Failure] = {}
     stopped_by: int | None = None
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             fresh = fresh_requeue_marker(run_dir, launch_id, started)
     finished = is_default_entry(entry) and finished_in_launch(run_dir, launch_id, started)
     hooks.worker_ends()
-    left = hooks.left_ranks()
+    left = hooks.left_ranks()  # the other nodes' as the agent last read them
     code, line = outcome(failures, fresh, finished, left, hooks.stopped_at())
     if (
         stopped_by is not None
@@ -267,6 +267,13 @@ def main(argv: list[str] | None = None) -> int:
         if text:
             print(text, file=sys.stderr, flush=True)
     return code
+
+
+def _rdzv_port(args: Any) -> int | None:
+    """The rendezvous endpoint's port (flag or PET_RDZV_ENDPOINT), None without one."""
+    endpoint = str(getattr(args, "rdzv_endpoint", "") or "")
+    port = endpoint.rpartition(":")[2]
+    return int(port) if port.isdigit() else None
 
 
 def _blame(failed: dict[Any, Any]) -> tuple[int, Failure]:

@@ -45,20 +45,22 @@ for step in range(100000):
         os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does
     if step == 30 and rank == 1 and MODE == "hang":
         time.sleep(100000)  # hung in its own code: it never calls the next all_reduce
+    if step == 30 and rank == 1 and MODE == "early":
+        sys.exit(0)  # a rank-dependent return: its peer's next all_reduce finds nobody
     dist.all_reduce(torch.ones(4))
     time.sleep(0.5 if MODE == "long" else 0.02)
 dist.destroy_process_group()
 """
 
 
-def project(tmp_path: Path, name: str, mode: str) -> Path:
+def project(tmp_path: Path, name: str, mode: str, budget: int = 0) -> Path:
     proj = tmp_path / "proj"
     proj.mkdir()
     (proj / "train.py").write_text(SCRIPT)
     (proj / "ddpkit.toml").write_text(
         f'name = "{name}"\nnproc_per_node = 1\naccelerator = "cpu"\nscript = "train.py"\n'
-        f'args = ["{mode}"]\nmax_restarts = 0\nrdzv_port = {free_port()}\ntime = "00:10:00"\n'
-        "[slurm]\nrequeue_limit = 0\n"
+        f'args = ["{mode}"]\nmax_restarts = {budget}\nrdzv_port = {free_port()}\n'
+        f'time = "00:10:00"\n[slurm]\nrequeue_limit = {budget}\n'
     )
     return proj
 
@@ -148,3 +150,34 @@ def test_a_second_submit_of_a_running_run_dir_is_refused_and_the_first_stays_fou
         assert json.loads(record_path.read_text())["job"] == job
     finally:
         subprocess.run(["scancel", job], check=False)
+
+
+def test_a_rank_that_leaves_early_ends_the_job_named_and_not_requeued(
+    slurm_cluster: int,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Issue 54 item 15: rank 1 (node 1) exits 0 at step 30 while rank 0 (node 0) trains on.
+    Before: rank 0's all_reduce failed, then both node launchers stayed alive with no workers
+    and printed nothing until the job was cancelled (4 min, twice). Now node 1's launcher leaves
+    torchrun's exit barrier once node 0's worker failed, node 0's launcher names the rank that
+    left, nothing is restarted or requeued though both budgets allow it, and the job fails."""
+    proj = project(tmp_path, "defects-early", "early", budget=1)
+    t0 = time.monotonic()
+    r = ddpkit("submit", "slurm", "--nodes", "2", "--gpus", "1", "--wait", cwd=proj, timeout=400)
+    took = time.monotonic() - t0
+    job = job_id(r.stdout)
+    text = "\n".join(
+        p.read_text() for p in (proj / "runs/defects-early/slurm").glob(f"{job}_*_log.*")
+    )
+    assert r.returncode != 0, r.stderr[-2000:] + text[-3000:]
+    places = dict(re.findall(r"PLACE rank (\d) (node \d+ host \S+)", text))
+    node, host = places["1"].split(" host ")
+    lines = [x for x in text.splitlines() if x.startswith("ddpkit node: ")]
+    assert any(
+        x.startswith(f"ddpkit node: rank 1 ({node}, host {host}) left first (exit 0)")
+        for x in lines
+    ), (lines, text[-3000:])
+    assert not any("restarting in place" in x for x in lines), lines
+    info = scontrol(job)
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "0", info
+    assert took < 240, (took, text[-3000:])  # not the 300 s exit barrier, not a cancel
