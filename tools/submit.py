@@ -265,6 +265,13 @@ def _act(backend: Any, opts: argparse.Namespace, spec: JobSpec | None, members: 
     planned: dict[str, int] = {}
     if opts.plan and opts.action in ("render", "submit"):
         planned = check_plan(members or [spec])
+    if opts.action == "submit" and spec is not None and backend.shares_filesystem:
+        # The job runs with this shell's environment on this host's network (local, SLURM):
+        # its object store is asked here, before the queue (the save budget reads it too).
+        from ddpkit.tools.backends.node_checks import check_object_store
+
+        for member in {m.checkpoint_dir: m for m in members or [spec]}.values():
+            check_object_store(member)
     if (opts.action == "submit" or opts.plan and opts.action == "render") and spec is not None:
         say_save_budget(backend, members or [spec], planned, opts.plan, opts.action)
     if opts.action == "render":

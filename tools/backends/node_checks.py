@@ -14,6 +14,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,8 @@ from ddpkit.tools.backends import state_dir
 from ddpkit.tools.backends.ft_entry import check_torchft_entry
 from ddpkit.tools.jobspec import JobSpec, SpecError
 from ddpkit.tools.templating import check_passable
+from ddpkit.train.contract import is_remote
+from ddpkit.train.errors import UserError
 
 # Run by the nodes' Python: import each "module[:attribute]" given, stop at the first that
 # fails and print it as JSON. Only modules are imported, never a script (that would run it).
@@ -164,6 +168,72 @@ def check_entry_point(spec: JobSpec, python: str) -> None:
         f"module {name!r} is not found by {exe} in {Path.cwd()} ({detail}); fix the name "
         "(what `python -m` takes) or install its package for that Python"
     )
+
+
+# How long submit waits for the object store's answer: a store this host cannot reach (an
+# endpoint only the nodes' network sees) is the nodes' to check when the job starts.
+STORE_PROBE_S = 20.0
+# S3 error codes that refuse the credentials, beyond those s3fs itself turns into a
+# PermissionError (versitygw answers an unknown access key with XAdminUserNotFound).
+REFUSED = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "XAdminUserNotFound", "ExpiredToken",
+           "InvalidToken")  # fmt: skip
+
+
+def check_object_store(spec: JobSpec) -> None:
+    """Before the queue: the job's checkpoint dir in an object store (ckpt_dir = "s3://...")
+    is listed from this host with the job's credentials (this shell's environment, the job's
+    env table over it: what the nodes get) through the trainer's own store
+    (train/ckpt/store.py). Refused credentials or no such bucket: one line (SpecError)
+    naming the store, never a credential. No answer from here: a note, the job goes on."""
+    url = spec.checkpoint_dir
+    if not is_remote(url):
+        return
+    from ddpkit.train.ckpt.store import describe, open_store, unreachable
+
+    job_env = {k: v for k, v in spec.env.items() if k.startswith("AWS_")}
+    answer: dict[str, BaseException | None] = {}
+    with _environ(job_env):
+        try:
+            store = open_store(url)
+        except UserError:
+            return  # no s3fs here: the nodes' own check names what to install
+        # A thread: a listing that hangs (a network that drops packets) must not hold the submit.
+        probe = threading.Thread(target=_list_store, args=(store, answer), daemon=True)
+        probe.start()
+        probe.join(STORE_PROBE_S)
+    error = answer.get("error")
+    if "error" not in answer or (error is not None and unreachable(error) is not None):
+        why = "no answer" if error is None else describe(error)
+        print(f"ddpkit: {url}: the object store does not answer from this host ({why}); the "
+              "nodes check it when the job starts", flush=True)  # fmt: skip
+        return
+    if error is not None:
+        if not isinstance(error, PermissionError) and any(c in str(error) for c in REFUSED):
+            error = PermissionError(str(error))  # said as refused credentials, not a lost server
+        raise SpecError(f"{store.problem(error, 'ckpt_dir ', 'read')} (checked before the queue)")
+
+
+def _list_store(store: Any, answer: dict[str, BaseException | None]) -> None:
+    try:
+        store.steps()
+        answer["error"] = None
+    except Exception as e:  # said by check_object_store
+        answer["error"] = e
+
+
+@contextlib.contextmanager
+def _environ(extra: dict[str, str]) -> Iterator[None]:
+    """os.environ with `extra` over it (S3 clients read their settings from it), restored."""
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def node_imports(spec: JobSpec) -> list[tuple[str, str]]:
