@@ -150,13 +150,14 @@ def marks(path: Path) -> dict[str, set[str]]:
 def test_markers_agree_with_the_folders():
     """The lanes read folders, never markers; markers stay for whoever selects by them
     (`pytest -m slurm`, bench/gpu_check.sh's `-m gpu`). So the folders must say what the markers
-    say: no unit test is slow or needs an engine, and a test that needs an engine lives in that
-    engine's folder (an S3 test may live in the SLURM or Kubernetes folder, whose jobs use the
+    say: every test file is in a tier, no unit test is slow or needs an engine, and a test that
+    needs an engine lives in that engine's folder (an S3 test may live in the SLURM or Kubernetes folder, whose jobs use the
     store), so each engine's session fixture is set up by one chunk."""
     wrong = []
     for path in lanes.files_of(lanes.ROOT / "tests"):
         parts = path.relative_to(lanes.ROOT / "tests").parts
         if parts[0] not in lanes.TIERS:
+            wrong.append(f"{'/'.join(parts)}: outside tests/unit, tests/process, tests/engines")
             continue
         for test, found in marks(path).items():
             where = f"{'/'.join(parts)}::{test} {sorted(found)}"
