@@ -158,9 +158,13 @@ def check_entry_point(spec: JobSpec, python: str) -> None:
         try:
             problem, detail = json.loads(r.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
+            if r.returncode == 0:  # found, where not said: a script is its own file
+                return check_torchft_entry(
+                    spec, kind, str(name), name if kind == "script" else None
+                )
             tail = (r.stderr.strip().splitlines() or ["?"])[-1]
             raise SpecError(f"{exe} does not start: {tail}") from None
-        if r.returncode == 0 and problem == "found":  # detail: its file (None: not a .py)
+        if r.returncode == 0:  # ["found", its file (None: not a .py)]
             return check_torchft_entry(spec, kind, str(name), detail)
     if problem == "syntax":
         raise SpecError(f"{detail} (the {kind} {name!r} does not compile with {exe}); fix it")
