@@ -30,6 +30,7 @@ from ddpkit.slurm.cluster import (
     run_cmd,
     sacct_fields,
     sbatch,
+    sbatch_failure,
 )
 from ddpkit.slurm.options import SlurmOptions
 from ddpkit.slurm.render import (
@@ -80,6 +81,27 @@ __all__ = [
 ]
 
 
+def check_paths(spec: JobSpec) -> None:
+    """The paths sbatch takes: a workspace with a space or a non-ASCII letter is fine (its
+    #SBATCH --chdir is quoted, render.sbatch_word); a line break cannot be on an #SBATCH line,
+    and SLURM reads `%` and `\\` in a log file's name as its own patterns (%j, an escape), so
+    the log dir, where sbatch writes the batch shell's output, must hold neither."""
+    workspace = spec.workspace or os.getcwd()
+    if any(c in workspace for c in "\r\n"):
+        raise SpecError(
+            f"workspace {workspace!r} holds a line break, which no #SBATCH line can; "
+            "move the project to a directory without one"
+        )
+    logs = os.path.join(workspace, log_dir(spec))  # as submit passes it (absolute)
+    found = [c for c in ("%", "\\") if c in logs]
+    if found:
+        raise SpecError(
+            f"the SLURM log dir {logs} holds {' and '.join(found)}, which SLURM reads as its "
+            "file-name patterns; move the project to a path without them, or set "
+            "slurm.log_dir to a directory whose path has none"
+        )
+
+
 class SlurmBackend(Backend):
     name = "slurm"
     file_ext = "sbatch"
@@ -103,6 +125,7 @@ class SlurmBackend(Backend):
     def validate(self, spec: JobSpec) -> None:
         super().validate(spec)  # the [slurm] table's field checks (SlurmOptions)
         validate(spec)
+        check_paths(spec)
 
     def stop_window(self, spec: JobSpec) -> tuple[int, str]:
         lead = grace_s(spec)
@@ -184,8 +207,13 @@ class SlurmBackend(Backend):
         try:
             with executor.batch():
                 jobs = [executor.submit(NodeCommand(node_script(s))) for s in specs]
-        except (FileNotFoundError, subprocess.CalledProcessError) as e:
-            print(f"error: sbatch failed ({e}); is SLURM up? (make slurm-up)", file=sys.stderr)
+        except FileNotFoundError as e:
+            print(f"error: sbatch failed ({e}); is SLURM installed here? (make slurm-up)",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        except subprocess.CalledProcessError as e:
+            err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+            print(f"error: {sbatch_failure(err or str(e), e.returncode)}", file=sys.stderr)
             return 1
         ids = [str(j.job_id) for j in jobs]
         record_job(self.name, ids[0], name=base, log_dir=str(logs), members=ids,

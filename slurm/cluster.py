@@ -70,11 +70,31 @@ def sbatch(script: str, logs: Path) -> str:
         raise
     if out.returncode != 0:
         path.unlink(missing_ok=True)
-        tail = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
-        raise SbatchError(f"sbatch failed ({tail}); is SLURM up? (make slurm-up)")
+        raise SbatchError(sbatch_failure(out.stderr, out.returncode))
     job_id = out.stdout.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
     path.replace(logs / f"{job_id}_submission.sh")
     return job_id
+
+
+# What sbatch says when it cannot reach slurmctld or read its configuration: only then is
+# "is SLURM up?" the hint. Any other refusal (a bad directive, an unknown partition, a limit)
+# is the cluster's own words, with no guess at a cause.
+SLURM_DOWN = (
+    "Unable to contact slurm controller",
+    "Could not establish a configuration source",
+    "Unable to process configuration file",
+    "Socket timed out",
+    "Connection refused",
+    "connect failure",
+)
+
+
+def sbatch_failure(stderr: str, rc: int) -> str:
+    """One line for sbatch's refusal: its own last line, and the up hint only when down."""
+    lines = stderr.strip().splitlines()
+    tail = lines[-1] if lines else f"exit {rc}"
+    down = any(marker in stderr for marker in SLURM_DOWN)
+    return f"sbatch failed ({tail})" + ("; is SLURM up? (make slurm-up)" if down else "")
 
 
 def run_cmd(*argv: str) -> subprocess.CompletedProcess[str]:

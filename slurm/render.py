@@ -155,12 +155,23 @@ def sbatch_params(spec: JobSpec) -> dict[str, str | int | bool]:
     return params
 
 
+def sbatch_word(value: object) -> str:
+    """A value as sbatch reads it from an `#SBATCH` line: a space ends the word and `#` starts
+    a comment unless quoted, so such a value (a project path with a space) is double-quoted,
+    with `\\`, `"` and `#` escaped (Slurm 22.05, tried on a real cluster); any other value
+    is written as it is."""
+    text = str(value)
+    if not any(c.isspace() or c in '"\\#' for c in text):
+        return text
+    return '"' + re.sub(r'(["\\#])', r"\\\1", text) + '"'
+
+
 def sbatch_options(spec: JobSpec) -> list[str]:
     """The `#SBATCH` options, in the order they are written."""
     opts = []
     for key, value in sbatch_params(spec).items():
         flag = dataclass_fields.flag(key)  # sbatch's long options: the kit's one spelling rule
-        opts.append(flag if value is True else f"{flag}={value}")
+        opts.append(flag if value is True else f"{flag}={sbatch_word(value)}")
         if key == "time":
             # sbatch opens --output before the script runs, so it must be a directory that
             # exists: the submit directory. The per-node logs go to the log dir (made by setup).
