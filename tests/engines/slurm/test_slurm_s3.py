@@ -1,9 +1,12 @@
 """The kit's trainer on the real 2-node SLURM cluster with `ckpt_dir = "s3://..."` on the real
 S3 server (tests/s3_fixtures.py; loopback, which the local cluster's nodes share): the store's
 credentials reach the job by name (slurm.secret_env), never a rendered script or a log; a
-preempted job requeues, resumes from the store and ends with the digest of an uninterrupted
-run. In the engines chunk (tests/lanes.py: the first chunk naming one of its markers, the
-one that has the cluster); the S3 fixture waits for a running server build."""
+preempted job (`scancel --signal=USR1`) saves to the store, exits 75, is requeued once by its
+batch script, resumes from the store and ends with the digest of an uninterrupted run. This
+is the SLURM preemption drill: test_slurm_e2e.py's own preempted job (the same job with its
+checkpoints on the shared disk, the same assertions) ran the same drill a second time. In
+the engines/slurm chunk, which has the cluster; the S3 fixture waits for a running server
+build."""
 
 from __future__ import annotations
 
@@ -14,7 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.engines.slurm.test_slurm_e2e import REPO, diverged, job_file, reference  # noqa: F401  (reference: fixture)
+from tests.engines.slurm.test_slurm_e2e import (  # noqa: F401  (reference: fixture)
+    REPO,
+    STEPS,
+    diverged,
+    job_file,
+    reference,
+)
 from tests.s3_fixtures import S3Server, s3_server  # noqa: F401  (fixture)
 from tests.slurm_fixtures import scontrol, slurm_cluster, until_done  # noqa: F401  (fixture)
 
@@ -65,12 +74,16 @@ def test_a_preempted_job_resumes_from_the_store_with_the_same_digest(
         info = until_done(job)
     finally:
         subprocess.run(["scancel", job], check=False)
+    # Global rank 0 (which prints) may sit on either node: read every log of the job.
     logs = "".join(p.read_text() for p in sorted((run / "slurm").glob(f"{job}_*_log.*")))
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, logs[-3000:])
+    assert "requeue 1 of 3" in logs, logs[-3000:]
+    assert not (run / "requeue.json").exists()
     resumed = [ln for ln in logs.splitlines() if "resumed from" in ln]
     assert resumed and f"resumed from {url}/step-" in resumed[0], logs[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["resumed_from"].startswith(f"{url}/step-")
+    assert summary["steps"] == STEPS and summary["world_size"] == reference["world_size"] == 2
     assert summary["param_digest"] == reference["param_digest"], diverged(run)
     fs = s3_server.fs()
     assert fs.exists(f"slurm/e2e/step-{summary['steps']}/.complete")

@@ -4,7 +4,7 @@ restarts it in place while group 0 trains on, it heals from group 0, and the job
 COMPLETED (never requeued) with both groups at the same parameters. And when the run finishes
 on node 0 while group 1 is still coming back (its restart held with SIGSTOP: a restart slower
 than the rest of the run, as under CI's load), the job still ends COMPLETED, not requeued.
-Budget: about 3-4 min on 2 cores (cold starts of torch dominate)."""
+Budget: about 2-3 min on 2 cores (cold starts of torch dominate)."""
 
 from __future__ import annotations
 
@@ -25,25 +25,30 @@ from tests.slurm_fixtures import slurm_cluster, until_done  # noqa: F401  (fixtu
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 DDPKIT = Path(sys.executable).with_name("ddpkit")
-# The survivor trains on for >= (STEPS - KILL_AT) * PACE_S = 114 s after group 1's kill, so it
+# The survivor can train on for (STEPS - KILL_AT) * PACE_S = 115 s after group 1's kill, so it
 # is still training when group 1 is back: 4 s idle, 5 s beside 12 busy loops on the 2 cores,
-# but once in CI group 1 had not healed 99 s after its kill (74 s window then, PACE_S 0.2;
-# the node logs now come with such a failure). Each step lasts at least PACE_S, mostly asleep
-# (DDPKIT_STEP_PACE_S, train/fault.py), not steps burning the cores.
-STEPS, PACE_S, KILL_AT = 400, 0.3, 20
+# but once in CI group 1 had not healed 99 s after its kill (74 s window then; the node logs
+# now come with such a failure). Each step lasts at least PACE_S, mostly asleep
+# (DDPKIT_STEP_PACE_S, train/drills.py), not steps burning the cores, until the test writes
+# the run dir's HEALED file (DDPKIT_STEP_PACE_UNTIL) once group 1 healed: the steps left then
+# take NET_PY's 50 ms, so the run lasts as long as the heal took, not the whole window. It was
+# 400 steps of 0.3 s (the window sat out in full: 124 s of the engines chunk).
+STEPS, PACE_S, KILL_AT = 125, 1.0, 10
+HEALED = "healed"  # in the run dir: the pace's end (DDPKIT_STEP_PACE_UNTIL)
 STEP = re.compile(r"^\[group (\d)\] step\s+(\d+)/", re.M)
 
 
-def project(root: Path, steps: int = STEPS) -> Path:
+def project(root: Path, steps: int = STEPS, pace_s: float = PACE_S) -> Path:
     (root / "mymodels").mkdir(parents=True)
     (root / "mymodels" / "__init__.py").write_text("")
     (root / "mymodels" / "net.py").write_text(NET_PY)
     (root / "ddpkit.toml").write_text(
         f'name = "ftslurm"\nnodes = 2\nnproc_per_node = 1\naccelerator = "cpu"\n'
         f'fault_tolerance = "torchft"\nrdzv_port = {free_port()}\ntime = "00:15:00"\n'
-        f'[env]\nTORCHFT_QUORUM_TIMEOUT_SEC = "20"\nDDPKIT_STEP_PACE_S = "{PACE_S}"\n'
+        f'[env]\nTORCHFT_QUORUM_TIMEOUT_SEC = "20"\nDDPKIT_STEP_PACE_S = "{pace_s}"\n'
+        f'DDPKIT_STEP_PACE_UNTIL = "{root / "run" / HEALED}"\n'
         '[train]\nmodel = "mymodels.net:build"\ndataset = "mymodels.net:data"\n'
-        f"batch_size = 8\nsteps = {steps}\nlog_interval = 10\nckpt_interval = 400\neval = false\n"
+        f"batch_size = 8\nsteps = {steps}\nlog_interval = 5\nckpt_interval = 400\neval = false\n"
         f'run_dir = "{root / "run"}"\n'
     )
     return root
@@ -110,6 +115,7 @@ def test_a_killed_group_restarts_in_place_and_rejoins_while_the_other_trains(
             job, timeout=240, run=run,
         )  # fmt: skip
         survivor_at_heal = max(steps_of(node_log(run, job, 0), 0))
+        (run / HEALED).write_text("")  # the window is no longer needed: unpaced to the end
         info = until_done(job, 400)
     finally:
         subprocess.run(["scancel", job], check=False)
@@ -140,13 +146,13 @@ def test_a_group_still_rejoining_when_the_run_finishes_ends_the_job_completed_no
     nothing more, node 0's stays in the step (its lighthouse stopped) until node 1's group has
     ended. Before, node 0's task exited at once, srun killed node 1's `--wait` seconds later,
     and the batch script read that as a lost node: a finished job requeued, three times."""
-    steps = 100
-    proj = project(tmp_path / "proj", steps)
+    steps = 60  # 100 before: the run after the kill need only outlast the hold's set-up
+    proj = project(tmp_path / "proj", steps, pace_s=0.3)
     run = proj / "run"
     job = submit(proj)
     held = None
     try:
-        killed = kill_group_1(run, job, at_step=30)
+        killed = kill_group_1(run, job, at_step=20)
         status = run / "replica_groups.node-1.json"
         deadline = time.monotonic() + 60
         while (held := json.loads(status.read_text())["groups"][0]["pid"]) == killed:
