@@ -45,8 +45,10 @@ ALL = ("plain", "plain-gather", "plain-log", "kit", "kit-nolog", "kit-nostop")
 
 def plan(quick: bool) -> dict[str, Any]:
     if quick:
+        # does every script run and write its JSON: two cycles (a warmup and one measured, the
+        # rotated order shows) of 10-step blocks, the least the smoke test's checks need
         return {
-            "interleaved": [loop_overhead.Interleaved("mlp", ALL, 3, warmup_cycles=1, block=20)],
+            "interleaved": [loop_overhead.Interleaved("mlp", ALL, 2, warmup_cycles=1, block=10)],
             "launch_cases": [loop_overhead.Case("mlp", 14, 2, ("plain", "kit"))],
             "ckpt_model": "mlp",
             "ckpt_reps": 1,
@@ -199,7 +201,7 @@ def hf_case(quick: bool, work: Path) -> loop_overhead.Interleaved:
     return loop_overhead.Interleaved(
         f"hf:{model}",
         ("plain-fsdp", "kit"),
-        4 if quick else 30,
+        2 if quick else 30,
         warmup_cycles=1 if quick else 3,
         batch_size=8,
         kit_args=("--dataset", f"hf:{data}", "--seq-len", "64", "--parallel", "fsdp"),
