@@ -99,6 +99,7 @@ class Supervisor:
         self.launch_id = os.environ.get(LAUNCH_ID_ENV) or None
         self.since = time.time()
         self.lighthouse: subprocess.Popen | None = None
+        self.lighthouse_restarts = 0
         self.procs: dict[int, subprocess.Popen] = {}
         self.restarts = dict.fromkeys(self.groups, 0)
         self.exits: dict[int, list[int]] = {g: [] for g in self.groups}
@@ -155,6 +156,29 @@ class Supervisor:
             except OSError:
                 time.sleep(0.1)
         raise SystemExit(f"ddpkit replica groups: the lighthouse did not listen on {port}")
+
+    def restart_lighthouse(self, code: int | None) -> None:
+        """The lighthouse died (killed, crashed): start it again at the same address, so the
+        groups' managers find it where they look and go on. Before, the supervisor stopped
+        every group: none had saved, and the rerun started from step 0. After
+        --max-group-restarts of its own, the groups are stopped as then."""
+        self.lighthouse_restarts += 1
+        budget = self.args.max_group_restarts
+        port = int(self.address.rpartition(":")[2])
+        if self.lighthouse_restarts > budget:
+            self.say(f"the lighthouse exited ({code}) {budget + 1} times; stopping")
+            self.stop(signal.SIGTERM)
+            return
+        try:
+            self.start_lighthouse(port)
+        except SystemExit as e:
+            self.say(f"the lighthouse exited ({code}) and did not start again ({e}); stopping")
+            self.stop(signal.SIGTERM)
+            return
+        self.say(
+            f"the lighthouse exited ({code}); started again on port {port} "
+            f"({self.lighthouse_restarts} of {budget}): the groups go on"
+        )
 
     # --- the groups -------------------------------------------------------------------------
 
@@ -283,8 +307,7 @@ class Supervisor:
                 self.stop(signal.SIGTERM)
             lighthouse = self.lighthouse
             if lighthouse is not None and lighthouse.poll() is not None and not self.stopping:
-                self.say(f"the lighthouse exited ({lighthouse.returncode}); stopping")
-                self.stop(signal.SIGTERM)
+                self.restart_lighthouse(lighthouse.returncode)
             for g, proc in list(self.procs.items()):
                 rc = proc.poll()
                 if g in self.done or rc is None:
