@@ -2,10 +2,8 @@
 with its own train.py, a tools/ package, a utils.py its script imports and a model package,
 driven by the installed `ddpkit` command from that directory.
 
-Here the tests on a real SLURM cluster; the in-process ones in
-tests/unit/launch/test_user_project.py, those that start processes in
-tests/process/launch/test_user_project.py. Helpers both use are in
-tests/unit/launch/test_user_project.py."""
+Here the tests on a real SLURM cluster; the others, and the helpers both use, are in
+tests/process/launch/test_user_project.py."""
 
 from __future__ import annotations
 
@@ -15,8 +13,8 @@ import subprocess
 
 import pytest
 
+from tests.process.launch.test_user_project import SCRIPT_JOB, TRAIN_PY, ddpkit, make_project
 from tests.slurm_fixtures import slurm_cluster  # noqa: F401  (fixture)
-from tests.unit.launch.test_user_project import SCRIPT_JOB, TRAIN_PY, ddpkit, make_project
 
 
 @pytest.mark.slurm

@@ -28,6 +28,7 @@ from tests.unit.backends.test_docker import (
     _entrypoint,
     _finish,
     _node_args,
+    _spec,
 )
 
 
@@ -244,3 +245,13 @@ def test_entrypoint_forwards_usr1_and_exits_75_after_a_checkpoint(tmp_path):
     requeue = json.loads((tmp_path / "runs" / "sig" / "requeue.json").read_text())
     assert requeue["signal"] == "SIGUSR1"
     assert (tmp_path / requeue["checkpoint"] / ".complete").exists()
+
+
+def test_logs_follow_and_list_ask_the_engine(fake_bin, launcher):
+    fake_bin.add("docker", RECORDING_ENGINE)
+    r = launcher("logs", "docker", "job1", "--follow")
+    assert r.returncode == 0, r.stderr
+    calls = [json.loads(line) for line in (fake_bin.path / "docker.log").read_text().splitlines()]
+    assert calls[-1] == ["logs", "--follow", "job1"]
+    argv = docker.run_argv(_spec("name=job1"))
+    assert argv[argv.index("--label") + 1] == "app.kubernetes.io/instance=job1"

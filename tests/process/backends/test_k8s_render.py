@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.unit.backends.test_k8s_render import CASES, docs_for, job_of, pods_of
+from tests.unit.backends.test_k8s_render import CASES, REPO, docs_for, job_of, pods_of
 
 VALIDATE = Path(sys.executable).parent / "kubernetes-validate"
 
@@ -51,3 +51,15 @@ def test_an_elastic_jobs_last_call_reaches_torchrun_through_the_operator() -> No
     ]
     (c,) = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
     assert '--rdzv-conf "${PET_RDZV_CONF:+$PET_RDZV_CONF,}is_host=$is_host"' in c["command"][2]
+
+
+def test_make_k8s_render_prints_and_writes_into_the_workspace(tmp_path: Path) -> None:
+    p = subprocess.run(
+        ["make", "-s", "-f", str(REPO / "Makefile"), "k8s-render", "NODES=2"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    written = tmp_path / ".ddpkit" / "rendered" / "k8s" / "default.yaml"
+    assert written.read_text() == p.stdout
+    job = job_of(list(yaml.safe_load_all(p.stdout)))
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1

@@ -315,3 +315,28 @@ def test_a_data_dir_and_an_env_value_reach_the_trainer_byte_for_byte(tmp_path, v
     cfg, _ = parse_config(entry[2:], world=(1, 1), installed=False, local_paths=False)
     assert cfg.data_dir == value
     assert not (tmp_path / "PWNED").exists()
+
+
+def test_gpus_beyond_the_visible_ones_are_refused_and_none_is_said(tmp_path, monkeypatch, capsys):
+    """`--gpus 4` (make train GPUS=4) on 2 visible GPUs: one line, exit 2, nothing runs; on a
+    machine without GPUs the CPU fallback is said, not silent."""
+    from ddpkit.tools.backends import local
+    from ddpkit.tools.jobspec import load_spec
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"}
+    ddpkit = str(Path(PY).with_name("ddpkit"))
+    r = subprocess.run([ddpkit, "submit", "local", "--gpus", "4"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "4 processes on 2 visible GPU(s)" in r.stderr and not (tmp_path / "runs").exists()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    local.check_gpus(load_spec(None, None, gpus=3))
+    assert "no GPU visible; 3 CPU process(es) with gloo" in capsys.readouterr().err
+
+
+def test_a_data_dir_argparse_cannot_carry_is_refused_in_one_line_at_render() -> None:
+    """argparse drops a value that is exactly `--`: refused, never trained with data_dir=[]."""
+    p = launch("render", "local", "--set", "train.data_dir=--")
+    assert p.returncode == 2 and error_lines(p.stderr) == [
+        "error: --data-dir '--' cannot reach the trainer as a value; use ./--"
+    ], p.stderr

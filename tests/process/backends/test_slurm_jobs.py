@@ -82,3 +82,38 @@ def test_submit_sends_the_rendered_script_to_sbatch_with_no_submitit(tmp_path: P
     )  # fmt: skip
     assert kept.read_text() == render.stdout
     assert sorted(p.name for p in logs.iterdir()) == ["4321_submission.sh"]
+
+
+def test_logs_prefix_every_node(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "77_0_log.out").write_text("step 1\nstep 2\n")
+    (logs / "77_1_log.err").write_text("warning on node 1\n")
+    fake(bin_dir, "scontrol", f"JobId=77 JobState=RUNNING StdErr={logs}/77_0_log.err")
+    p = launch(bin_dir, "logs", "slurm", "77")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == [
+        "[node 0] step 1", "[node 0] step 2", "[node 1 err] warning on node 1"]  # fmt: skip
+    assert launch(bin_dir, "logs", "slurm", "77;rm").returncode == 2
+
+
+def test_secrets_pass_by_name_only(tmp_path: Path) -> None:
+    from ddpkit.slurm import backend as slurm
+    from ddpkit.tools.jobspec import load_spec
+
+    spec = load_spec(None, ["slurm.secret_env=['WANDB_API_KEY']"], 2, 1)
+    text = slurm.render(spec)
+    assert "printenv WANDB_API_KEY >/dev/null ||" in text and "sk-" not in text
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    p = launch(bin_dir, "submit", "slurm", "--set", "slurm.secret_env=['WANDB_API_KEY']")
+    assert p.returncode == 2
+    assert p.stderr.strip() == (
+        "error: slurm.secret_env WANDB_API_KEY not set in this shell; export it before "
+        "submitting (the value goes to the job by name, never into the script)"
+    )
+    # the batch shell refuses to start without it (plain sbatch route)
+    setup = subprocess.run(["bash", "-c", slurm.setup_script(spec)], env={"PATH": "/usr/bin:/bin"},
+                           cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+    assert setup.returncode == 1 and "WANDB_API_KEY is not set" in setup.stderr

@@ -172,3 +172,23 @@ def test_render_cli_writes_file_into_the_workspace(tmp_path: Path) -> None:
     path = tmp_path / ".ddpkit" / "rendered" / "slurm" / "render-cli-test.sbatch"
     assert path.read_text() == out.stdout
     assert ".ddpkit/rendered/slurm/render-cli-test.sbatch" in out.stderr
+
+
+def test_node_script_runs_the_node_launcher_with_the_rendezvous(tmp_path: Path) -> None:
+    spec = load_spec(REPO / "configs/default.toml", ["debug=trace"], 2, 3)
+    rc, rec = run_node_script(spec, tmp_path, node_id="1")
+    argv, env = rec["argv"], rec["env"]
+    assert rc == 0
+    assert argv[:2] == ["-m", "ddpkit.train.node"]
+    assert argv[argv.index("--") + 1 :] == ["-m", "ddpkit.train", *spec.train_argv()]
+    for flag in ("--nnodes=2", "--nproc-per-node=3", "--rdzv-backend=c10d", "--max-restarts=3"):
+        assert flag in argv
+    assert argv[argv.index("--shutdown-timeout") + 1] == "30"
+    assert env["PET_RDZV_ENDPOINT"] == "10.1.2.3:20042"
+    assert env["PET_RDZV_ID"] == "ddpkit-42-0" and env["PET_RDZV_CONF"] == "is_host=0"
+    assert env["NCCL_DEBUG"] == "TRACE" and env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL"
+    _, rec0 = run_node_script(spec, tmp_path, node_id="0")
+    assert rec0["env"]["PET_RDZV_CONF"] == "is_host=1"
+    # one node: --standalone, no rendezvous variables (no port to collide on)
+    _, one = run_node_script(load_spec(None, [], 1, 2), tmp_path)
+    assert "--standalone" in one["argv"] and "PET_RDZV_ENDPOINT" not in one["env"]

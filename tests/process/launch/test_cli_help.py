@@ -102,3 +102,27 @@ def test_ckpt_inspect_piped_into_head_ends_quietly(run_with_checkpoints):
     assert tool.wait(timeout=120) == 1
     assert head.stdout.decode().count("\n") == 1 and "step 4" in head.stdout.decode()
     assert "Traceback" not in err and "BrokenPipe" not in err and err == "", err
+
+
+@pytest.mark.parametrize(
+    "tool,args,needle",
+    [
+        ("ddpkit.tools.plot", ["/nonexistent-run"], "/nonexistent-run"),
+        ("ddpkit.tools.ckpt", ["inspect", "/nonexistent-run"], "no such directory"),
+        ("ddpkit.tools.ckpt", ["bogus"], "invalid choice"),
+        ("ddpkit.tools.commbench", ["--iters", "0"], "--iters 0 must be >= 1"),
+        ("ddpkit.tools.doctor", ["--timeout-s", "0"], "must be > 0 seconds"),
+        ("ddpkit.tools.planner", ["--params", "7e9", "--gpus", "x"], "invalid int value"),
+    ],
+)
+def test_a_user_error_is_one_line_and_exit_2(tool, args, needle):
+    p = subprocess.run(
+        [sys.executable, "-m", tool, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("error: ") and needle in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and p.stdout == ""

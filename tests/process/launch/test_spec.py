@@ -133,3 +133,15 @@ def test_container_backends_do_not_look_up_input_paths_here(backend: str) -> Non
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "/data/owt-not-here" in r.stdout
+
+
+@pytest.mark.parametrize("backend", ["slurm", "local"])
+def test_shared_filesystem_backends_refuse_a_missing_input_path(backend: str) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "ddpkit.tools.submit", "render", backend, *_IN_CONTAINER],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "error: --data-dir /data/owt-not-here does not exist; point it at your tokens data"
+    ]

@@ -5,14 +5,14 @@ traceback. The prune is injected at the exact moment around the tool's main (the
 order: the marker first, then the directory): in this process for the one-line refusals (a new
 process imports torch again, seconds of CPU here), by a driver process for the traceback.
 
-Here the tests that start processes; the in-process ones in
-tests/unit/tools/test_ckpt_export.py."""
+Every test here reads a run a real `python -m ddpkit.train` wrote, or starts the tool."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -160,3 +160,19 @@ def test_a_damaged_marker_is_skipped_by_inspect_and_refused_by_export(
     out, err = capsys.readouterr()
     assert err.startswith(f"error: {newest}: bad .complete marker: ") and err.count("\n") == 1
     assert not out and not out_file.exists()
+
+
+def test_inspect_of_a_file_says_it_is_a_file(tmp_path, one_line_error):
+    """`ddpkit ckpt inspect model.pt`: an existing file is not "no such directory"."""
+    ddpkit = str(Path(sys.executable).with_name("ddpkit"))
+    pt = tmp_path / "model.pt"
+    pt.write_bytes(b"not a checkpoint directory")
+
+    def inspect(path: Path) -> str:
+        p = subprocess.run([ddpkit, "ckpt", "inspect", str(path)], capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+        return one_line_error(p)
+
+    line = inspect(pt)
+    assert "a file, not a checkpoint directory" in line and "no such directory" not in line
+    assert "no such directory" in inspect(tmp_path / "missing")

@@ -146,3 +146,20 @@ def test_submit_plan_refuses_before_anything_runs_and_passes_a_job_that_plans(tm
     r = subprocess.run([ddpkit, "render", "slurm", "--plan", *ok], cwd=tmp_path,
                        capture_output=True, text=True, timeout=600)  # fmt: skip
     assert r.returncode == 0 and "--plan: job 'default' plans at 8 ranks" in r.stderr, r.stderr
+
+
+def test_dry_run_leaves_the_process_clean():
+    import torch.distributed as dist
+
+    hook = sys.excepthook
+    dry_run(gpt_cfg(), 8, 1, "FULL_SHARD")
+    assert not dist.is_initialized()
+    assert sys.excepthook is hook
+
+
+def test_cli_table_reads_as_a_plan(capsys):
+    proc = memory_here(capsys, "--config", "configs/gpt.toml", "--gpus", "8", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "state (measured)" in proc.stdout and "ZeRO table" in proc.stdout
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("FULL_SHARD"))
+    assert "shard 8" in row  # the job's own strategy, from its config

@@ -8,11 +8,24 @@ from __future__ import annotations
 import json
 import re
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.trainrun import train
+from tests.trainrun import ROOT, clean_env, train
+
+HIDE = """
+import runpy, sys
+class Hide:  # the import system's answer for a package that is not installed
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == {pkg!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}")
+sys.meta_path.insert(0, Hide())
+sys.argv = ["train", *{args!r}]
+runpy.run_module("train", run_name="__main__", alter_sys=True)
+"""
 
 STEPS = 4
 
@@ -142,3 +155,30 @@ def test_rerunning_a_finished_run_keeps_its_summary(logged_run):
     assert "nothing left to train" in again.out and "summary.json kept" in again.out
     assert (run.run_dir / "summary.json").read_bytes() == before
     assert json.loads(before)["final_loss"] is not None
+
+
+@pytest.mark.parametrize(
+    "pkg,args,flag",
+    [
+        ("wandb", ["--log-to", "mlflow,wandb"], "--log-to wandb"),
+        ("tensorboard", ["--tensorboard"], "--tensorboard"),
+    ],
+)
+def test_a_missing_backend_package_is_one_line_before_anything_is_written(
+    tmp_path, pkg, args, flag
+):
+    run_dir = tmp_path / "run"
+    p = subprocess.run(
+        [sys.executable, "-c", HIDE.format(pkg=pkg, args=[*args, "--run-dir", str(run_dir)])],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2, p.stderr
+    assert p.stderr == (
+        f"error: {flag} needs the {pkg} package, which is not installed: pip install {pkg} "
+        f"(or pip install -e '.[logging]'), or drop {flag}\n"
+    )
+    assert not run_dir.exists()

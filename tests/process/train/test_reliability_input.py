@@ -122,3 +122,24 @@ def test_a_rank_other_than_0_leaves_its_bad_config_to_rank_0(monkeypatch, capsys
     t0 = time.monotonic()
     assert entry._before_group(ConfigError("bad")) == 2
     assert time.monotonic() - t0 < 1 and capsys.readouterr().err == "error: bad\n"
+
+
+@pytest.mark.parametrize(
+    "flag,sub,pattern",
+    [
+        ("--ckpt-dir", "FILE", r"--ckpt-dir \S+/FILE is a file; pass a directory path"),
+        ("--run-dir", "FILE", r"--run-dir \S+/FILE is a file; pass a directory path"),
+        ("--run-dir", "FILE/sub", r"--run-dir \S+/FILE/sub is under \S+/FILE, a file"),
+    ],
+)
+def test_paths_that_cannot_be_directories(flag, sub, pattern, tmp_path):
+    (tmp_path / "FILE").write_text("x")
+    args = ["--run-dir", str(tmp_path / "r")] if flag != "--run-dir" else []
+    _one_line(_train(flag, str(tmp_path / sub), *args), pattern)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["FILE"]
+
+
+def test_a_run_dir_where_nothing_can_be_created(tmp_path):
+    _one_line(
+        _train("--run-dir", "/proc/x"), r"--run-dir /proc/x: cannot create directories in /proc"
+    )

@@ -107,16 +107,6 @@ def test_podman_gets_the_nvidia_cdi_devices(sets, gpus, devices):
     assert got == [f"nvidia.com/gpu={d}" for d in devices]
 
 
-def test_logs_follow_and_list_ask_the_engine(fake_bin, launcher):
-    fake_bin.add("docker", RECORDING_ENGINE)
-    r = launcher("logs", "docker", "job1", "--follow")
-    assert r.returncode == 0, r.stderr
-    calls = [json.loads(line) for line in (fake_bin.path / "docker.log").read_text().splitlines()]
-    assert calls[-1] == ["logs", "--follow", "job1"]
-    argv = docker.run_argv(_spec("name=job1"))
-    assert argv[argv.index("--label") + 1] == "app.kubernetes.io/instance=job1"
-
-
 def test_poll_running_then_the_recorded_exit_status(tmp_path, monkeypatch, fake_bin):
     from ddpkit.tools.backends import JobState, record_job
 

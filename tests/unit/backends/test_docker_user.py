@@ -4,7 +4,10 @@ a plain torchrun script that knows nothing of ddpkit, with a dependency from its
 file, runs on 2 gloo ranks in the built image.
 
 Here the tests that run in this process; those on a real container engine (podman builds and
-runs the image) in tests/engines/container/test_docker_user.py."""
+runs the image) in tests/engines/container/test_docker_user.py.
+
+The tests of this file that start processes or take longer:
+tests/process/backends/test_docker_user.py."""
 
 from __future__ import annotations
 
@@ -12,7 +15,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from ddpkit.tools.backends import user_image as docker_user
 from ddpkit.tools.jobspec import load_spec
 from ddpkit.tools.templating import KIT_DIR as REPO_ROOT
@@ -42,20 +44,3 @@ def test_hadolint_passes_on_the_generated_containerfile(tmp_path):
     hadolint = Path(sys.executable).parent / "hadolint"
     r = subprocess.run([str(hadolint), str(path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-
-
-@pytest.mark.parametrize(
-    ("sets", "expect"),
-    [
-        (["docker.user_dir=mypkg"], "is the ddpkit image itself"),
-        (["image=me/p:1", "docker.user_dir=../elsewhere"], "is outside the workspace"),
-        (["image=me/p:1", "docker.user_dir=/elsewhere"], "is outside the workspace"),
-        (["image=me/p:1", "docker.user_dir=runs/code"], "where a volume is mounted"),
-        (["image=me/p:1", "docker.user_dir=mypkg", "docker.kit_image=-x"], "not an image"),
-    ],
-)
-def test_bad_user_layer_is_one_line_before_anything_runs(sets, expect, launcher, one_line_error):
-    args = [a for s in sets for a in ("--set", s)]
-    r = launcher("render", "docker", *args, "--build", timeout=120)
-    assert expect in one_line_error(r), r.stderr
-    assert r.stdout == ""

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import os
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -327,18 +326,6 @@ def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, monkeypatch,
     out, err = capsys.readouterr()
     assert rc == 2 and out == "" and err.count("\n") == 1 and expect in err
     assert not list(tmp_path.rglob("*.yaml"))
-
-
-def test_make_k8s_render_prints_and_writes_into_the_workspace(tmp_path: Path) -> None:
-    p = subprocess.run(
-        ["make", "-s", "-f", str(REPO / "Makefile"), "k8s-render", "NODES=2"],
-        cwd=tmp_path, capture_output=True, text=True,
-    )  # fmt: skip
-    assert p.returncode == 0, p.stderr
-    written = tmp_path / ".ddpkit" / "rendered" / "k8s" / "default.yaml"
-    assert written.read_text() == p.stdout
-    job = job_of(list(yaml.safe_load_all(p.stdout)))
-    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
 
 
 def test_secrets_are_references_never_values() -> None:

@@ -167,26 +167,6 @@ def run_node_script(spec: JobSpec, tmp_path: Path, node_id: str = "0") -> tuple[
     return rc, json.loads((tmp_path / "python.json").read_text())
 
 
-def test_node_script_runs_the_node_launcher_with_the_rendezvous(tmp_path: Path) -> None:
-    spec = load_spec(REPO / "configs/default.toml", ["debug=trace"], 2, 3)
-    rc, rec = run_node_script(spec, tmp_path, node_id="1")
-    argv, env = rec["argv"], rec["env"]
-    assert rc == 0
-    assert argv[:2] == ["-m", "ddpkit.train.node"]
-    assert argv[argv.index("--") + 1 :] == ["-m", "ddpkit.train", *spec.train_argv()]
-    for flag in ("--nnodes=2", "--nproc-per-node=3", "--rdzv-backend=c10d", "--max-restarts=3"):
-        assert flag in argv
-    assert argv[argv.index("--shutdown-timeout") + 1] == "30"
-    assert env["PET_RDZV_ENDPOINT"] == "10.1.2.3:20042"
-    assert env["PET_RDZV_ID"] == "ddpkit-42-0" and env["PET_RDZV_CONF"] == "is_host=0"
-    assert env["NCCL_DEBUG"] == "TRACE" and env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL"
-    _, rec0 = run_node_script(spec, tmp_path, node_id="0")
-    assert rec0["env"]["PET_RDZV_CONF"] == "is_host=1"
-    # one node: --standalone, no rendezvous variables (no port to collide on)
-    _, one = run_node_script(load_spec(None, [], 1, 2), tmp_path)
-    assert "--standalone" in one["argv"] and "PET_RDZV_ENDPOINT" not in one["env"]
-
-
 def run_setup(spec: JobSpec, tmp_path: Path, job_id: str = "123457") -> dict[str, str]:
     """Run the batch shell's setup with a fake scontrol (NodeName node7, NodeAddr 10.9.8.7)."""
     bins = FakeBin(tmp_path / "bin")

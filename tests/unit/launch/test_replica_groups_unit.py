@@ -1,14 +1,15 @@
 """The torch-free parts of torchft replica groups: the environment contract and the
 supervisor's view of the other nodes (train/ft_env.py, train/launch/replica_groups.py); each
-group's dirs: test_group_dirs.py."""
+group's dirs: test_group_dirs.py.
+
+The tests of this file that start processes or take longer:
+tests/process/launch/test_replica_groups_unit.py."""
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 
-import ddpkit.train.launch.replica_groups as rg
 import pytest
 from ddpkit.train.ft_env import ReplicaGroup
 from ddpkit.train.launch.replica_groups import Supervisor, build_parser
@@ -59,21 +60,3 @@ def test_a_node_reads_only_this_launchs_status_of_the_other_nodes(tmp_path, monk
     assert sup.peers() == []
     _peer_status(tmp_path, None, running=True)
     assert len(sup.peers()) == 1
-
-
-def test_a_finished_node_stays_until_the_other_nodes_groups_ended(tmp_path, monkeypatch):
-    monkeypatch.setattr(rg, "PEER_POLL_S", 0.05)
-    sup = _supervisor(tmp_path, monkeypatch, "ddpkit-7-0")
-    _peer_status(tmp_path, "ddpkit-7-0", running=True)
-    ended = threading.Timer(0.5, _peer_status, (tmp_path, "ddpkit-7-0", False))
-    ended.start()
-    t0 = time.monotonic()
-    sup.await_peers()
-    assert time.monotonic() - t0 >= 0.5  # left once node 1's group had ended, not before
-    ended.join()
-    # a node that never says so is waited for PEER_END_WAIT_S, then left (srun's --wait next)
-    monkeypatch.setattr(rg, "PEER_END_WAIT_S", 0.3)
-    _peer_status(tmp_path, "ddpkit-7-0", running=True)
-    t0 = time.monotonic()
-    sup.await_peers()
-    assert 0.3 <= time.monotonic() - t0 < 5

@@ -2,14 +2,14 @@
 message points at is a heading there, a docs/ page exists, and a command is the `ddpkit` one
 users have (`ddpkit logs slurm 1 --follow`), not a module path (`python -m ddpkit.tools...`).
 
-Read from every string of the kit's code (messages, help, docstrings shown by --help)."""
+Read from every string of the kit's code (messages, help, docstrings shown by --help).
+
+The tests of this file that start processes or take longer: tests/process/tools/test_hints.py."""
 
 from __future__ import annotations
 
 import ast
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -68,12 +68,3 @@ def test_hints_name_the_ddpkit_command_not_a_module():
     """A message, a usage line, --help's prog or a docstring's usage names `ddpkit CMD`."""
     bad = [f"{where}: {m}" for where, text in STRINGS for m in MODULE_HINT.findall(text)]
     assert not bad, "hints naming `python -m` instead of the ddpkit command:\n" + "\n".join(bad)
-
-
-def test_the_tools_help_shows_the_ddpkit_command():
-    ddpkit = str(Path(sys.executable).with_name("ddpkit"))
-    for tool in ("memory", "ckpt", "doctor", "plot"):
-        p = subprocess.run([ddpkit, tool, "--help"], capture_output=True, text=True, timeout=120)
-        assert p.returncode == 0, p.stderr
-        assert p.stdout.startswith(f"usage: ddpkit {tool}"), p.stdout[:200]
-        assert "python -m" not in p.stdout, p.stdout

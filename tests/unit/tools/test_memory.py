@@ -6,7 +6,6 @@ tests/process/tools/test_memory.py."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 
 import pytest
@@ -74,35 +73,3 @@ def test_parse_count():
     assert parse_count("125m") == 125_000_000
     with pytest.raises(ValueError):
         parse_count("seven")
-
-
-def test_cli_json_and_fit():
-    r = run_cli("--params", "7B", "--gpus", "8", "--gpu-mem", "80", "--json")
-    assert r.returncode == 0, r.stderr
-    d = json.loads(r.stdout)
-    states = {s["strategy"]: s["state_bytes"] for s in d["strategies"]}
-    assert states["DDP"] == 8 * states["FULL_SHARD"]
-    r = run_cli("--params", "7B", "--gpus", "8", "--gpu-mem", "80")
-    ddp_line = next(line for line in r.stdout.splitlines() if line.startswith("DDP "))
-    fsdp_line = next(line for line in r.stdout.splitlines() if line.startswith("FULL_SHARD "))
-    assert ddp_line.rstrip().endswith("NO") and fsdp_line.rstrip().endswith("yes")
-    assert "112.00 GB" in ddp_line and "14.00 GB" in fsdp_line
-    assert "not estimated" in r.stdout  # no model, no activation numbers
-
-
-@pytest.mark.parametrize(
-    ("args", "needle"),
-    [
-        (["--params", "lots"], "--params"),
-        (["--params", "1e9", "--gpus", "6", "--nodes", "4"], "multiple of --nodes"),
-        (
-            ["--params", "1e9", "--gpus", "6", "--replicate-degree", "4"],
-            "replicate degree 4 does not divide world size 6",
-        ),
-        (["--gpus", "2"], "exactly one of"),
-        (["--model", "gpt", "--d-model", "100", "--n-head", "3"], "divisible"),
-    ],
-)
-def test_cli_bad_input(args, needle, one_line_error):
-    r = run_cli(*args)
-    assert needle in one_line_error(r) and r.stdout == ""

@@ -79,32 +79,6 @@ def _axes(fig):
     return fig.get_axes()
 
 
-def test_log_scale_when_values_span_decades(tmp_path):
-    from ddpkit.tools.plot import figures
-
-    recs = [record(s, 10.0 / s**1.5, grad_norm=5.0) for s in range(1, 101)]  # loss 10 -> 0.01
-    figs = figures([load_run(write_run(tmp_path / "r", recs))], "step")
-    assert _axes(figs["loss"])[0].get_yscale() == "log"
-    assert _axes(figs["grad_norm"])[0].get_yscale() == "linear"  # constant: no decades
-    # lr warms up from a value > 0 to 1e-3 within a factor 5: linear
-    assert _axes(figs["lr"])[0].get_yscale() == "linear"
-
-
-def test_eval_records_are_a_curve_on_the_loss_chart(tmp_path):
-    from ddpkit.tools.plot import figures
-
-    recs = [record(s, 2.0 / s) for s in range(1, 9)]
-    recs += [{"step": 4, "eval_loss": 0.9, "eval_accuracy": 0.5, "time_s": 0.04}]
-    recs += [{"step": 8, "eval_loss": 0.4, "eval_accuracy": 0.7, "time_s": 0.08}]
-    run = load_run(write_run(tmp_path / "r", recs))
-    assert [r["step"] for r in run.records] == list(range(1, 9))  # eval does not replace step 4
-    ax = _axes(figures([run], "step")["loss"])[0]
-    lines = {ln.get_label(): ln for ln in ax.get_lines()}
-    assert list(lines["r eval"].get_xdata()) == [4, 8]
-    assert list(lines["r eval"].get_ydata()) == [0.9, 0.4]
-    assert len(lines["r"].get_xdata()) == 8
-
-
 SUMMARIES = cases(damaged({"steps": 3, "eval_loss": 1.5}, {"eval_loss": ("number", "null")}))
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 import re
 import subprocess
 
-import pytest
-
 from tests.trainrun import PY, ROOT, clean_env
 
 
@@ -36,24 +34,3 @@ def _train(*args: str, cwd=ROOT, env=None) -> subprocess.CompletedProcess:
 def test_an_empty_run_dir_would_write_into_the_current_directory(tmp_path):
     _one_line(_train("--run-dir", "", cwd=tmp_path), r"--run-dir is empty")
     assert list(tmp_path.iterdir()) == []
-
-
-@pytest.mark.parametrize(
-    "flag,sub,pattern",
-    [
-        ("--ckpt-dir", "FILE", r"--ckpt-dir \S+/FILE is a file; pass a directory path"),
-        ("--run-dir", "FILE", r"--run-dir \S+/FILE is a file; pass a directory path"),
-        ("--run-dir", "FILE/sub", r"--run-dir \S+/FILE/sub is under \S+/FILE, a file"),
-    ],
-)
-def test_paths_that_cannot_be_directories(flag, sub, pattern, tmp_path):
-    (tmp_path / "FILE").write_text("x")
-    args = ["--run-dir", str(tmp_path / "r")] if flag != "--run-dir" else []
-    _one_line(_train(flag, str(tmp_path / sub), *args), pattern)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["FILE"]
-
-
-def test_a_run_dir_where_nothing_can_be_created(tmp_path):
-    _one_line(
-        _train("--run-dir", "/proc/x"), r"--run-dir /proc/x: cannot create directories in /proc"
-    )

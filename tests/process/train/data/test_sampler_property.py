@@ -18,8 +18,10 @@ from __future__ import annotations
 import signal
 from collections import defaultdict
 
+import numpy as np
 import torch
 from ddpkit.train.data import GlobalBatchSampler, iterate_batches
+from ddpkit.train.data.permutation import epoch_key, permute
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import TensorDataset
@@ -110,3 +112,11 @@ def test_an_epoch_walked_a_chunk_at_a_time_is_the_batch_by_batch_order(
         got = [a.tolist() for a in s.epoch_index_arrays()]
         assert got == want
         assert list(s.epoch_indices()) == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 4096), seed=SEEDS, epoch=st.integers(0, 10**6))
+def test_the_permutation_is_a_bijection_for_every_n(n, seed, epoch):
+    out = permute(np.arange(n), n, epoch_key(seed, epoch))
+    assert out.dtype == np.int64
+    assert np.array_equal(np.sort(out), np.arange(n))

@@ -112,11 +112,6 @@ def _check(root: Path, world: int) -> None:
         }, (rank, out)
 
 
-def test_an_async_save_returns_before_its_copy_and_holds_the_weights_at_save(tmp_path):
-    _fenced_save(0, 1, str(tmp_path))
-    _check(tmp_path, 1)
-
-
 def test_a_forward_before_the_fence_does_not_reach_the_saved_buffers(tmp_path):
     """BatchNorm's running statistics change in every training forward, before the fence:
     the checkpoint holds them as they were at save()."""

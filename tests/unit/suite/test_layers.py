@@ -4,33 +4,13 @@ reaches itself again through its imports.
 Every `import ddpkit.…` and `from ddpkit.… import …` counts: at module level, inside
 functions and under `if TYPE_CHECKING:` alike. A late import hides a circle from the
 interpreter, not from the reader; a type named from a higher module is a tie to it too.
-"""
+
+The tests of this file that start processes or take longer: tests/process/suite/test_layers.py."""
 
 from __future__ import annotations
 
 import ast
-import importlib.util
-from itertools import pairwise
 from pathlib import Path
-
-import pytest
-
-PACKAGES = ("ddpkit.train", "ddpkit.tools", "ddpkit.slurm", "ddpkit.k8s", "ddpkit.docker")
-
-
-def _modules() -> dict[str, Path]:
-    """Every module under PACKAGES, by dotted name, from the files the install points at."""
-    found: dict[str, Path] = {}
-    for package in PACKAGES:
-        spec = importlib.util.find_spec(package)
-        assert spec is not None and spec.submodule_search_locations, package
-        for root in map(Path, spec.submodule_search_locations):
-            for path in sorted(root.rglob("*.py")):
-                parts = list(path.relative_to(root).with_suffix("").parts)
-                if parts[-1] == "__init__":
-                    parts.pop()
-                found[".".join([package, *parts])] = path
-    return found
 
 
 def _imported(module: str, path: Path, known: dict[str, Path]) -> dict[str, int]:
@@ -56,11 +36,6 @@ def _imported(module: str, path: Path, known: dict[str, Path]) -> dict[str, int]
                 sub = f"{base}.{alias.name}"
                 add(sub if sub in known else base, node.lineno)
     return out
-
-
-def import_graph() -> tuple[dict[str, dict[str, int]], dict[str, Path]]:
-    known = _modules()
-    return {m: _imported(m, p, known) for m, p in known.items()}, known
 
 
 def circles(graph: dict[str, dict[str, int]]) -> list[list[list[str]]]:
@@ -134,22 +109,6 @@ def _same_loop(a: list[str], b: list[str]) -> bool:
     return ring[i:] + ring[:i] == b[:-1]
 
 
-def describe(loop: list[str], graph: dict[str, dict[str, int]], known: dict[str, Path]) -> str:
-    """`a -> b -> a` and, for each arrow, the file and line of the import that draws it."""
-    ties = ", ".join(f"{Path(*known[a].parts[-2:])}:{graph[a][b]}" for a, b in pairwise(loop))
-    return "  " + " -> ".join(m.removeprefix("ddpkit.") for m in loop) + f"  ({ties})"
-
-
-def test_the_walk_sees_the_trainer_and_the_tools():
-    graph, known = import_graph()
-    assert {"ddpkit.train.registry", "ddpkit.train.config", "ddpkit.tools.planner.cli"} <= set(
-        known
-    )
-    assert "ddpkit.k8s.backend" in known  # the engines' packages too
-    assert "ddpkit.train.errors" in graph["ddpkit.train.config"]  # module level
-    assert "ddpkit.train.models" in graph["ddpkit.tools.planner.model"]  # inside a function
-
-
 def test_the_walk_reads_every_kind_of_import(tmp_path):
     pkg = tmp_path / "pkg"
     pkg.mkdir()
@@ -181,12 +140,3 @@ def test_the_walk_finds_every_circle():
     graph = {"a": {"b": 1}, "b": {"c": 2, "a": 5}, "c": {"a": 3, "d": 4}, "d": {}}
     assert circles(graph) == [[["a", "b", "a"], ["c", "a", "b", "c"]]]
     assert circles({"a": {"b": 1}, "b": {}}) == []
-
-
-@pytest.mark.parametrize("package", PACKAGES)
-def test_no_import_circle(package):
-    graph, known = import_graph()
-    found = [g for g in circles(graph) if f"{g[0][0]}.".startswith(f"{package}.")]
-    if found:
-        text = "\n\n".join("\n".join(describe(loop, graph, known) for loop in g) for g in found)
-        pytest.fail(f"import circles in {package} (a -> b: a imports b):\n{text}", pytrace=False)
