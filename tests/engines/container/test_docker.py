@@ -180,14 +180,17 @@ def test_container_runs_torchft_groups_and_a_killed_group_rejoins(image, tmp_pat
         "accelerator=cpu", f"image={image}", f"docker.out_dir={out}", f"name={name}",
         "fault_tolerance=torchft", "replica_groups=2", "nproc_per_node=1",
         "env.TORCHFT_QUORUM_TIMEOUT_SEC=20",
-        # 0.3 s a step, asleep (train/fault.py): 200 steps (a minute after the kill, as the
-        # local torchft tests give) outlast group 1's restart without burning the cores as the
-        # 30M-parameter mlp-deep did: 31 machine CPU-s a run of 300, not 187
-        "env.DDPKIT_STEP_PACE_S=0.3",
+        # 1 s a step, asleep (train/drills.py): 70 steps (a minute after the kill, as the local
+        # torchft tests give) outlast group 1's restart without burning the cores as the
+        # 30M-parameter mlp-deep did (31 machine CPU-s a run of 300 paced steps, not 187), and
+        # the pace ends once group 1 healed: the test writes HEALED in the run dir
+        # (DDPKIT_STEP_PACE_UNTIL, relative to the container's /workspace, where out_dir is
+        # mounted as runs/). It was 200 steps of 0.3 s, the window sat out in full (76 s).
+        "env.DDPKIT_STEP_PACE_S=1.0", f"env.DDPKIT_STEP_PACE_UNTIL=runs/{name}/healed",
     ]  # fmt: skip
-    steps = 200
+    steps = 70
     train = ["--model", "mlp", "--batch-size", "16", "--steps", str(steps),
-             "--log-interval", "5", "--no-eval", "--ckpt-interval", "100"]  # fmt: skip
+             "--log-interval", "5", "--no-eval", "--ckpt-interval", "35"]  # fmt: skip
     p = subprocess.Popen(
         harness.adapt_run_argv(docker.run_argv(_spec(*sets, train_args=train))),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -211,6 +214,7 @@ def test_container_runs_torchft_groups_and_a_killed_group_rejoins(image, tmp_pat
         assert r.returncode == 0, r.stderr
         wait_for(r"^\[group 1\] torchft: replica group 1 healed", timeout=300)
         print(f"group 1 rejoined {time.time() - killed:.1f} s after its kill", file=sys.stderr)
+        (out / name / "healed").write_text("")  # the window is no longer needed: unpaced
         rc = p.wait(timeout=600)
     finally:  # never leave a container training
         if p.poll() is None:
