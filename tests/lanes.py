@@ -66,10 +66,10 @@ WAITS = {"engines/k8s": "k8s", "engines/s3": "s3"}
 # time goes"): the queue takes the longest first, so the lanes end close together. Update them
 # from a run's closing lines (`lanes: <chunk> N s`) when the chunks change much.
 SECONDS: dict[str, float] = {
-    "engines/slurm": 800, "process/train": 700, "process/launch": 650, "engines/k8s": 560,
-    "process/train/ckpt": 550, "process/tools": 350, "process/train/loop": 270,
-    "engines/container": 250, "process/train/data": 200, "engines/s3": 160,
-    "process/backends": 150, "process": 120, "process/bench": 120, "unit": 45,
+    "engines/slurm": 850, "process/launch": 800, "process/train": 700, "engines/k8s": 600,
+    "process/train/ckpt": 500, "process/tools": 400, "process/train/loop": 300,
+    "process/backends": 250, "process/train/data": 200, "engines/container": 200,
+    "engines/s3": 160, "process/bench": 150, "unit": 45, "process/suite": 30,
     "engines/gpu": 5, "rest": 5,
 }  # fmt: skip
 
