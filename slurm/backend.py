@@ -141,7 +141,6 @@ class SlurmBackend(Backend):
         check_partition(spec)
         if spec.slurm.container == "none":
             check_node_env(spec, node_python(spec), "slurm.python")
-        self.refuse_a_live_run_dir(spec)
         try:
             job_id = sbatch(script, logs)
         except SbatchError as e:
@@ -156,28 +155,6 @@ class SlurmBackend(Backend):
             on_poll = lambda _st: follower.emit()  # noqa: E731
             return self.wait(job_id, opts.poll_s, on_poll=on_poll, run_dir=spec.run_dir)
         return 0
-
-    def refuse_a_live_run_dir(self, spec: JobSpec) -> None:
-        """The run dir of the job submitted last from here, while SLURM still runs or queues
-        it: refused before sbatch, in one line, the record left naming that job. Queued, the
-        second job would wait for the first's nodes, then train into its run dir (or be
-        refused on the nodes), and its record would hide the first from `status`/`cancel`."""
-        try:
-            record = last_job(self.name, {"run_dir": Opt((str, None))})
-        except SpecError:
-            return  # no record (or a damaged one, which the next submit replaces)
-        if not record.get("run_dir"):
-            return
-        if Path(record["run_dir"]).resolve() != Path(spec.run_dir).resolve():
-            return
-        job = str(record["job"])
-        st = self.poll(job)
-        if st.state in (JobState.PENDING, JobState.RUNNING, JobState.REQUEUED):
-            raise SpecError(
-                f"run dir {spec.run_dir} is in use by job {job} ({st.state.value}), submitted "
-                f"from here; wait for it to end or cancel it (ddpkit cancel slurm {job}), or "
-                "use another --run-dir"
-            )
 
     def submit_sweep(self, specs: list[JobSpec], opts: argparse.Namespace) -> int:
         """All members as ONE job array (submitit's batch): one sbatch, one queue entry, each

@@ -265,6 +265,11 @@ def _act(backend: Any, opts: argparse.Namespace, spec: JobSpec | None, members: 
     planned: dict[str, int] = {}
     if opts.plan and opts.action in ("render", "submit"):
         planned = check_plan(members or [spec])
+    if opts.action == "submit" and spec is not None:
+        from ddpkit.tools.backends import refuse_a_live_run_dir
+
+        for member in members or [spec]:
+            refuse_a_live_run_dir(member)
     if opts.action == "submit" and spec is not None and backend.shares_filesystem:
         # The job runs with this shell's environment on this host's network (local, SLURM):
         # its object store is asked here, before the queue (the save budget reads it too).

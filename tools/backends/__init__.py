@@ -363,6 +363,35 @@ def drop_job(backend: str, job: str) -> None:
         path.unlink(missing_ok=True)
 
 
+def refuse_a_live_run_dir(spec: JobSpec) -> None:
+    """One rule for every backend: a run dir that the last job of ANY backend submitted from
+    this workspace still trains into (or is queued to) is refused before anything is started
+    or queued, in one line naming that job. A local smoke test and a SLURM job of the same
+    name both wrote the same checkpoints and goodput records at once (only SLURM's own jobs
+    were checked). Only a record naming the same run dir is asked about its state."""
+    want = Path(spec.run_dir).resolve()
+    jobs = state_dir() / "jobs"
+    names = sorted(p.name for p in jobs.iterdir() if p.is_dir()) if jobs.is_dir() else []
+    for name in names:
+        try:
+            record = last_job(name, {"run_dir": Opt((str, None))})
+        except SpecError:
+            continue  # no record, or a damaged one (the next submit replaces it)
+        if not record.get("run_dir") or Path(record["run_dir"]).resolve() != want:
+            continue
+        job = str(record["job"])
+        try:
+            state = load_backend(name).poll(job).state
+        except Exception:  # noqa: BLE001 - an engine we cannot ask now (no cluster here)
+            continue
+        if state in (JobState.PENDING, JobState.RUNNING, JobState.REQUEUED):
+            raise SpecError(
+                f"run dir {spec.run_dir} is in use by job {job} ({state.value}), the {name} job "
+                f"submitted from here; wait for it to end or cancel it (ddpkit cancel {name} "
+                f"{job}), or use another run dir (--set train.run_dir=... or another name)"
+            )
+
+
 def last_job(backend: str, shape: dict[str, Any] | None = None) -> dict[str, Any]:
     """The record of the last job submitted from here, with a "job" and the keys of `shape`
     (ddpkit.train.jsonshape: what the caller reads); SpecError when there is none, or when

@@ -310,28 +310,3 @@ def test_the_kit_trainers_data_dir_and_env_reach_it_byte_for_byte(value, tmp_pat
     entry = rec["argv"][rec["argv"].index("--") + 1 :]
     cfg, _ = parse_config(entry[2:], world=(2, 1), installed=False, local_paths=False)
     assert cfg.data_dir == value
-
-
-def test_only_the_run_dir_of_the_last_job_submitted_here_is_checked_for_a_live_job(
-    tmp_path, monkeypatch
-):
-    """refuse_a_live_run_dir asks SLURM about the last recorded job only when it trained into
-    the same run dir (the end-to-end refusal: test_slurm_defects.py); another run dir is free
-    without asking."""
-    from ddpkit.tools.backends import JobState, JobStatus, record_job
-
-    monkeypatch.chdir(tmp_path)  # the workspace: .ddpkit/jobs/
-    backend = slurm.SlurmBackend()
-    asked: list[str] = []
-
-    def poll(job: str) -> JobStatus:
-        asked.append(job)
-        return JobStatus(job, JobState.RUNNING)
-
-    monkeypatch.setattr(backend, "poll", poll)
-    record_job("slurm", "41", run_dir=str(tmp_path / "runs" / "a"))
-    backend.refuse_a_live_run_dir(load_spec(None, [f"train.run_dir={tmp_path / 'runs/b'}"]))
-    assert asked == []
-    with pytest.raises(SpecError, match=r"is in use by job 41 \(running\).*ddpkit cancel slurm 41"):
-        backend.refuse_a_live_run_dir(load_spec(None, [f"train.run_dir={tmp_path / 'runs/a'}"]))
-    assert asked == ["41"]
