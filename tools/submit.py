@@ -279,6 +279,19 @@ def _act(backend: Any, opts: argparse.Namespace, spec: JobSpec | None, members: 
             check_object_store(member)
     if (opts.action == "submit" or opts.plan and opts.action == "render") and spec is not None:
         say_save_budget(backend, members or [spec], planned, opts.plan, opts.action)
+    if (
+        opts.action == "submit"
+        and spec is not None
+        and backend.shares_filesystem
+        and backend.name != "local"
+    ):
+        # A queued job that will start from an earlier run's checkpoint (a local smoke test of
+        # the same name) says so here, not after its wait in the queue.
+        from ddpkit.tools.resume_notice import resume_line
+
+        for member in members or [spec]:
+            if line := resume_line(member):
+                print(line, flush=True)
     if opts.action == "render":
         rc = 0
         for member in members or [spec]:
