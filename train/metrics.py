@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from ddpkit.train import trainjob_status
 from ddpkit.train.contract import METRICS_FILE
 from torch import nn
 
@@ -156,6 +157,10 @@ class Reporter:
         self.backends = (
             [_BACKEND_CLASSES[b](run_dir, config or {}) for b in backends] if enabled else []
         )
+        # What else hears each logged step (log(rec), close()): the TrainJob's own status
+        # where Kubeflow Trainer offers its status server (trainjob_status.py).
+        status = trainjob_status.from_env(run_dir, total=total_steps) if enabled else None
+        self.sinks: list[Any] = [status] if status else []
 
     def info(self, msg: str) -> None:
         if not self.enabled:
@@ -208,6 +213,8 @@ class Reporter:
         if eta is not None:  # for the launcher's status line (`WAIT=1`): step and ETA
             rec = {**rec, "eta_s": round(eta, 1)}
         self._write(rec)
+        for sink in self.sinks:
+            sink.log(rec)
         values = (
             f"loss {rec['loss']:.4f} lr {rec['lr']:.3e} "
             f"gnorm {rec['grad_norm']:.3f} {rec['throughput']:.0f} {rec['throughput_unit']} "
@@ -252,6 +259,9 @@ class Reporter:
         for b in self.backends:
             b.close()
         self.backends = []
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
 
 
 def format_duration(seconds: float) -> str:
