@@ -9,9 +9,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ddpkit.train.contract import RUN_DIR_ENV
-from ddpkit.train.goodput.records import record
+from ddpkit.train.contract import RUN_DIR_ENV, RUN_ID_ENV
+from ddpkit.train.goodput.records import read, record
 from ddpkit.train.goodput.report import Report, report, write_report
+from ddpkit.train.observe import write_final
 
 
 def launcher_attempt(attempt: int, local_rank: int, env: dict[str, str] | None = None) -> None:
@@ -102,6 +103,8 @@ def launcher_exit(
     if finished:
         record(run_dir, "finished", **where)
     rep = write_report(run_dir)
+    if rep is not None:  # the same figures in Prometheus' text format (<run dir>/metrics.prom)
+        write_final(run_dir, rep, read(run_dir, os.environ.get(RUN_ID_ENV)))
     if rep is None or (rep.attempts < 2 and not requeue):
         return None
     return f"ddpkit: {rep.line()}"
