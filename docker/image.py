@@ -144,6 +144,9 @@ def kit_wheel(dest: Path) -> Path:
 # The extras the nodes need beside torch: s3 (fsspec + s3fs) for ckpt_dir = "s3://...", ft
 # (torchft) for fault_tolerance = "torchft".
 NODE_EXTRAS = ("s3", "ft")
+# The kit's own dependencies the nodes import beyond the base image (the kit's wheel goes in
+# with --no-deps): prometheus-client, for every run's metrics.prom and its metrics endpoint.
+NODE_DEPS = ("prometheus-client",)
 # What the base image brings (Dockerfile: torch >= 2.9 checked): never staged, never
 # reinstalled (stage_wheels).
 BASE_HAS = frozenset({"torch", "numpy"})
@@ -157,7 +160,8 @@ def node_requirements() -> list[str]:
     in a checkout, the installed distribution's metadata otherwise."""
     if (KIT_DIR / "pyproject.toml").is_file():
         extras = tomllib.loads((KIT_DIR / "pyproject.toml").read_text())["project"]
-        return [r for e in NODE_EXTRAS for r in extras["optional-dependencies"][e]]
+        own = [r for r in extras["dependencies"] if _name(r) in NODE_DEPS]
+        return [r for e in NODE_EXTRAS for r in extras["optional-dependencies"][e]] + own
     import importlib.metadata
     import re
 
@@ -165,7 +169,7 @@ def node_requirements() -> list[str]:
     for req in importlib.metadata.requires("ddpkit") or []:
         spec, _, marker = req.partition(";")
         got = re.search(r"extra\s*==\s*[\"']([^\"']+)", marker)
-        if got and got.group(1) in NODE_EXTRAS:
+        if (got and got.group(1) in NODE_EXTRAS) or (not got and _name(spec) in NODE_DEPS):
             out.append(spec.strip())
     return out
 
