@@ -97,6 +97,8 @@ def test_a_documented_command_runs_as_written(workspace, where, cmd):
     argv = shlex.split(cmd)[1:]
     if argv[0] in ("status", "logs", "cancel", "list") and argv[1] == "k8s":
         pytest.skip(f"needs {NEEDS_K8S}")
+    if argv[0] in ("status", "logs", "cancel") and argv[1] == "slurm":
+        pytest.skip("needs a job submitted from the workspace (the slurm tests submit one)")
     if argv[0] == "list" and argv[1] == "slurm" and not slurm_controller_answers():
         # The SLURM cluster is up only while the slurm tests run (another lane of make test).
         pytest.skip("needs a running SLURM controller (the slurm tests start one and run it)")
