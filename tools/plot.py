@@ -3,6 +3,7 @@
     ddpkit plot RUN_DIR                 # PNGs next to the metrics, in RUN_DIR
     ddpkit plot RUN_A RUN_B [--out DIR]  # the runs side by side on each chart
     ddpkit plot RUN_DIR --x time         # wall-clock seconds on the x axis
+    ddpkit plot RUN_DIR --timeline       # the goodput timeline: attempts, failures, their cost
 
 A run that was preempted and resumed logs the steps since its last checkpoint twice (the
 file is appended to); the newest record of each step wins. A half-written last line (a run
@@ -196,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     p = CliParser(
         prog="ddpkit plot",
-        description="PNG charts (loss, lr, throughput, memory, grad norm) from metrics.jsonl.",
+        description="PNG charts (loss, lr, throughput, memory, grad norm) from metrics.jsonl; "
+        "--timeline: the run's goodput timeline (PNG and SVG).",
     )
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     p.add_argument(
@@ -205,8 +207,24 @@ def _main(argv: list[str] | None) -> int:
         "<parent of the first>/compare for several runs)",
     )
     p.add_argument("--x", choices=["step", "time"], default="step", help="x axis")
+    p.add_argument(
+        "--timeline",
+        action="store_true",
+        help="draw the run's goodput timeline instead (timeline.png and .svg: attempts, "
+        "productive time, each failure and its cost, checkpoint saves), from its goodput records",
+    )
     args = p.parse_args(argv)
     dirs = [Path(d) for d in args.run_dirs]
+    if args.timeline:
+        from ddpkit.tools import timeline
+
+        if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+            raise PlotError(f"--out {args.out} is a file; pass a directory")
+        for d in dirs:
+            out = Path(args.out) / d.resolve().name if args.out and len(dirs) > 1 else None
+            written = timeline.draw(d, out or (Path(args.out) if args.out else d))
+            print("wrote " + ", ".join(str(w) for w in written))
+        return 0
     if len(dirs) > 1:  # `ddpkit.tools.plot runs/*` also matches runs/compare (charts, no metrics)
         for d in [d for d in dirs if not (d / METRICS_FILE).is_file()]:
             print(f"skipped {d}: no metrics.jsonl (not a run dir)", file=sys.stderr)
