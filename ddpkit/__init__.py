@@ -6,7 +6,9 @@ Where each package lives (pyproject.toml's package-dir maps a folder to its dott
 `ddpkit.X.y` is the file X/y.py of the checkout, its folders as they are):
 
     ddpkit                  ddpkit/     the `ddpkit` command (cli.py)
-    ddpkit.train            train/      the trainer, the node launcher (node.py), the contract
+    ddpkit.train            train/      the trainer, the contract (contract.py), the failure
+                                        vocabulary (failure.py), goodput (goodput/), and:
+    ddpkit.train.launch     train/launch/    the node launcher every engine runs (node.py)
     ddpkit.tools            tools/      the tools (planner/: ddpkit memory and steptime;
                                         doctor/; ckpt, commbench, plot, ...) and:
     ddpkit.tools.jobspec    tools/jobspec/   the job file: JobSpec, loading, --set, validation
