@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from ddpkit.train import trainjob_status
+from ddpkit.train import goodput, observe, trainjob_status
 from ddpkit.train.contract import METRICS_FILE
 from torch import nn
 
@@ -161,6 +161,17 @@ class Reporter:
         # where Kubeflow Trainer offers its status server (trainjob_status.py).
         status = trainjob_status.from_env(run_dir, total=total_steps) if enabled else None
         self.sinks: list[Any] = [status] if status else []
+        # Told each logging step's record with every rank's step time, the goodput at the
+        # end, and the close: the run's Prometheus figures (train/observe/).
+        self.observers: list[Any] = []
+        if enabled:
+            world = int(os.environ.get("WORLD_SIZE") or 1)
+            self.observe(observe.start(run_dir, total_steps, world, self.info, goodput))
+
+    def observe(self, observer: Any) -> None:
+        """Add an observer (on_log(record, ranks' step times), on_goodput(report), close())."""
+        if self.enabled and observer is not None:
+            self.observers.append(observer)
 
     def info(self, msg: str) -> None:
         if not self.enabled:
@@ -189,7 +200,7 @@ class Reporter:
         values = {
             k: float(v)
             for k, v in rec.items()
-            if k not in ("step", "eta_s")
+            if k not in ("step", "eta_s", "total_steps", "slowest_rank")
             and isinstance(v, (int, float))
             and not isinstance(v, bool)
         }
@@ -206,13 +217,20 @@ class Reporter:
         t0, s0 = self._since
         return max(0.0, (now - t0) / (step - s0) * (self.total - step))
 
-    def log(self, rec: dict[str, Any]) -> None:
+    def log(self, rec: dict[str, Any], ranks: list[float] | None = None) -> None:
+        """A logging step's record; ranks: each rank's step time (index = rank)."""
         if not self.enabled:
             return
+        rec = {**rec, "total_steps": self.total}  # the progress bar of `ddpkit status --watch`
+        if ranks and len(ranks) > 1:  # the slowest rank, for `ddpkit status` and a pod's log
+            slow = max(range(len(ranks)), key=ranks.__getitem__)
+            rec.update(slowest_rank=slow, step_time_max_s=ranks[slow])
         eta = self.eta_s(rec["step"])
         if eta is not None:  # for the launcher's status line (`WAIT=1`): step and ETA
-            rec = {**rec, "eta_s": round(eta, 1)}
+            rec["eta_s"] = round(eta, 1)
         self._write(rec)
+        for o in self.observers:
+            o.on_log(rec, ranks)
         for sink in self.sinks:
             sink.log(rec)
         values = (
@@ -225,6 +243,10 @@ class Reporter:
             self.bar.set_postfix_str(values, refresh=True)
         else:
             eta = f" eta {format_duration(rec['eta_s'])}" if "eta_s" in rec else ""
+            if "slowest_rank" in rec:
+                values += (
+                    f" slowest rank {rec['slowest_rank']} {rec['step_time_max_s'] * 1e3:.1f}ms"
+                )
             print(f"step {rec['step']:>6}/{self.total} {values}{eta}", flush=True)
 
     def log_eval(self, rec: dict[str, Any]) -> None:
@@ -248,6 +270,8 @@ class Reporter:
         values["goodput/failures"] = float(len(rep.failures))
         for b in self.backends:
             b.log(values, step)
+        for o in self.observers:
+            o.on_goodput(rep)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -259,6 +283,9 @@ class Reporter:
         for b in self.backends:
             b.close()
         self.backends = []
+        for o in self.observers:
+            o.close()
+        self.observers = []
         for sink in self.sinks:
             sink.close()
         self.sinks = []
