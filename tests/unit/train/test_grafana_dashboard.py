@@ -51,3 +51,9 @@ def test_every_query_names_metrics_the_exporter_exports():
             assert all(f'{m}{{run=~"$run"}}' in e for m in re.findall(r"\bddpkit_[a-z_]+", e)), e
     # and it shows every figure the exporter has
     assert used == _exported(), sorted(_exported() - used)
+
+
+def test_docs_observability_lists_every_metric():
+    docs = (DASHBOARD.parent / "observability.md").read_text()
+    listed = set(re.findall(r"^\| `(ddpkit_[a-z_]+)` \|", docs, flags=re.M))
+    assert listed == _exported(), (sorted(_exported() - listed), sorted(listed - _exported()))
