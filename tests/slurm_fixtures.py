@@ -37,23 +37,37 @@ def _ready_nodes() -> int:
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[int]:
     """Number of ready nodes (>= 2). Stops the cluster at the end only if it started it."""
-    if _ready_nodes() >= NODES:
+    yield from _cluster(NODES)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster3() -> Iterator[int]:
+    """A cluster of 3 ready nodes or more (2 that train + 1 spare): a running cluster of 2 is
+    grown in place (slurm/local/up.sh 3: its running jobs go on, and every 2-node test still
+    finds its 2 nodes). Stops the cluster at the end only if it started it."""
+    yield from _cluster(3)
+
+
+def _cluster(nodes: int) -> Iterator[int]:
+    if _ready_nodes() >= nodes:
         yield _ready_nodes()
         return
+    started = _ready_nodes() == 0
     if os.geteuid() != 0:
         pytest.skip("SLURM cannot be installed here: not root (run `make slurm-up` as root)")
     if shutil.which("slurmctld") is None and shutil.which("apt-get") is None:
         pytest.skip("SLURM cannot be installed here: no slurmctld and no apt-get")
     up = subprocess.run(
-        ["bash", str(REPO / "slurm/local/up.sh"), str(NODES)],
+        ["bash", str(REPO / "slurm/local/up.sh"), str(nodes)],
         capture_output=True, text=True, check=False, timeout=600,
     )  # fmt: skip
     if up.returncode != 0 and "apt-get install" in up.stderr:
         pytest.skip(f"SLURM cannot be installed here: {up.stderr.strip().splitlines()[-1]}")
     assert up.returncode == 0, f"slurm/local/up.sh failed:\n{up.stdout}\n{up.stderr}"
-    assert _ready_nodes() >= NODES, "local SLURM came up without 2 ready nodes"
+    assert _ready_nodes() >= nodes, f"local SLURM came up without {nodes} ready nodes"
     yield _ready_nodes()
-    subprocess.run(["bash", str(REPO / "slurm/local/down.sh")], check=False, timeout=120)
+    if started:  # grown from a running cluster: others' tests may still use it
+        subprocess.run(["bash", str(REPO / "slurm/local/down.sh")], check=False, timeout=120)
 
 
 def scontrol(job: str) -> dict[str, str]:

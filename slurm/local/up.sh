@@ -33,15 +33,29 @@ if grep -q "ddpkit-slurm" /etc/hosts 2>/dev/null; then
     rm -f /etc/hosts.ddpkit
 fi
 
+# The node count the running cluster was started with (0: none of ours).
+configured() { ours && sed -n 's/^# nodes=\([0-9]*\)$/\1/p' "$conf_dir/slurm.conf" | head -n 1 || echo 0; }
+grow=0
 if pgrep -x slurmctld >/dev/null; then
     if ! ours && [ "${DDPKIT_SLURM_FORCE:-0}" != 1 ]; then
         die "a slurmctld that ddpkit did not start is running; refusing to touch it (set DDPKIT_SLURM_FORCE=1 to replace its config)"
     fi
-    if ours && grep -qF "# nodes=$nodes" "$conf_dir/slurm.conf" && [ "$(ready_nodes)" -ge "$nodes" ]; then
-        echo "slurm-up: local cluster already up ($nodes nodes)"; sinfo; exit 0
+    have=$(configured)
+    # At least N nodes answer: that is a cluster of N for every caller (a 2-node test runs on
+    # a 3-node cluster), so one asking for fewer never restarts it under another's jobs.
+    if ours && [ "${have:-0}" -ge "$nodes" ] && [ "$(ready_nodes)" -ge "$nodes" ]; then
+        echo "slurm-up: local cluster already up ($have nodes)"; sinfo; exit 0
     fi
-    echo "slurm-up: restarting the local cluster with $nodes nodes"
-    bash "$(dirname "$0")/down.sh"
+    if ours && [ "${have:-0}" -ge 1 ] && [ "${have:-0}" -lt "$nodes" ] && [ "$(ready_nodes)" -ge "$have" ]; then
+        # More nodes asked of a healthy cluster: added in place. slurmctld restarts from its
+        # saved state (no -c) and the running slurmds are restarted on the new config; job
+        # steps are slurmstepd's and outlive both, so the jobs running now go on.
+        echo "slurm-up: growing the local cluster from $have to $nodes nodes (running jobs stay)"
+        grow=1
+    else
+        echo "slurm-up: restarting the local cluster with $nodes nodes"
+        bash "$(dirname "$0")/down.sh"
+    fi
 fi
 if [ -f "$conf_dir/slurm.conf" ] && ! ours && [ "${DDPKIT_SLURM_FORCE:-0}" != 1 ]; then
     die "$conf_dir/slurm.conf exists and is not ddpkit's; refusing to overwrite it (DDPKIT_SLURM_FORCE=1 to replace it)"
@@ -112,8 +126,21 @@ printf 'AutoDetect=off\nName=gpu File=%s/[0-%d]\n' "$fake" $((gpus - 1)) >"$conf
 # proctrack/linuxproc and task/none need no cgroups (22.05 has no "disabled" cgroup plugin).
 rm -f "$conf_dir/cgroup.conf"
 
-slurmctld -c  # -c: no state from an earlier cluster (old jobs, nodes marked invalid)
-for i in $(seq 1 "$nodes"); do slurmd -N "node$i"; done
+if [ "$grow" = 1 ]; then
+    scontrol shutdown slurmctld >/dev/null 2>&1 || true
+    for _ in $(seq 1 30); do pgrep -x slurmctld >/dev/null || break; sleep 1; done
+    slurmctld  # its saved state: the jobs it ran are its jobs again
+    for i in $(seq 1 "$nodes"); do
+        pidfile=/run/slurmd-node$i.pid
+        if [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null; then
+            for _ in $(seq 1 30); do kill -0 "$(cat "$pidfile" 2>/dev/null)" 2>/dev/null || break; sleep 0.2; done
+        fi
+        slurmd -N "node$i"
+    done
+else
+    slurmctld -c  # -c: no state from an earlier cluster (old jobs, nodes marked invalid)
+    for i in $(seq 1 "$nodes"); do slurmd -N "node$i"; done
+fi
 
 for _ in $(seq 1 60); do
     if [ "$(ready_nodes)" -ge "$nodes" ]; then
