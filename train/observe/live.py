@@ -33,6 +33,7 @@ class Exporter:
         self.live = figs.Figures(
             run=figs.run_name(run_dir), total_steps=total_steps, world_size=world_size
         )
+        self.last: tuple[dict[str, Any] | None, list[float] | None] = (None, None)
         self.lock = threading.Lock()  # the goodput part is swapped whole under it
         self.report_fig: figs.Figures | None = None
         self.report_at = 0.0
@@ -62,11 +63,9 @@ class Exporter:
     # --- the trainer's side (Reporter callbacks) ----------------------------------------------
 
     def on_log(self, rec: dict[str, Any], ranks: list[float] | None) -> None:
-        """A logging step's record (what metrics.jsonl gets) and each rank's step time."""
-        fig = self.live
-        figs.add_step_record(fig, rec)
-        if ranks:
-            fig.rank_step_s = dict(enumerate(ranks))
+        """A logging step's record (what metrics.jsonl gets) and each rank's step time: kept
+        as they are (one assignment on the training thread), read at the next scrape."""
+        self.last = (rec, ranks)
 
     def on_goodput(self, rep: Any) -> None:
         """The report at the run's last step (the trainer's goodput.note_done)."""
@@ -98,7 +97,10 @@ class Exporter:
         with self.lock:
             base = self.report_fig
         fig = copy.copy(self.live)
-        fig.rank_step_s = dict(fig.rank_step_s)
+        rec, ranks = self.last
+        if rec is not None:
+            figs.add_step_record(fig, rec)
+        fig.rank_step_s = dict(enumerate(ranks)) if ranks else {}
         fig.updated = now
         if base is not None:
             for name in ("run_id", "goodput", "wall_s", "productive_s", "badput_s", "failures",
