@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 LOCAL = REPO / "k8s" / "local"
 VENV = Path(sys.executable).parent.parent  # what `ddpkit:*` (and a user's image) stand for
 # Every port up.sh binds, before DDPKIT_K8S_PORT_OFFSET moves them.
-PORT_BASES = (2379, 2380, 6443, 10257, 10250, 9443, 9444, 9445, 18081, 18082, 18083)
+PORT_BASES = (2379, 2380, 6443, 10257, 10250, 9443, 9444, 9445, 18081, 18082, 18083, 10443)
 
 
 def binaries_missing() -> str | None:

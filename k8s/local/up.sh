@@ -35,6 +35,12 @@ KUBELET_PORT=$((10250 + O))
 TO_WEBHOOK_PORT=$((9443 + O)) TO_HEALTH_PORT=$((18081 + O))
 JS_WEBHOOK_PORT=$((9444 + O)) JS_HEALTH_PORT=$((18082 + O))
 TR_WEBHOOK_PORT=$((9445 + O)) TR_HEALTH_PORT=$((18083 + O))
+# Trainer's status server (TrainJobStatus): pods POST their progress to it. It listens on every
+# address (its source's ":PORT"), so pods reach it on the bridge's gateway too.
+TR_STATUS_PORT=$((10443 + O))
+# The name Trainer puts in the pods' KUBEFLOW_TRAINER_SERVER_URL: <webhook service>.<its
+# namespace>.svc, its defaults; the node agent points it at this host, the certificate names it.
+TR_STATUS_HOST=kubeflow-trainer-controller-manager.kubeflow-system.svc
 # Services get addresses from this range; nothing routes to it and nothing
 # here sends traffic to it (the controllers and kubectl use 127.0.0.1).
 SERVICE_CIDR="${DDPKIT_K8S_SERVICE_CIDR:-10.96.0.0/16}"
@@ -92,6 +98,11 @@ healthy() { # NAME URL...: the daemon is alive and the URL answers 2xx
     alive "$1"
     shift
     curl -fsS -o /dev/null --max-time 2 "$@"
+}
+status_server_answers() { # Trainer is alive and its status server answers (any status) over TLS
+    alive trainer-controller-manager
+    curl -sS -o /dev/null --max-time 2 --cacert "$S/pki/ca.crt" \
+        --resolve "$TR_STATUS_HOST:$TR_STATUS_PORT:127.0.0.1" "https://$TR_STATUS_HOST:$TR_STATUS_PORT/"
 }
 
 # --- binaries ----------------------------------------------------------------
@@ -154,11 +165,12 @@ keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth"
 # The training operator's rotator checks the serving certificate against the
 # Service name it would have had (training-operator.kubeflow.svc); the API
-# server calls 127.0.0.1. The certificate names both.
+# server calls 127.0.0.1; pods call Trainer's status server by its Service name
+# (Trainer serves it with this certificate). The certificate names all three.
 sign webhook "/CN=ddpkit-local-webhooks" "basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
-subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:training-operator.kubeflow.svc"
+subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:training-operator.kubeflow.svc,DNS:$TR_STATUS_HOST"
 # Service-account tokens are signed with this key pair.
 openssl rsa -in "$P/sa.key" -pubout -out "$P/sa.pub" 2>/dev/null
 # The training operator's rotator waits for the Secret's files in a fixed
@@ -188,6 +200,29 @@ for c in jobset trainer; do
     cp "$P/webhook.crt" "$S/tmp/$c/k8s-webhook-server/serving-certs/tls.crt"
     cp "$P/webhook.key" "$S/tmp/$c/k8s-webhook-server/serving-certs/tls.key"
 done
+# Trainer's status server (TrainJobStatus, alpha in Trainer 2.3, off by default; on here unless
+# DDPKIT_K8S_TRAINJOB_STATUS=0) needs what a pod would give it, at fixed paths of its source:
+# its serving certificate in /tmp/k8s-webhook-server/serving-certs (not $TMPDIR's), and a
+# service-account token in /var/run/secrets/kubernetes.io/serviceaccount, whose issuer it
+# asks for the keys that verify the pods' tokens (at start: without them it exits). As root
+# it gets its own mount namespace with this cluster's copies at those paths (the host's stay
+# as they are; empty mount points are made where missing); without root the feature stays off.
+TR_STATUS=0
+TR_SA_DIR="$S/tmp/trainer/serviceaccount"
+tr_ns=()
+if [[ "${DDPKIT_K8S_TRAINJOB_STATUS:-1}" != 0 && $(id -u) == 0 ]] && unshare --mount true 2>/dev/null; then
+    TR_STATUS=1
+    mkdir -p "$TR_SA_DIR" /tmp/k8s-webhook-server /var/run/secrets/kubernetes.io/serviceaccount
+    cp "$P/ca.crt" "$TR_SA_DIR/ca.crt"
+    echo kubeflow-system >"$TR_SA_DIR/namespace"
+    # shellcheck disable=SC2016  # $0/$1/$@ expand in the inner shell
+    tr_ns=(unshare --mount --propagation private sh -c
+        'mount --bind "$0" /tmp/k8s-webhook-server &&
+         mount --bind "$1" /var/run/secrets/kubernetes.io/serviceaccount && shift && exec "$@"'
+        "$S/tmp/trainer/k8s-webhook-server" "$TR_SA_DIR")
+elif [[ "${DDPKIT_K8S_TRAINJOB_STATUS:-1}" != 0 ]]; then
+    log "Trainer's TrainJobStatus stays off: its status server needs root here (a mount namespace)"
+fi
 
 # kubeconfig with embedded data so it can be copied elsewhere (written
 # directly: four `kubectl config` runs cost seconds on a busy machine).
@@ -256,12 +291,15 @@ wait_for 30 etcd healthy etcd "http://127.0.0.1:$ETCD_PORT/health"
 # --- kube-apiserver ------------------------------------------------------------------
 # --endpoint-reconciler-type=none: the `kubernetes` Service would get the
 # advertise address as its endpoint, and a loopback endpoint is invalid.
+# The service-account issuer is this server's own URL: Trainer's status server fetches the
+# issuer's OIDC discovery document and keys from it (no cluster DNS here to resolve
+# kubernetes.default.svc.cluster.local, nor a port 443).
 start kube-apiserver "$APISERVER_BIN" \
     --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
     --tls-cert-file "$P/apiserver.crt" --tls-private-key-file "$P/apiserver.key" \
     --client-ca-file "$P/ca.crt" \
-    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-issuer "https://127.0.0.1:$API_PORT" \
     --service-account-key-file "$P/sa.pub" --service-account-signing-key-file "$P/sa.key" \
     --service-cluster-ip-range "$SERVICE_CIDR" \
     --authorization-mode RBAC --allow-privileged=true \
@@ -292,6 +330,9 @@ log "installing CRDs, namespaces, webhook configurations"
 # The namespaces the releases deploy into; the training operator keeps its
 # certificate Secret in its own (MY_POD_NAMESPACE, default kubeflow), and its
 # rotator accepts this one (see the certificates above) instead of making one.
+# Trainer's Secret (its release's name) holds the CA that each TrainJob's pods get to trust
+# its status server (a ConfigMap <job>-tls-config copied from its ca.crt); its ServiceAccount
+# is the one whose token the status server reads (above).
 cat >"$S/config/bootstrap.yaml" <<EOF
 apiVersion: v1
 kind: List
@@ -299,6 +340,14 @@ items:
 - {apiVersion: v1, kind: Namespace, metadata: {name: kubeflow}}
 - {apiVersion: v1, kind: Namespace, metadata: {name: kubeflow-system}}
 - {apiVersion: v1, kind: Namespace, metadata: {name: jobset-system}}
+- apiVersion: v1
+  kind: Secret
+  metadata: {name: kubeflow-trainer-webhook-cert, namespace: kubeflow-system}
+  data:
+    ca.crt: $(b64 "$P/ca.crt")
+    tls.crt: $(b64 "$P/webhook.crt")
+    tls.key: $(b64 "$P/webhook.key")
+- {apiVersion: v1, kind: ServiceAccount, metadata: {name: kubeflow-trainer-controller-manager, namespace: kubeflow-system}}
 - apiVersion: v1
   kind: Secret
   metadata: {name: training-operator-webhook-cert, namespace: kubeflow}
@@ -390,13 +439,30 @@ leaderElection:
 certManagement:
   enable: false
 EOF
-start trainer-controller-manager env KUBECONFIG="$KUBECONFIG_FILE" TMPDIR="$S/tmp/trainer" \
+if ((TR_STATUS)); then
+    # The token only names the issuer to the status server (it reads its `iss`); the
+    # status server then verifies the pods' tokens with the issuer's keys.
+    kc create token kubeflow-trainer-controller-manager -n kubeflow-system --duration 24h \
+        >"$TR_SA_DIR/token"
+    cat >>"$S/config/trainer.yaml" <<EOF
+featureGates:
+  TrainJobStatus: true
+statusServer:
+  port: $TR_STATUS_PORT
+EOF
+fi
+start trainer-controller-manager "${tr_ns[@]}" env KUBECONFIG="$KUBECONFIG_FILE" TMPDIR="$S/tmp/trainer" \
     "$TRAINER_BIN" --config "$S/config/trainer.yaml"
 
 # readyz of each controller turns true once its webhook server listens.
 wait_for 60 training-operator healthy training-operator "http://127.0.0.1:$TO_HEALTH_PORT/readyz"
 wait_for 60 jobset-controller healthy jobset-controller "http://127.0.0.1:$JS_HEALTH_PORT/readyz"
 wait_for 60 trainer-controller-manager healthy trainer-controller-manager "http://127.0.0.1:$TR_HEALTH_PORT/readyz"
+if ((TR_STATUS)); then
+    # Any answer over TLS with the name the pods use (its 404 for /) means it serves; it
+    # starts once it has the issuer's keys.
+    wait_for 60 "Trainer's status server" status_server_answers
+fi
 alive kube-controller-manager
 log "controllers ready"
 
@@ -424,6 +490,10 @@ if ((NODES > 0)); then
     for m in "${images[@]}"; do
         image_args+=(--image "$m")
     done
+    # The status server's name stands for this host, where Trainer serves it.
+    if ((TR_STATUS)); then
+        hosts_args+=(--host-name "$TR_STATUS_HOST")
+    fi
     start node-agent "$PY" "$HERE/node_agent.py" --kubeconfig "$KUBECONFIG_FILE" \
         --state "$S/node" --nodes "$NODES" --port "$KUBELET_PORT" --tls-cert "$P/webhook.crt" --tls-key "$P/webhook.key" \
         --network "${DDPKIT_K8S_NETWORK:-netns}" --bridge "${DDPKIT_K8S_BRIDGE:-ddpkit0}" \

@@ -57,9 +57,18 @@ def main() -> None:
     ap.add_argument(
         "--hosts-file", help="keep pod names -> 127.0.0.1 in this hosts file (e.g. /etc/hosts)"
     )
+    ap.add_argument(
+        "--host-name",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a name pods reach this host by, as they reach the API server (a controller's "
+        "Service served here: Trainer's status server); repeatable",
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     agent = Agent(args)
+    agent.host_names = tuple(args.host_name)
     signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stop.set())
     agent.run(args.tls_cert, args.tls_key)

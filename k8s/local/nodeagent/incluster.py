@@ -35,6 +35,7 @@ class ApiAccess:
 
     core: Any
     network: Any
+    host_names: tuple[str, ...] = ()  # --host-name: names that stand for this host
 
     def api_port(self) -> int:
         url = urlparse(self.core.api_client.configuration.host)
@@ -53,7 +54,9 @@ class ApiAccess:
         }
 
     def api_hosts(self) -> dict[str, str]:
-        return dict.fromkeys(API_NAMES, self.api_address())
+        """The API server's names, and --host-name's (a controller's Service served on this
+        host, e.g. Trainer's status server, which listens on every address: no relay)."""
+        return dict.fromkeys((*API_NAMES, *self.host_names), self.api_address())
 
     def serve_api(self) -> None:
         """netns mode: relay the gateway's API port to the API server on loopback."""
