@@ -14,7 +14,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from . import schedule
-from .common import log, parse_quantity
+from .common import log, lost, parse_quantity
 from .hosts import HostsFile
 from .incluster import ApiAccess
 from .logs import LogServer
@@ -74,12 +74,12 @@ class Agent(NodeStatus, HostsFile, LogServer, ApiAccess):
         return "0"
 
     # ---- pods ------------------------------------------------------------------
-    def bind(self, pod: client.V1Pod, load: dict[str, int]) -> None:
+    def bind(self, pod: client.V1Pod, load: dict[str, int], taints: dict[str, list]) -> None:
         """Bind a pending pod to the node schedule.pick chooses (`load`: live pods per node,
         counted up here so that pods bound in one pass spread)."""
         if pod.spec.scheduling_gates:
             return
-        node = schedule.pick(pod, {n: self.node_labels(n) for n in self.nodes}, load)
+        node = schedule.pick(pod, {n: self.node_labels(n) for n in self.nodes}, load, taints)
         if node is None:
             if pod.metadata.uid not in self.unschedulable:
                 self.unschedulable.add(pod.metadata.uid)
@@ -104,17 +104,27 @@ class Agent(NodeStatus, HostsFile, LogServer, ApiAccess):
     def sync(self) -> None:
         pods = self.core.list_pod_for_all_namespaces().items
         load = schedule.live_load(pods)
+        taints: dict[str, list] | None = None  # the nodes' (read when a pod waits for one)
         seen = set()
         for pod in pods:
             uid = pod.metadata.uid
             if not pod.spec.node_name:
                 if pod.metadata.deletion_timestamp is None and pod.status.phase == "Pending":
-                    self.bind(pod, load)
+                    if taints is None:
+                        nodes = self.core.list_node().items
+                        taints = {n.metadata.name: list(n.spec.taints or []) for n in nodes}
+                    self.bind(pod, load, taints)
                 continue
             if pod.spec.node_name not in self.nodes:
                 continue
             seen.add(uid)
+            if lost(self.state, pod.spec.node_name):
+                continue  # its node is down: nothing of it is served (k8s/local/README.md)
             runner = self.runners.get(uid)
+            if runner is not None and runner.died_with_node and runner.done.is_set():
+                runner.died_with_node = False  # said once: its node is back, as after a reboot
+                if pod.metadata.deletion_timestamp is None:
+                    runner.finish("Failed")
             if pod.metadata.deletion_timestamp is not None:
                 self.delete(pod, runner)
                 continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import re
 from typing import Any, Protocol
 
@@ -27,6 +28,15 @@ class AgentView(Protocol):
     def resource_value(self, c: Any, resource: str) -> str: ...
 
     def api_env(self) -> dict[str, str]: ...
+
+
+LOST_DIR = "lost"  # <state>/lost/<node>: the node is down (`ddpkit chaos --inject lose-node`)
+
+
+def lost(state: str, node: str | None) -> bool:
+    """The node is down: its kubelet (this agent, for that node) says nothing and does
+    nothing, as when a machine loses power, until the file is gone (a reboot)."""
+    return bool(node) and os.path.exists(os.path.join(state, LOST_DIR, str(node)))
 
 
 def now() -> dt.datetime:

@@ -13,7 +13,7 @@ import time
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from .common import AgentView, expand, log, now
+from .common import AgentView, expand, log, lost, now
 from .sandbox import Sandbox
 from .status import Container, PodStatus
 
@@ -44,6 +44,7 @@ class PodRunner(Sandbox, PodStatus, threading.Thread):
         self.warned: set[str] = set()
         self.volumes: dict[str, str] = {}
         self.shm_dir = os.path.join("/dev/shm", f"ddpkit-pod-{self.uid}")
+        self.died_with_node = False  # its processes went with its node (lose-node)
 
     # ---- processes -----------------------------------------------------------
     def launch(self, c: Container) -> None:
@@ -166,6 +167,10 @@ class PodRunner(Sandbox, PodStatus, threading.Thread):
                 self.launch(c)
             self.report()
             self.wait_exit(c)
+            if lost(self.agent.state, self.pod.spec.node_name):
+                self.died_with_node = True  # no restart, no word: the node is down
+                self.stopping.set()
+                return
             if self.stopping.is_set():
                 self.report()
                 return

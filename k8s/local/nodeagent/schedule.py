@@ -3,9 +3,12 @@
 Filter: the pod's nodeSelector and the required terms of its node affinity against each
 node's labels (a kit job keeps a node that failed twice out this way, `kubernetes.io/hostname
 NotIn [...]`, see ddpkit.k8s.exclude); a pod no node fits stays Pending, as with a real
-scheduler. Score: the node with the fewest live pods, the first by name on a tie (a real
-scheduler's least-allocated spread; deterministic, so a recreated pod of an idle cluster
-goes where its predecessor was). Preferred terms, taints and resources are not looked at.
+scheduler; and the node's NoSchedule and NoExecute taints the pod does not tolerate (the node
+lifecycle controller taints a node that stopped answering unreachable: a pod recreated off
+it must not be bound back to it). Score: the node with the fewest live pods, the first by
+name on a tie (a real scheduler's least-allocated spread; deterministic, so a recreated pod
+of an idle cluster goes where its predecessor was). Preferred terms, PreferNoSchedule and
+resources are not looked at.
 """
 
 from __future__ import annotations
@@ -52,10 +55,37 @@ def fits(pod: Any, labels: dict[str, str]) -> bool:
     return False
 
 
-def pick(pod: Any, nodes: dict[str, dict[str, str]], load: dict[str, int]) -> str | None:
-    """The node (name -> labels) for `pod`: among those it fits, the one with the fewest live
-    pods (`load`), the first by name on a tie; None when none fits."""
-    able = [n for n in sorted(nodes) if fits(pod, nodes[n])]
+def tolerates(pod: Any, taint: Any) -> bool:
+    """The pod tolerates the taint (the scheduler's rule: the key matches, or the toleration's
+    key is empty with Exists; Equal compares the value; an empty effect matches every one)."""
+    for t in pod.spec.tolerations or []:
+        if t.effect and t.effect != taint.effect:
+            continue
+        if t.key and t.key != taint.key:
+            continue
+        if (t.operator or "Equal") == "Exists" or (t.value or "") == (taint.value or ""):
+            return True
+    return False
+
+
+def untolerated(pod: Any, taints: list[Any]) -> bool:
+    """A NoSchedule or NoExecute taint of the node that the pod does not tolerate."""
+    return any(t.effect in ("NoSchedule", "NoExecute") and not tolerates(pod, t) for t in taints)
+
+
+def pick(
+    pod: Any,
+    nodes: dict[str, dict[str, str]],
+    load: dict[str, int],
+    taints: dict[str, list[Any]] | None = None,
+) -> str | None:
+    """The node (name -> labels) for `pod`: among those it fits (labels, and `taints`: name ->
+    the node's taints), the one with the fewest live pods (`load`), the first by name on a
+    tie; None when none fits."""
+    taints = taints or {}
+    able = [
+        n for n in sorted(nodes) if fits(pod, nodes[n]) and not untolerated(pod, taints.get(n, []))
+    ]
     return min(able, key=lambda n: load.get(n, 0)) if able else None
 
 

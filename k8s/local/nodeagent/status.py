@@ -10,7 +10,7 @@ import subprocess
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from .common import AgentView, iso, log, now
+from .common import AgentView, iso, log, lost, now
 
 
 class Container:
@@ -66,6 +66,8 @@ class PodStatus:
         self.report()
 
     def report(self) -> None:
+        if lost(self.agent.state, self.pod.spec.node_name):
+            return  # its node is down: nobody tells the API server anything
         running = self.phase == "Running" and all(
             c.proc is not None and c.exit_code is None for c in self.main
         )
@@ -179,6 +181,8 @@ class NodeStatus:
         controller never marks the nodes NotReady (and evicts their pods)."""
         while not self.stop.wait(10):
             for name in self.nodes:
+                if lost(self.state, name):
+                    continue  # a node that is down renews nothing: it goes NotReady
                 try:
                     self.renew_lease(name)
                     self.core.patch_node_status(
