@@ -2,7 +2,7 @@
 
     ddpkit {render,submit,status,logs,cancel,list} {local,slurm,k8s,docker,<plugin>} [SCRIPT|JOB]
         [--config FILE] [--set key=value ...] [--nodes N] [--gpus N] [--write] [--wait]
-        [--print-spec] [-- extra flags for the entry point]
+        [--watch [--every S]] [--print-spec] [-- extra flags for the entry point]
 
 The job file defaults to ./ddpkit.toml, else the kit's built-in default job; its directory
 is the workspace, where the job runs and its records live (.ddpkit/, runs/).
@@ -73,6 +73,20 @@ def build_parser(backend: object | None = None, prog: str | None = None) -> argp
         "--write", action="store_true", help="render: also write .ddpkit/rendered/<backend>/"
     )
     p.add_argument("--wait", action="store_true", help="submit: follow the job to its end")
+    p.add_argument(
+        "--watch",
+        action="store_true",
+        help="status: look again every --every seconds until the job ends, in place on a "
+        "terminal (progress bar, ETA, samples/s, goodput, failures, the slowest rank); "
+        "one plain line per change when piped",
+    )
+    p.add_argument(
+        "--every",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="status --watch: seconds between looks",
+    )
     p.add_argument(
         "--plan",
         action="store_true",
@@ -233,6 +247,10 @@ def run(argv: list[str], shown: str | None = None) -> int:
     spec, members = None, []
     if first.sweeps and first.action not in ("render", "submit"):
         raise SpecError("--sweep goes with render or submit")
+    if opts.watch and first.action != "status":
+        raise SpecError(f"--watch goes with status (ddpkit status {first.backend} --watch)")
+    if not 0 < opts.every < 86400:
+        raise SpecError(f"--every {opts.every:g}: give the seconds between looks, e.g. 2")
     if first.sweeps:
         from ddpkit.tools.sweep import member_specs
 
@@ -309,6 +327,10 @@ def _act(backend: Any, opts: argparse.Namespace, spec: JobSpec | None, members: 
         return backend.submit_sweep(members, opts) if members else backend.submit(spec, opts)
     if opts.action == "list":
         return backend.list_jobs(opts)
+    if opts.action == "status" and opts.watch:
+        from ddpkit.tools.watch import watch
+
+        return watch(backend, opts.job, opts)
     return getattr(backend, opts.action)(opts.job, opts)
 
 

@@ -165,9 +165,12 @@ def draw(run_dir: Path, out: Path) -> list[Path]:
     fig = figure(build(recs, rep), run_dir.resolve().name)
     out.mkdir(parents=True, exist_ok=True)
     written = []
+    import matplotlib
+
     for ext in ("png", "svg"):
         path = out / f"timeline.{ext}"
-        fig.savefig(path, dpi=110)
+        with matplotlib.rc_context({"svg.fonttype": "none"}):  # SVG text stays text
+            fig.savefig(path, dpi=110)
         written.append(path)
     plt.close(fig)
     return written
