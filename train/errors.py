@@ -95,10 +95,12 @@ class CliParser(argparse.ArgumentParser):
         prefix = "unrecognized arguments: "
         if message.startswith(prefix):  # name the closest real flag
             given = message.removeprefix(prefix).split()[0].split("=", 1)[0]
-            flags = [f for f in self._option_string_actions if f.startswith("--")]
-            near = closest(given, flags) if given.startswith("--") else None
+            # compared without the dashes every flag shares: with them `--no-such-flag` came
+            # out "near" `--no-ckpt-final`
+            names = [f[2:] for f in self._option_string_actions if f.startswith("--")]
+            near = closest(given[2:], names) if given.startswith("--") else None
             if near:
-                message += f"; did you mean {near}?"
+                message += f"; did you mean --{near}?"
         raise self.error_class(f"{message} (see {self.prog} --help)")
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from tests.unit.launch.test_packaging import PROJECT, ROOT, _name
 
-# the repo's own top-level names (nodeagent: k8s/local/nodeagent, the local cluster's node agent)
-LOCAL = {"train", "tools", "bench", "tests", "docker", "nodeagent"}
+# the repo's own top-level names (nodeagent: k8s/local/nodeagent, the local cluster's node agent;
+# toyengine: the package tests/unit/backends/test_builtin_engine_place.py writes into its tmp dir)
+LOCAL = {"train", "tools", "bench", "tests", "docker", "nodeagent", "toyengine"}
 
 
 def _imports(paths: list[Path]) -> set[str]:

@@ -138,7 +138,9 @@ def test_a_second_run_reports_only_itself_and_a_cancel_is_no_failure(project):
     assert rep["failures"] == [] and rep["attempts"] == 1, rep
     assert rep["wall_s"] < 60 and rep["run"], rep
     status = run(project, "status", "local")
-    assert "(0 failures, 0 s lost" in status.stdout and "failure:" not in status.stdout, status.stdout
+    assert "(0 failures, 0 s lost" in status.stdout and "failure:" not in status.stdout, (
+        status.stdout
+    )
 
     job = subprocess.Popen(
         [str(DDPKIT), "run"],
