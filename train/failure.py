@@ -27,6 +27,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,20 +125,42 @@ def counts_against_node(name: str) -> bool:
     return kind(name).node_fault
 
 
+# The rules that recognise a kind in one worker's end: its exit status (-N: signal N) and what
+# its error file said (`missing` ranks it waited for, `stuck` after a stop signal, its
+# `cause`, its `error` line). The first that holds names the end; none: crashed. Kinds seen
+# otherwise (a node lost, a rank that left early, a preemption) come from the goodput
+# records, not one end.
+Rule = Callable[[int, dict[str, Any]], bool]
+RULES: dict[str, Rule] = {
+    HANG.name: lambda code, facts: bool(facts.get("missing") or facts.get("stuck")),
+    # before the code rule: a restart that waited for the store in vain exits 2
+    STORE_LOST.name: lambda code, facts: facts.get("cause") == STORE,
+    CODE_ERROR.name: lambda code, facts: is_code_failure(code, str(facts.get("cause") or "")),
+    KILLED.name: lambda code, facts: code == -signal.SIGKILL,
+    SIGNALLED.name: lambda code, facts: code < 0,
+}
+
+
+def register(new: Kind, rule: Rule | None = None, before: str | None = None) -> None:
+    """A new kind (a plugin's, a test's): its entry in KINDS and, when one end can show it,
+    its rule, checked before the rule of kind `before` (default: after every other)."""
+    KINDS[new.name] = new
+    if rule is None:
+        return
+    items = [(n, r) for n, r in RULES.items() if n != new.name]
+    at = next((i for i, (n, _) in enumerate(items) if n == before), len(items))
+    items.insert(at, (new.name, rule))
+    RULES.clear()
+    RULES.update(items)
+
+
 def kind_of(code: int, facts: dict[str, Any]) -> str:
-    """The kind of one worker's end: its exit status (-N: signal N) and what its error file
-    said (`missing` ranks it waited for, `stuck` after a stop signal, its `cause`)."""
-    if facts.get("missing") or facts.get("stuck"):
-        return HANG.name
-    if facts.get("cause") == STORE:  # before the code rule: a restart that waited in vain exits 2
-        return STORE_LOST.name
-    if is_code_failure(code, str(facts.get("cause") or "")):
-        return CODE_ERROR.name
-    if code == -signal.SIGKILL:
-        return KILLED.name
-    if code < 0:
-        valid = -code in signal.valid_signals()
-        return f"signal {signal.Signals(-code).name}" if valid else SIGNALLED.name
+    """The kind of one worker's end (RULES, first match); none holds: crashed."""
+    for name, rule in RULES.items():
+        if rule(code, facts):
+            if name == SIGNALLED.name and -code in signal.valid_signals():
+                return f"signal {signal.Signals(-code).name}"
+            return name
     return CRASHED.name
 
 
@@ -280,9 +303,8 @@ class Failure:
 
     @property
     def kind(self) -> str:
-        return kind_of(
-            self.code, {"missing": self.missing, "stuck": self.stuck, "cause": self.cause}
-        )
+        facts = {"missing": self.missing, "stuck": self.stuck, "cause": self.cause}
+        return kind_of(self.code, {**facts, "error": self.error} if self.error else facts)
 
 
 def culprit(failures: dict[int, Failure]) -> tuple[int, Failure]:

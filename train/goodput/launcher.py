@@ -61,7 +61,7 @@ def launcher_end(
     facts: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError, AttributeError):
         data = json.loads(Path(error_file).read_text()).get("ddpkit") or {}
-        facts = {k: data[k] for k in ("missing", "stuck", "phase", "cause") if k in data}
+        facts = {k: data[k] for k in ("missing", "stuck", "phase", "cause", "error") if k in data}
     if returned is not None:
         facts["returned"] = returned
     if stopped:
