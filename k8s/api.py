@@ -264,15 +264,37 @@ def status(job: str | None, opts: Any) -> int:
     return 0
 
 
+def _host_log(core: Any, pods: list[str], ns: str, api: str, tail: int = 400) -> str:
+    """The host pod's (node 0's: rank 0 prints the progress) last lines; '' when it has none."""
+    host = next((p for p in pods if p.endswith(("-master-0", "-worker-0", "-node-0-0"))), None)
+    if host is None:
+        return ""
+    try:
+        return str(
+            core.read_namespaced_pod_log(host, ns, container=_container(api), tail_lines=tail)
+        )
+    except Exception:  # a pod gone or not started: its status says so
+        return ""
+
+
+def host_log(job: str | None, opts: Any) -> str:
+    """The host pod's last lines, for `ddpkit status k8s --watch` (tools/watch.py): the
+    trainer's progress line and the launcher's goodput (the run dir is on the claim)."""
+    _, core, _ = clients()
+    name, ns, api = _target(job, opts)
+    if job is not None and getattr(opts, "spec", None) is None:
+        ns, api = where(job)
+    pods = call(
+        core.list_namespaced_pod, "pods", api, ns, ns, label_selector=_pod_selector(name, api)
+    )
+    return _host_log(core, [p.metadata.name for p in pods.items], ns, api)
+
+
 def _goodput_lines(core: Any, pods: list[str], ns: str, api: str) -> list[str]:
     """The run's goodput and failures as the host pod's launcher last said them (the run dir
     is on the claim, which this client cannot read): from its last `ddpkit: goodput` line on."""
-    host = next((p for p in pods if p.endswith(("-master-0", "-worker-0", "-node-0-0"))), None)
-    if host is None:
-        return []
-    try:
-        text = core.read_namespaced_pod_log(host, ns, container=_container(api), tail_lines=400)
-    except Exception:  # a pod gone or not started: its status above says so
+    text = _host_log(core, pods, ns, api)
+    if not text:
         return []
     lines = [t.strip() for t in str(text).splitlines()]
     starts = [i for i, t in enumerate(lines) if t.startswith("ddpkit: goodput")]

@@ -201,6 +201,20 @@ def _culprit(
     return failure.kind_of(int(first.get("code", 1)), first), first.get("rank"), first.get("node")
 
 
+# How a worker ends when a cancel reaches it first (its own handler, or the signal itself)
+_CANCEL_CODES = {-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGINT}
+
+
+def _failed_first(ends: list[dict[str, Any]], stop: dict[str, Any]) -> bool:
+    """A worker of the attempt failed on its own before the stop signal arrived: the stop
+    (SLURM's srun ends the step's other tasks once one node failed) followed a failure, it
+    did not cause one. Not a worker the launcher stopped, nor one the cancel reached first."""
+    return any(
+        e["time"] <= stop["time"] and not e.get("stopped") and e.get("code") not in _CANCEL_CODES
+        for e in ends
+    )
+
+
 def _place(group: list[dict[str, Any]], rank: int | None) -> tuple[int | None, str | None]:
     """(node number, host) of `rank` in an attempt, from its launchers' `attempt` records
     (each names its node's ranks): a rank that never ended by itself (hung, its node gone)
@@ -269,6 +283,8 @@ def report(
         stop = next((r for r in g if r["kind"] == "stop"), None)
         ends = [r for r in g if r["kind"] == "end" and r.get("code") != 0]
         left = [r for r in g if r["kind"] == "end" and _left_at(r) is not None]
+        if stop is not None and stop.get("cancel") and _failed_first(ends, stop):
+            stop = None  # srun stopping a step after a node failed: the failure is the story
         blocked = sum(float(s.get("blocking_s") or 0) for s in saves)
         blocking += blocked
         if ready is not None:
