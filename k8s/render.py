@@ -16,6 +16,7 @@ from ddpkit.k8s.crds import PYTORCH_CONTAINER as CONTAINER
 from ddpkit.k8s.crds import PYTORCHJOB, TRAINJOB
 from ddpkit.k8s.crds import RUNTIME as TRAINER_RUNTIME
 from ddpkit.k8s.options import validate_k8s
+from ddpkit.k8s.scrape import annotate, metrics_ports, scrape_annotations
 from ddpkit.tools.backends.containers import CONTAINER_WORKDIR
 from ddpkit.tools.jobspec import JobSpec, SpecError, node_command
 from ddpkit.tools.templating import KIT_DIR, dump_yaml_all
@@ -249,14 +250,16 @@ def container(spec: JobSpec) -> dict[str, Any]:
         "args": args,
         "workingDir": WORKDIR,
         "env": env(spec),
-        "ports": [{"name": PORT_NAME, "containerPort": spec.rdzv_port, "protocol": "TCP"}],
+        "ports": [{"name": PORT_NAME, "containerPort": spec.rdzv_port, "protocol": "TCP"}]
+        + metrics_ports(spec),
         "resources": resources(spec),
         "volumeMounts": mounts,
         "securityContext": container_security(),
     }
 
 
-def pod_template(spec: JobSpec) -> dict[str, Any]:
+def pod_template(spec: JobSpec, announce: bool = True) -> dict[str, Any]:
+    """announce: the pods scraped for metrics (where rank 0 runs: a PyTorchJob's master)."""
     k = spec.k8s
     policy = restart_policy(spec)
     pod: dict[str, Any] = {
@@ -277,7 +280,10 @@ def pod_template(spec: JobSpec) -> dict[str, Any]:
         "schedulerName": k.scheduler,
     }
     pod.update({key: value for key, value in optional.items() if value is not None})
-    return {"metadata": {"labels": labels(spec, "training")}, "spec": pod}
+    meta: dict[str, Any] = {"labels": labels(spec, "training")}
+    if announce and (notes := scrape_annotations(spec)):
+        meta["annotations"] = notes
+    return {"metadata": meta, "spec": pod}
 
 
 def service_account(spec: JobSpec) -> str | None:
@@ -370,8 +376,9 @@ def pytorchjob(spec: JobSpec) -> dict[str, Any]:
         body["pytorchReplicaSpecs"] = {"Worker": replica(spec.nodes)}
     else:
         body["pytorchReplicaSpecs"] = {"Master": replica(1)}
-        if spec.nodes > 1:
-            body["pytorchReplicaSpecs"]["Worker"] = replica(spec.nodes - 1)
+        if spec.nodes > 1:  # rank 0 is the master's: only it is scraped
+            workers = {**replica(spec.nodes - 1), "template": pod_template(spec, announce=False)}
+            body["pytorchReplicaSpecs"]["Worker"] = workers
     body["runPolicy"] = run_policy(spec, spec.nodes)
     return {
         "apiVersion": f"{group}/{version}",
@@ -401,6 +408,7 @@ def trainjob(spec: JobSpec) -> dict[str, Any]:
         grace_s=grace_period_s(spec),
         labels=labels(spec, "training"),
     )
+    annotate(patch, labels(spec, "training"), scrape_annotations(spec))
     body: dict[str, Any] = {
         "runtimeRef": {
             "name": TRAINER_RUNTIME,

@@ -32,6 +32,7 @@ from ddpkit.train.contract import (
 )
 from ddpkit.train.dataclass_fields import at_least, checks, matches, plain_path, port
 from ddpkit.train.errors import UserError
+from ddpkit.train.observe import names as observe
 
 # Names land in file names, SLURM job names, Kubernetes object names and container names.
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?$")
@@ -81,6 +82,8 @@ def _positive(value: float, key: str) -> str | None:
         return f"{key} must be a number > 0, got {value}"
     return None
 
+
+_METRICS_PORT_FIX = "use 1-65535 (e.g. 9400), or 0 for no endpoint"
 
 NAME_CHECK = matches(
     NAME_RE.pattern[1:-1],
@@ -143,6 +146,19 @@ class JobSpec:
     # checkpoint storage's write speed in GB/s (unset: the last save's, else 1 GB/s).
     mtbf_h: float | None = field(default=None, metadata=checks(_positive))
     ckpt_write_gbps: float | None = field(default=None, metadata=checks(_positive))
+    # Prometheus (docs/observability.md): rank 0 of the kit's trainer serves the run's figures
+    # over HTTP on this port (0: none); a Kubernetes job's pods announce it (a containerPort
+    # named metrics and prometheus.io annotations). Every run leaves them in
+    # <run dir>/metrics.prom whatever these say.
+    metrics_port: int = field(
+        default=0, metadata=checks(lambda v, k: port(fix=_METRICS_PORT_FIX)(v, k) if v else None)
+    )
+    # ... and keeps <dir>/ddpkit-<run>.prom fresh there (every 10 s and at the end), for
+    # node_exporter's textfile collector (--collector.textfile.directory): SLURM nodes often
+    # take no inbound port. A dir on each node (absolute, or relative to the workspace).
+    metrics_textfile_dir: str | None = field(
+        default=None, metadata=checks(plain_path("/var/lib/node_exporter/textfile"))
+    )
     # "torchft": replica groups that keep training while one dies and rejoins from a live
     # peer (train/ft.py, docs/fault-tolerance.md); "none": a failure restarts the whole job
     fault_tolerance: Literal["none", "torchft"] = "none"
@@ -295,6 +311,10 @@ class JobSpec:
             env["NCCL_IB_DISABLE"] = "1"
         if self.explicit_ckpt_dir:  # else the node launcher's default
             env[CKPT_DIR_ENV] = self.explicit_ckpt_dir
+        if self.metrics_port:
+            env[observe.PORT_ENV] = str(self.metrics_port)
+        if self.metrics_textfile_dir:
+            env[observe.TEXTFILE_DIR_ENV] = self.metrics_textfile_dir
         env.update(self.env)
         return env
 
