@@ -179,6 +179,15 @@ def _culprit(
         return failure.LEFT_EARLY.name, rank, e.get("node")
     if first.get("missing"):  # it gave up waiting: the rank it waited for is the cause
         hung = int(first["missing"][0])
+        # ... and when that rank's own end was a failure of its own (not the launcher's stop),
+        # that is the kind: a rank killed under load may be reaped after its peer gave up
+        theirs = [e for e in ends if e.get("rank") == hung and not e.get("stopped")]
+        if theirs and not theirs[0].get("missing") and not theirs[0].get("stuck"):
+            return (
+                failure.kind_of(int(theirs[0].get("code", 1)), theirs[0]),
+                hung,
+                theirs[0].get("node"),
+            )
         return (
             failure.HANG.name,
             hung,

@@ -281,3 +281,22 @@ def test_a_cancel_whose_signal_reached_the_workers_first_is_still_a_cancel(tmp_p
     _at(tmp_path, "stop", 30.2, "j-0", node="n1", cancel="SIGTERM")
     rep = goodput.report(tmp_path, ended=True)
     assert rep.cancelled == "SIGTERM" and rep.failures == []
+
+
+def test_a_killed_rank_reaped_after_its_peer_gave_up_waiting_is_killed_not_hung(tmp_path):
+    # Under load the launcher noted rank 1's SIGKILL after rank 0 had given up waiting for it
+    # (seen in tests/process/launch/test_observe_run.py: "hang rank 1" for a killed rank).
+    _at(tmp_path, "attempt", 1, "a", node="n1")
+    _at(tmp_path, "ready", 2, "a", node="n1")
+    _at(tmp_path, "end", 9, "a", node="n1", rank=0, code=1, missing=[1])
+    _at(tmp_path, "end", 9.4, "a", node="n1", rank=1, code=-signal.SIGKILL)
+    _at(tmp_path, "attempt", 12, "a", attempt=1, node="n1")
+    _at(tmp_path, "ready", 13, "a", attempt=1, node="n1")
+    [f] = goodput.report(tmp_path, now=20).failures
+    assert (f.kind, f.rank) == ("killed", 1)
+    # one the launcher stopped (its SIGTERM after the others ended) was hung: a hang
+    _at(tmp_path, "end", 14, "a", attempt=1, node="n1", rank=0, code=1, missing=[1])
+    _at(tmp_path, "end", 16, "a", attempt=1, node="n1", rank=1, code=-15, stopped=True)
+    _at(tmp_path, "attempt", 18, "a", attempt=2, node="n1")
+    _, hang = goodput.report(tmp_path, now=20).failures
+    assert (hang.kind, hang.rank) == ("hang", 1)
