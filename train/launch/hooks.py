@@ -82,7 +82,7 @@ def workers_die_with_launcher() -> bool:
             goodput.launcher_attempt(who[1], int(env.get("LOCAL_RANK", 0)), env)
             LAST_ATTEMPT[:] = [who[1]]
             watcher = threading.Thread(
-                target=_watch_end, args=(self.pid, *who, dict(env)), daemon=True
+                target=_watch_end, args=(self.pid, *who, dict(env), self), daemon=True
             )
             watcher.start()
             _WATCHERS.append(watcher)
@@ -194,7 +194,12 @@ def worker_ends(wait_s: float = 5.0) -> dict[int, WorkerEnd]:
 
 
 def _watch_end(
-    pid: int, rank: int, attempt: int, error_file: str, env: dict[str, str] | None = None
+    pid: int,
+    rank: int,
+    attempt: int,
+    error_file: str,
+    env: dict[str, str] | None = None,
+    proc: Any = None,  # its subprocess.Popen
 ) -> None:
     """Wait for the worker's end without reaping it (torchrun's poll reaps), and note it; a
     failed end also goes to the attempt's store (`env`: the worker's), where peers waiting
@@ -204,8 +209,12 @@ def _watch_end(
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
         if info is not None:
             code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
-    except ChildProcessError:  # reaped already: its code is torchrun's to tell
-        pass
+    except ChildProcessError:
+        # Reaped by torchrun's poll between the exit waking this thread and the thread
+        # running (a loaded node): the code is in the Popen that reaped it. Before, that end
+        # went unnoted, and a SIGKILLed rank's peer that gave up waiting for it was reported
+        # as the failure ("hang rank 1" for a killed rank 1, 3 local runs in 11 under load).
+        code = _reaped_code(proc)
     returned = entry.returned_at(error_file)
     # Not a stop's own ends: its SIGTERMs, and the SIGKILLs of workers past the budget, say
     # nothing new, and after a stop signal the store may be on its way down (torch's client
@@ -222,6 +231,17 @@ def _watch_end(
         threading.Thread(target=diagnosis.publish_end, args=(env, rank, code), daemon=True).start()
     ENDS[pid] = end = WorkerEnd(rank, code, time.time(), attempt, returned)
     goodput.launcher_end(rank, code, end.when, attempt, error_file, returned, stopped)
+
+
+def _reaped_code(proc: Any, wait_s: float = 1.0) -> int | None:
+    """The exit status torchrun's poll read (Popen.returncode: -N for signal N), once set."""
+    deadline = time.monotonic() + wait_s
+    while proc is not None:
+        code = proc.returncode
+        if code is not None or time.monotonic() >= deadline:
+            return code
+        time.sleep(0.01)
+    return None
 
 
 def _multi_node(env: dict[str, str] | None) -> bool:

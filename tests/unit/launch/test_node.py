@@ -271,3 +271,22 @@ def test_a_workers_failure_is_published_to_its_peers_but_not_a_stops_own_end(
         child.wait(timeout=30)
     assert node.ENDS[child.pid].code == exit_code
     assert calls == ([(1, exit_code)] if published else [])
+
+
+def test_a_worker_reaped_by_torchrun_before_its_watcher_ran_is_noted_with_its_code(monkeypatch):
+    """Under load torchrun's poll may reap a worker between its exit waking the watcher and the
+    watcher running: waitid then finds no child. The end is still noted, with the code the
+    Popen that reaped it read (before: not noted at all, and a SIGKILLed rank's peer that
+    gave up waiting for it was reported as the failure, a hang)."""
+    from ddpkit.train import diagnosis, goodput
+    from ddpkit.train.launch import hooks as node
+
+    noted: list[tuple] = []
+    monkeypatch.setattr(goodput, "launcher_end", lambda *a, **k: noted.append(a))
+    monkeypatch.setattr(diagnosis, "publish_end", lambda env, rank, code: None)
+    monkeypatch.setattr(node, "_STOP_AT", [])
+    child = subprocess.Popen([sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"])
+    child.wait(timeout=30)  # torchrun's poll came first: reaped, returncode -9
+    node._watch_end(child.pid, 1, 0, "", None, child)
+    assert node.ENDS[child.pid].code == -signal.SIGKILL
+    assert noted and noted[0][:2] == (1, -signal.SIGKILL)
