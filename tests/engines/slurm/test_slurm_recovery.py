@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from ddpkit.train import goodput
 
+from tests import promcheck
 from tests.engines.slurm.test_slurm_e2e import diverged, job_file, reference, submit  # noqa: F401  (reference: fixture)
 from tests.slurm_fixtures import (  # noqa: F401  (slurm_cluster: fixture)
     REQUEUE_SETTLE_S,
@@ -77,7 +78,8 @@ def test_a_stopped_rank_is_detected_named_and_restarted_in_place(
     with cfg.open("a") as f:
         f.write(f"timeout_s = {HANG_TIMEOUT_S}\nshutdown_timeout_s = 5\n")
     run = tmp_path / "rec-hang"
-    job = submit(cfg)
+    # its figures for node_exporter too (issue 55: SLURM nodes often take no inbound port)
+    job = submit(cfg, "--set", f"metrics_textfile_dir={tmp_path / 'textfiles'}")
     t0 = time.monotonic()
     try:
         drill = subprocess.run(
@@ -115,6 +117,11 @@ def test_a_stopped_rank_is_detected_named_and_restarted_in_place(
     )  # fmt: skip
     where = f"rank 1 (node {hang['node_number']}, host {hang['node']})"  # the one format
     assert f"failure: hang {where} in attempt 0" in status.stdout, status.stdout
+    # The Prometheus figures agree with goodput.json and summary.json: the run dir's final
+    # file and the textfile rank 0's node kept for node_exporter (tests/promcheck.py)
+    textfile = tmp_path / "textfiles" / "ddpkit-rec-hang.prom"
+    for text in ((run / "metrics.prom").read_text(), textfile.read_text()):
+        promcheck.assert_agrees(promcheck.families(text), run)
 
 
 def _state(info: dict[str, str]) -> str:
