@@ -17,10 +17,12 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests import promcheck
 from tests.k8s_cluster import VENV, binaries_missing, cluster_env, running_cluster
 
 DDPKIT = Path(sys.executable).with_name("ddpkit")  # the console script of this install
@@ -236,7 +238,7 @@ def jobs(cluster, tmp_path_factory):
     elastic = (*ELASTIC, *PACED)  # struck
     for name, args in (
         ("tj", tiny("tj", "--set", "k8s.api=trainjob")),
-        ("cut", tiny("cut", *PACED)),
+        ("cut", tiny("cut", *PACED, "--set", f"metrics_port={METRICS_PORT}")),
         ("el", tiny("el", *elastic, "--set", "k8s.elastic.last_call_s=120")),
         ("sg", tiny("sg", *elastic, "--set", "k8s.elastic.last_call_s=10", steps=SG_STEPS)),
     ):
@@ -249,6 +251,8 @@ def jobs(cluster, tmp_path_factory):
         end = time.monotonic() + 540
         while time.monotonic() < end:
             if f" 40/{steps} " in kubectl(cluster, "logs", rank0).stdout:
+                if rank0 == "cut-master-0":  # its metrics endpoint, as Prometheus scrapes it
+                    out["scraped"] = scrape(cluster, rank0, METRICS_PORT)
                 if kubectl(cluster, "delete", "pod", victim, "--wait=false").returncode == 0:
                     out["deleted"].append(victim)
                     return True
@@ -326,6 +330,41 @@ def test_a_trainjob_submitted_to_trainer_2_3_trains_world_4(cluster, jobs):
     assert logs.returncode == 0 and WORLD in logs.stdout, logs.stdout[-2000:] + logs.stderr
     st = ddpkit(cluster, jobs["tj"], "status", "k8s")
     assert "TrainJob default/tj" in st.stdout and "Complete=True" in st.stdout, st.stdout
+
+
+METRICS_PORT = 9400  # cut's metrics endpoint (issue 55)
+
+
+def scrape(env: dict, pod: str, port: int) -> str:
+    """The pod's metrics endpoint from this host (its IP on the node agent's bridge)."""
+    ip = kubectl(env, "get", "pod", pod, "-o", "jsonpath={.status.podIP}").stdout.strip()
+    try:
+        with urllib.request.urlopen(f"http://{ip}:{port}/metrics", timeout=10) as r:
+            return r.read().decode()
+    except OSError as e:
+        return f"# no scrape of {ip}:{port}: {e}"
+
+
+def test_the_cut_job_s_prometheus_figures_agree_with_its_goodput_and_summary(cluster, jobs):
+    """metrics_port: the master pod announces its endpoint (annotations, a port named
+    metrics), serves the running job's figures, and the run leaves them on the claim, equal to
+    its goodput.json and summary.json (tests/promcheck.py) after a deleted pod's restart."""
+    wait_until("PyTorchJob cut finished", lambda: finished(cluster, "pytorchjob", "cut"), 600,
+               cluster)  # fmt: skip
+    pod = json.loads(kubectl(cluster, "get", "pod", "cut-master-0", "-o", "json").stdout)
+    notes = pod["metadata"]["annotations"]
+    assert notes["prometheus.io/scrape"] == "true" and notes["prometheus.io/port"] == "9400"
+    (c,) = pod["spec"]["containers"]
+    assert {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"} in c["ports"]
+    live = promcheck.families(jobs.get("scraped", "# never scraped"))
+    assert "ddpkit_step" in live, jobs.get("scraped")
+    assert 40 <= promcheck.value(live, "ddpkit_step") < STEPS
+    assert promcheck.value(live, "ddpkit_steps_planned") == STEPS
+    run_dir = Path(cluster["DDPKIT_K8S_STATE"]) / "node" / "pvc" / "default" / "cut-ckpt"
+    run_dir = run_dir / "runs" / "cut"
+    final = promcheck.families((run_dir / "metrics.prom").read_text())
+    promcheck.assert_agrees(final, run_dir)
+    assert sum(s.value for s in final["ddpkit_failures"].samples) >= 1  # the deleted pod
 
 
 def test_a_deleted_pod_saves_on_sigterm_and_the_job_resumes_to_the_same_weights(cluster, jobs):
