@@ -237,3 +237,26 @@ def launch_record(path: str | Path, launch_id: str | None, since: float) -> dict
     if launch_id and body.get("launch_id") is not None:
         return body if body.get("launch_id") == launch_id else None
     return body if float(body.get("time") or mtime) >= since else None
+
+
+# --- processes ----------------------------------------------------------------------------------
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether the process runs on this machine. A zombie does not: where PID 1 reaps orphans
+    late or never (a container whose PID 1 is the kit's own launcher; this machine's init
+    under load), a killed process stays one for a while: a torchft group restarted in a
+    container found its own dead rank's checkpoint lock held, and `ddpkit run` refused a
+    run dir as "in use" by the SIGKILLed launcher of the job before it."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # "pid (comm) state ...": comm may hold spaces
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): signal 0 is the answer
+    return state not in ("Z", "X")

@@ -39,6 +39,7 @@ from ddpkit.train.contract import (
     METRICS_FILE,
     STOP_SIGNALS,
     SUMMARY_FILE,
+    pid_alive,
 )
 from ddpkit.train.jsonshape import Opt
 
@@ -210,9 +211,7 @@ class LocalBackend(Backend):
             if rc in (128 + signal.SIGTERM, EXIT_INTERRUPTED):  # a stop, not a failure
                 return JobStatus(job, JobState.CANCELLED, rc, f"stopped by a signal; {where}")
             return JobStatus(job, JobState.FAILED, rc, where)
-        try:
-            os.kill(int(job), 0)
-        except ProcessLookupError:
+        if not pid_alive(int(job)):  # gone, or a zombie its parent has not reaped yet
             return JobStatus(job, JobState.UNKNOWN, detail="the launcher ended without a record")
         return JobStatus(job, JobState.RUNNING, detail=where)
 

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ddpkit.train.contract import LAUNCH_ID_ENV
+from ddpkit.train.contract import LAUNCH_ID_ENV, pid_alive
 from ddpkit.train.errors import ConfigError
 from ddpkit.train.jsonshape import Opt, ShapeError, loads
 
@@ -53,24 +53,6 @@ def _me() -> dict[str, Any]:
         "launch_id": os.environ.get(LAUNCH_ID_ENV),
         "time": time.time(),
     }
-
-
-def _alive(pid: int) -> bool:
-    """Whether the process runs. A zombie does not: in a container whose PID 1 reaps no
-    orphans (the kit's own launcher there), a killed worker stays one, and its lock with it
-    (a torchft group restarted in the container found its own dead rank's lock held)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:  # "pid (comm) state ...": comm may hold spaces
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True  # no /proc (not Linux): signal 0 is the answer
-    return state not in ("Z", "X")
 
 
 def _read(path: Path) -> tuple[dict[str, Any] | None, float, str]:
@@ -124,7 +106,7 @@ class RunLock:
             return "ours", who
         if same_host and me["agent_pid"] and owner.get("agent_pid") == me["agent_pid"]:
             return "ours", who  # torchrun restarted its workers
-        if same_host and isinstance(owner.get("pid"), int) and not _alive(owner["pid"]):
+        if same_host and isinstance(owner.get("pid"), int) and not pid_alive(owner["pid"]):
             return "dead", who
         if time.time() - mtime > LOCK_STALE_S:
             return "dead", who

@@ -57,3 +57,27 @@ def test_an_engine_that_cannot_be_asked_does_not_hold_the_run_dir(tmp_path, monk
     monkeypatch.setattr(backends, "load_backend", unreachable)
     record_job("k8s", "job-x", run_dir=str(tmp_path / "runs" / "a"))
     refuse_a_live_run_dir(spec(tmp_path, "a"))
+
+
+def test_a_killed_launcher_not_yet_reaped_does_not_hold_its_run_dir(tmp_path, monkeypatch):
+    """A SIGKILLed `ddpkit run` leaves its node launcher to PID 1, which reaps it late under
+    load: a zombie for a while. It runs nothing, so its run dir is free (CI of 20fb997: a
+    torchft job killed whole and run again was refused, "in use by job ... (running)")."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    monkeypatch.chdir(tmp_path)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])  # exits; not reaped until wait()
+    try:
+        stat = Path(f"/proc/{child.pid}/stat")
+        deadline = time.monotonic() + 30
+        while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the child did not exit"
+            time.sleep(0.05)
+        record_job("local", str(child.pid), run_dir=str(tmp_path / "runs" / "a"), log="x.log")
+        assert backends.load_backend("local").poll(str(child.pid)).state is JobState.UNKNOWN
+        refuse_a_live_run_dir(spec(tmp_path, "a"))
+    finally:
+        child.wait()
