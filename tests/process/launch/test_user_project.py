@@ -449,6 +449,7 @@ if dist.get_rank() == 0:
     os.makedirs(ckpt, exist_ok=True)
     with open(os.path.join(ckpt, "last.txt"), "w") as f:
         f.write(os.environ["DDPKIT_RUN_DIR"])
+dist.barrier()  # without it rank 1 could leave while rank 0 still connected its gloo pairs
 dist.destroy_process_group()
 """
 
