@@ -153,6 +153,10 @@ STEPS = 200
 # asleep), so the strike has 16 s to land: unpaced, the 200 steps took 3-10 s, and under load the
 # job could end before the strike (it then ran through with no restart).
 PACED = ("--set", "env.DDPKIT_STEP_PACE_S=0.1")
+# A job whose pod the test deletes once `kubectl logs` shows step 40: 0.25 s a step leaves 40 s.
+# At 0.1 s the deletion came after the job had finished in a CI run on a loaded machine (the
+# log polls took that long), and the job ran through with no restart.
+DELETED = ("--set", "env.DDPKIT_STEP_PACE_S=0.25")
 
 
 def tiny(name: str, *extra: str, steps: int = STEPS) -> list[str]:
@@ -238,7 +242,7 @@ def jobs(cluster, tmp_path_factory):
     elastic = (*ELASTIC, *PACED)  # struck
     for name, args in (
         ("tj", tiny("tj", "--set", "k8s.api=trainjob")),
-        ("cut", tiny("cut", *PACED, "--set", f"metrics_port={METRICS_PORT}")),
+        ("cut", tiny("cut", *DELETED, "--set", f"metrics_port={METRICS_PORT}")),
         ("el", tiny("el", *elastic, "--set", "k8s.elastic.last_call_s=120")),
         ("sg", tiny("sg", *elastic, "--set", "k8s.elastic.last_call_s=10", steps=SG_STEPS)),
     ):

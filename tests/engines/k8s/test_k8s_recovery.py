@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.engines.k8s.test_k8s_real import (  # noqa: F401  (cluster: the module's control plane)
+    DELETED,
     PACED,
     cluster,
     ddpkit,
@@ -78,7 +79,7 @@ def jobs(cluster, tmp_path_factory):  # noqa: F811
     out: dict = {n: tmp_path_factory.mktemp(n) for n in ("ref", "kill", "gone", "lost", "loop")}
     extra = {
         "kill": ("--set", "env.DDPKIT_FAULT=kill@60:3"),
-        "gone": PACED,  # struck from outside once step 40 is logged
+        "gone": DELETED,  # struck from outside once step 40 is logged
         "lost": PACED,
         # train.timeout_s: once in CI the job took 597 s of wait_finished's 600, as if the
         # master pod's ranks saw the killed peer only at the collective timeout (600 s by
